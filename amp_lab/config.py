@@ -1,0 +1,185 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore, plus start-up checks.
+
+Each dataclass mirrors one folder of conf/. Hydra merges the YAML files into these schemas, so a
+typo (`scaler.init_scal=1`) or a wrong type (`scaler.init_scale=abc`) fails before anything runs.
+Cross-field checks live in `__post_init__`; they run once, in `validate()`, at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A bad setting, reported to the user as one line that says what to do."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "test_convnext"  # any timm model name; weights are never downloaded
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra timm.create_model arguments
+    channels_last: bool = False  # NHWC memory format: faster convolutions under AMP on GPUs
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | synthetic | cifar10 | cifar100 | imagefolder
+    root: str | None = None  # local data root (cifar10/cifar100/imagefolder)
+    img_size: int = 32  # images are resized to img_size x img_size
+    val_fraction: float = 0.2  # share held out for validation when the data has no val split
+    augment: bool = False  # random crop + horizontal flip on the training set (image data sets)
+    num_classes: int = 10  # synthetic only: classes
+    channels: int = 3  # synthetic only: input channels
+    num_samples: int = 2048  # synthetic only: samples kept on the device
+    num_workers: int = 0  # DataLoader workers for on-disk data sets
+    persistent_workers: bool = True  # keep workers alive across epochs (when num_workers > 0)
+    prefetch_factor: int = 2  # batches each worker loads ahead (when num_workers > 0)
+    pin_memory: bool = True  # page-locked host memory for faster copies (CUDA only)
+
+    def __post_init__(self) -> None:
+        _require(self.name in DATASETS,
+                 f"data.name={self.name!r} is unknown; use one of {DATASETS}")
+        _require(self.img_size >= 8, f"data.img_size={self.img_size} is too small; use >= 8")
+        _require(0.0 < self.val_fraction < 1.0,
+                 f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+        _require(self.num_workers >= 0, "data.num_workers must be >= 0")
+
+
+DATASETS = ["digits", "synthetic", "cifar10", "cifar100", "imagefolder"]
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"  # fp32 | tf32 | fp16 | fp16_noscale | bf16 (see amp_lab/precision.py)
+
+
+@dataclass
+class ScalerConfig:
+    init_scale: float = 65536.0  # 2**16; 32768 is gentler on early overflows
+    growth_factor: float = 2.0  # scale *= growth_factor after growth_interval clean steps
+    backoff_factor: float = 0.5  # scale *= backoff_factor on every overflow (skipped step)
+    growth_interval: int = 2000  # clean steps before the scale grows; 5000 is more conservative
+    enabled: bool | None = None  # None: dynamic loss scaling exactly when the precision needs it
+
+    def __post_init__(self) -> None:
+        _require(self.init_scale > 0, f"scaler.init_scale={self.init_scale} must be > 0")
+        _require(self.growth_factor > 1, f"scaler.growth_factor={self.growth_factor} must be > 1")
+        _require(0 < self.backoff_factor < 1,
+                 f"scaler.backoff_factor={self.backoff_factor} must be between 0 and 1")
+        _require(self.growth_interval >= 1,
+                 f"scaler.growth_interval={self.growth_interval} must be >= 1")
+
+
+@dataclass
+class LRConfig:
+    base: float = 1e-3  # learning rate at ref_batch, before scaling
+    rule: str = "none"  # batch-size scaling: none | linear | sqrt (sqrt suits Adam-like optimizers)
+    ref_batch: int = 256  # the global batch that `base` was tuned for
+    scale: float = 1.0  # extra multiplier; 0.5-0.8 is the usual start when moving fp32 -> fp16
+    warmup_steps: int = 0  # optimizer steps of warmup (wins over warmup_epochs when > 0)
+    warmup_epochs: float = 0.0  # warmup length in epochs
+    warmup_type: str = "linear"  # linear | cosine
+    warmup_init: float = 0.0  # LR at step 0, as a fraction of the peak LR
+    schedule: str = "cosine"  # after warmup: cosine | onecycle | constant | step
+    min_factor: float = 0.0  # cosine/onecycle end at min_factor x peak
+    step_every: int = 0  # step schedule: steps between decays (0: a third of the run)
+    step_gamma: float = 0.1  # step schedule: decay factor
+
+    def __post_init__(self) -> None:
+        _require(self.base > 0, f"lr.base={self.base} must be > 0")
+        _require(self.scale > 0, f"lr.scale={self.scale} must be > 0")
+        _require(self.rule in ("none", "linear", "sqrt"),
+                 f"lr.rule={self.rule!r} is unknown; use none, linear or sqrt")
+        _require(self.ref_batch >= 1, f"lr.ref_batch={self.ref_batch} must be >= 1")
+        _require(self.warmup_steps >= 0 and self.warmup_epochs >= 0, "lr warmup must be >= 0")
+        _require(self.warmup_type in ("linear", "cosine"),
+                 f"lr.warmup_type={self.warmup_type!r} is unknown; use linear or cosine")
+        _require(0 <= self.warmup_init <= 1, f"lr.warmup_init={self.warmup_init} must be in [0, 1]")
+        _require(self.schedule in ("cosine", "onecycle", "constant", "step"),
+                 f"lr.schedule={self.schedule!r} is unknown; use cosine, onecycle, constant, step")
+        _require(0 <= self.min_factor <= 1, f"lr.min_factor={self.min_factor} must be in [0, 1]")
+        _require(0 < self.step_gamma <= 1, f"lr.step_gamma={self.step_gamma} must be in (0, 1]")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | sgd | any timm.optim.create_optimizer_v2 name
+    weight_decay: float = 0.05  # decoupled for adamw; never applied to norms and biases
+    momentum: float = 0.9  # sgd-like optimizers
+    nesterov: bool = False  # sgd only
+    fused: bool | None = None  # None: fused kernels when the optimizer has them
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra optimizer arguments
+
+    def __post_init__(self) -> None:
+        _require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0  # model init, data split and shuffling all follow it
+    epochs: int = 10
+    max_steps: int = 0  # optimizer steps; wins over epochs when > 0
+    batch_size: int = 64  # per micro-batch; the global batch is batch_size x grad_accum
+    grad_accum: int = 1  # micro-batches per optimizer step
+    clip_grad: float = 0.0  # 0 disables clipping
+    clip_mode: str = "norm"  # norm | value
+    log_every: int = 10  # optimizer steps between train logs (the only steps that sync)
+    eval_every: int = 0  # optimizer steps between evaluations; 0: at the end of each epoch
+    compile: bool = False  # torch.compile the model
+    target_acc: float = 0.9  # val accuracy for time-to-accuracy
+    max_bad_steps: int = 50  # consecutive non-finite steps before the run stops as diverged
+    timing_warmup: int = 3  # first steps left out of throughput (allocator, autotuning, compile)
+    progress: bool = True  # rich progress bar on a terminal
+
+    def __post_init__(self) -> None:
+        _require(self.device in ("auto", "cpu", "cuda"),
+                 f"trainer.device={self.device!r} is unknown; use auto, cpu or cuda")
+        _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
+        _require(self.grad_accum >= 1, f"trainer.grad_accum={self.grad_accum} must be >= 1")
+        _require(self.epochs >= 1 or self.max_steps >= 1,
+                 "set trainer.epochs or trainer.max_steps to at least 1")
+        _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
+        _require(self.clip_mode in ("norm", "value"),
+                 f"trainer.clip_mode={self.clip_mode!r} is unknown; use norm or value")
+        _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
+        _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
+        _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
+
+
+@dataclass
+class AmpLabConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    lr: LRConfig = field(default_factory=LRConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
+    ConfigStore.instance().store(name="amp_lab_schema", node=AmpLabConfig)
+
+
+def validate(cfg: DictConfig) -> AmpLabConfig:
+    """Turn the composed config into typed objects, running every cross-field check once."""
+    try:
+        settings = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:  # __post_init__ errors arrive wrapped
+        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
+        raise ConfigError(str(cause) if cause else str(err).splitlines()[0]) from err
+    assert isinstance(settings, AmpLabConfig)
+    return settings

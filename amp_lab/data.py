@@ -1,0 +1,198 @@
+"""Data sets and a deterministic, resumable batch order.
+
+Every data set yields (images, labels) batches. The order of an epoch is a permutation drawn from
+(seed, epoch) alone, so a run can be repeated, and resumed from any batch of any epoch.
+In-memory data (digits, synthetic) is sliced straight from tensors; on-disk data goes through a
+DataLoader with workers, pinned memory and prefetching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from amp_lab.config import ConfigError, DataConfig
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What the model must match: input channels, classes and image size."""
+
+    channels: int
+    num_classes: int
+    img_size: int
+
+
+class EpochBatchSampler:
+    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch."""
+
+    def __init__(self, num_samples: int, batch_size: int, seed: int) -> None:
+        self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
+        self.epoch, self.start_batch = 0, 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def __len__(self) -> int:
+        return self.num_samples // self.batch_size  # drop the ragged last batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.num_samples, generator=generator).tolist()
+        for b in range(self.start_batch, len(self)):
+            yield order[b * self.batch_size:(b + 1) * self.batch_size]
+
+
+@dataclass
+class DataSource:
+    """A train and a val set plus how to iterate them on the training device."""
+
+    train: Dataset
+    val: Dataset
+    spec: DataSpec
+    cfg: DataConfig
+    device: torch.device
+    _loaders: dict = field(default_factory=dict)  # one DataLoader per data set, kept across epochs
+
+    def train_batches(self, sampler: EpochBatchSampler) -> Iterator[Batch]:
+        return self._batches(self.train, sampler)
+
+    def val_batches(self, batch_size: int) -> Iterator[Batch]:
+        n = len(self.val)
+        order = [list(range(i, min(n, i + batch_size))) for i in range(0, n, batch_size)]
+        return self._batches(self.val, order)  # the same batch size every call: one loader
+
+    def _batches(self, dataset: Dataset, batch_order) -> Iterator[Batch]:
+        if isinstance(dataset, TensorDataset):  # in memory: index the tensors, no collation
+            images, labels = dataset.tensors
+            for indices in batch_order:
+                idx = torch.as_tensor(indices, device=images.device)
+                yield self._to_device(images[idx], labels[idx])
+            return
+        key = id(dataset)
+        if key not in self._loaders:  # the sampler is mutated by set_epoch, so one loader serves
+            self._loaders[key] = DataLoader(dataset, batch_sampler=batch_order,
+                                            **self._loader_options())
+        for images, labels in self._loaders[key]:
+            yield self._to_device(images, labels)
+
+    def _loader_options(self) -> dict:
+        workers = self.cfg.num_workers
+        options = {"num_workers": workers,
+                   "pin_memory": self.cfg.pin_memory and self.device.type == "cuda"}
+        if workers > 0:
+            options.update(persistent_workers=self.cfg.persistent_workers,
+                           prefetch_factor=self.cfg.prefetch_factor)
+        return options
+
+    def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> Batch:
+        # non_blocking overlaps the copy with compute when the source is pinned
+        return (images.to(self.device, non_blocking=True),
+                labels.to(self.device, non_blocking=True))
+
+
+def _split(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = max(1, round(n * val_fraction))
+    return order[n_val:], order[:n_val]
+
+
+def _digits(cfg: DataConfig, seed: int) -> tuple[Dataset, Dataset, DataSpec]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()  # 1797 8x8 grey images, shipped inside scikit-learn
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images = torch.nn.functional.interpolate(images, size=cfg.img_size, mode="bilinear",
+                                             align_corners=False)
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    train_idx, val_idx = _split(len(labels), cfg.val_fraction, seed)
+    mean, std = images[train_idx].mean(), images[train_idx].std()
+    images = (images - mean) / std
+    return (TensorDataset(images[train_idx], labels[train_idx]),
+            TensorDataset(images[val_idx], labels[val_idx]), DataSpec(1, 10, cfg.img_size))
+
+
+def _synthetic(cfg: DataConfig, seed: int, device: torch.device):
+    # Random tensors created on the device: throughput runs measure the model, not the loader.
+    generator = torch.Generator(device=device).manual_seed(seed)
+    shape = (cfg.num_samples, cfg.channels, cfg.img_size, cfg.img_size)
+    images = torch.randn(shape, generator=generator, device=device)
+    labels = torch.randint(0, cfg.num_classes, (cfg.num_samples,), generator=generator,
+                           device=device)
+    n_val = max(1, round(cfg.num_samples * cfg.val_fraction))
+    spec = DataSpec(cfg.channels, cfg.num_classes, cfg.img_size)
+    return (TensorDataset(images[n_val:], labels[n_val:]),
+            TensorDataset(images[:n_val], labels[:n_val]), spec)
+
+
+def _transforms(cfg: DataConfig, mean: Sequence[float], std: Sequence[float], train: bool):
+    from torchvision import transforms as T
+
+    steps = [T.Resize(cfg.img_size), T.CenterCrop(cfg.img_size)]
+    if train and cfg.augment:
+        steps = [T.RandomResizedCrop(cfg.img_size, scale=(0.5, 1.0)), T.RandomHorizontalFlip()]
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(mean, std)])
+
+
+def _require_root(cfg: DataConfig, how: str) -> Path:
+    if not cfg.root or not Path(cfg.root).expanduser().is_dir():
+        raise ConfigError(f"data.root={cfg.root} is not a directory; {how}")
+    return Path(cfg.root).expanduser()
+
+
+def _cifar(cfg: DataConfig) -> tuple[Dataset, Dataset, DataSpec]:
+    from torchvision import datasets
+
+    classes = 10 if cfg.name == "cifar10" else 100
+    cls = datasets.CIFAR10 if classes == 10 else datasets.CIFAR100
+    how = (f"fetch it once on a machine with network: python -c \"import torchvision; "
+           f"torchvision.datasets.{cls.__name__}('DIR', download=True)\", then data.root=DIR")
+    root = _require_root(cfg, how)
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # CIFAR-10 channel stats
+    try:
+        train = cls(str(root), train=True, transform=_transforms(cfg, mean, std, True))
+        val = cls(str(root), train=False, transform=_transforms(cfg, mean, std, False))
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted"
+        raise ConfigError(f"{cfg.name} not found under data.root={root}; {how}") from err
+    return train, val, DataSpec(3, classes, cfg.img_size)
+
+
+def _imagefolder(cfg: DataConfig, seed: int) -> tuple[Dataset, Dataset, DataSpec]:
+    from torchvision import datasets
+
+    how = "point it at a folder of class sub-folders (or with train/ and val/ inside)"
+    root = _require_root(cfg, how)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet channel stats
+    train_tf, val_tf = _transforms(cfg, mean, std, True), _transforms(cfg, mean, std, False)
+    try:
+        if (root / "train").is_dir() and (root / "val").is_dir():
+            train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
+            val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+        else:
+            train_idx, val_idx = _split(len(datasets.ImageFolder(str(root))), cfg.val_fraction,
+                                        seed)
+            train = Subset(datasets.ImageFolder(str(root), transform=train_tf), train_idx)
+            val = Subset(datasets.ImageFolder(str(root), transform=val_tf), val_idx)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise ConfigError(f"data.root={root}: {err}; {how}") from err
+    num_classes = len((train.dataset if isinstance(train, Subset) else train).classes)
+    return train, val, DataSpec(3, num_classes, cfg.img_size)
+
+
+def build_data(cfg: DataConfig, seed: int, device: torch.device) -> DataSource:
+    """Load the configured data set; a missing local root is a ConfigError saying what to do."""
+    if cfg.name == "digits":
+        train, val, spec = _digits(cfg, seed)
+    elif cfg.name == "synthetic":
+        train, val, spec = _synthetic(cfg, seed, device)
+    elif cfg.name in ("cifar10", "cifar100"):
+        train, val, spec = _cifar(cfg)
+    else:
+        train, val, spec = _imagefolder(cfg, seed)
+    return DataSource(train, val, spec, cfg, device)

@@ -1,0 +1,49 @@
+"""Any timm model by name, shaped to the data, never downloading weights."""
+
+from __future__ import annotations
+
+import difflib
+
+import timm
+import torch
+
+from amp_lab.config import ConfigError, ModelConfig
+from amp_lab.data import DataSpec
+
+
+def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
+    """timm.create_model(pretrained=False) with channels, classes and image size from the data."""
+    if not timm.is_model(cfg.name):
+        close = difflib.get_close_matches(cfg.name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+        raise ConfigError(f"model.name={cfg.name!r} is not a timm model{hint}")
+    kwargs = {"pretrained": False, "num_classes": spec.num_classes, "in_chans": spec.channels,
+              **cfg.kwargs}
+    try:  # transformers need the image size; CNNs take any size and reject the argument
+        model = timm.create_model(cfg.name, img_size=spec.img_size, **kwargs)
+    except TypeError as err:
+        if "img_size" not in str(err):
+            raise ConfigError(f"model.kwargs do not fit {cfg.name}: {err}") from err
+        try:
+            model = timm.create_model(cfg.name, **kwargs)
+        except TypeError as err2:
+            raise ConfigError(f"model.kwargs do not fit {cfg.name}: {err2}") from err2
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+@torch.no_grad()
+def check_input_fits(model: torch.nn.Module, name: str, spec: DataSpec,
+                     device: torch.device) -> None:
+    """One tiny forward pass at start-up, so a size mismatch is an error before training."""
+    model.eval()
+    try:
+        model(torch.zeros(2, spec.channels, spec.img_size, spec.img_size, device=device))
+    except RuntimeError as err:
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"model {name} cannot take {spec.channels}x{spec.img_size}x"
+                          f"{spec.img_size} images ({reason}); raise data.img_size or pick "
+                          f"another model") from err
+    finally:
+        model.train()

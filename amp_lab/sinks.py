@@ -1,0 +1,132 @@
+"""Where a run's records go — console, metrics.jsonl, W&B — behind one small interface.
+
+The runner hands every record to a `Sinks` container; each sink decides what to show or keep.
+`close()` runs in a `finally`, so a failing job still leaves its files complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+Record = dict[str, Any]
+
+
+class Sink:
+    """A do-nothing sink; subclasses override what they need."""
+
+    def start(self, info: Record) -> None:
+        """Once, before the first step: the run's resolved settings."""
+
+    def log(self, record: Record) -> None:
+        """A train log (every log_every steps) or an evaluation."""
+
+    def finish(self, summary: Record) -> None:
+        """Once, with the final summary."""
+
+    def close(self) -> None:
+        """Always called, also after an error."""
+
+
+class JsonlSink(Sink):
+    """metrics.jsonl: one JSON object per record, flushed at once so a crash loses nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("a", encoding="utf-8")
+
+    def log(self, record: Record) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.4g}"
+    return str(value)
+
+
+class ConsoleSink(Sink):
+    """A rich progress bar on a terminal; plain lines at each evaluation elsewhere (SLURM logs)."""
+
+    def __init__(self, total_steps: int, enabled: bool = True) -> None:
+        self.console = Console(stderr=True)
+        self.total_steps = total_steps
+        self.live = enabled and self.console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"), console=self.console, disable=not self.live,
+        )
+        self.task = self.progress.add_task("train", total=total_steps, status="")
+        self.last: Record = {}
+
+    def start(self, info: Record) -> None:
+        self.progress.start()
+        if "step" in info:
+            self.progress.update(self.task, completed=info["step"])
+
+    def log(self, record: Record) -> None:
+        self.last.update(record)
+        status = "  ".join(
+            f"{label} {_fmt(self.last[key])}" for label, key in [
+                ("loss", "train/loss"), ("acc", "train/acc"), ("val", "val/acc"),
+                ("scale", "amp/loss_scale"), ("samples/s", "throughput/samples_per_s")]
+            if key in self.last)
+        self.progress.update(self.task, completed=record["step"], status=status)
+        if not self.live and "val/acc" in record:
+            self.console.print(f"step {record['step']}/{self.total_steps}  {status}")
+
+    def finish(self, summary: Record) -> None:
+        self.progress.stop()
+        table = Table(title="amp_lab run summary", show_header=False)
+        for key in ["status", "precision", "model", "steps", "final_val_acc", "best_val_acc",
+                    "steps_to_target", "time_to_target_s", "mean_samples_per_s",
+                    "skipped_steps", "peak_memory_mb", "wall_time_s", "output_dir"]:
+            value = summary.get(key)
+            if isinstance(value, dict):
+                value = value.get("name")
+            table.add_row(key, _fmt(value))
+        self.console.print(table)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class Sinks(Sink):
+    """Fans every call out to its sinks; close() reaches all of them even if one fails."""
+
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.sinks = sinks
+
+    def start(self, info: Record) -> None:
+        for sink in self.sinks:
+            sink.start(info)
+
+    def log(self, record: Record) -> None:
+        for sink in self.sinks:
+            sink.log(record)
+
+    def finish(self, summary: Record) -> None:
+        for sink in self.sinks:
+            sink.finish(summary)
+
+    def close(self) -> None:
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as err:  # noqa: BLE001 - the other sinks must still close
+                errors.append(err)
+        if errors:
+            raise errors[0]

@@ -1,0 +1,125 @@
+"""The training step — the GradScaler recipe users get wrong, done right once — and evaluation.
+
+Order per optimizer step (../shared/AMP_PITFALLS.md §2):
+zero_grad(set_to_none) -> for each micro-batch: autocast forward -> fp32 loss / grad_accum ->
+scale(loss).backward() -> at the boundary only: unscale_ -> gradient norm -> clip -> scaler.step
+-> scaler.update (once per optimizer step) -> schedule step.
+Nothing here reads a value back to the host: the results are device tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.amp import GradScaler
+
+from amp_lab.precision import PrecisionPolicy
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+# The schedule steps on every optimizer step, skipped or not (see lr.py). When the scaler skips
+# the very first update of a non-fused optimizer, PyTorch would warn about the call order.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's outcome, all device tensors (no host sync)."""
+
+    loss: torch.Tensor  # mean fp32 loss over the micro-batches
+    correct: torch.Tensor  # correctly classified samples
+    samples: int
+    grad_norm: torch.Tensor  # total L2 norm of the unscaled gradients, before clipping
+    found_inf: torch.Tensor  # 1.0 when the gradients held inf/nan and the update was skipped
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # The loss runs in fp32: log-softmax over fp16 logits loses the small probabilities.
+    return F.cross_entropy(logits.float(), labels)
+
+
+@dataclass
+class TrainStep:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: GradScaler
+    policy: PrecisionPolicy
+    clip_grad: float = 0.0
+    clip_mode: str = "norm"
+    channels_last: bool = False
+    micro_batch_context: Callable[[bool], contextlib.AbstractContextManager] = (
+        lambda is_last: contextlib.nullcontext())  # DDP's no_sync() until the boundary
+
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def __call__(self, micro_batches: Sequence[Batch]) -> StepResult:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.policy.device)
+        correct = torch.zeros((), device=self.policy.device, dtype=torch.long)
+        samples = 0
+        for i, (images, labels) in enumerate(micro_batches):
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with self.micro_batch_context(i == len(micro_batches) - 1):
+                with self.policy.autocast():
+                    logits = self.model(images)
+                # dividing by the number of micro-batches makes accumulation an average
+                loss = loss_fn(logits, labels) / len(micro_batches)
+                self.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+            correct += (logits.detach().argmax(-1) == labels).sum()
+            samples += labels.shape[0]
+        grad_norm = self.unscale_and_clip()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        found_inf = (~torch.isfinite(grad_norm)).float()
+        return StepResult(loss_sum, correct, samples, grad_norm, found_inf)
+
+    def unscale_and_clip(self) -> torch.Tensor:
+        """Unscale first, so the norm and the clip threshold see the true gradients."""
+        self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        if self.clip_grad > 0 and self.clip_mode == "norm":
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
+        elif self.clip_grad > 0:
+            torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
+        return norm.float()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], policy: PrecisionPolicy,
+             channels_last: bool = False) -> dict[str, float]:
+    """Mean val loss and accuracy under the run's own autocast policy."""
+    model.eval()
+    loss_sum = torch.zeros((), device=policy.device)
+    correct = torch.zeros((), device=policy.device, dtype=torch.long)
+    count = 0
+    for images, labels in batches:
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with policy.autocast():
+            logits = model(images)
+        loss_sum += loss_fn(logits, labels) * labels.shape[0]
+        correct += (logits.argmax(-1) == labels).sum()
+        count += labels.shape[0]
+    model.train()
+    return {"val/loss": loss_sum.item() / count, "val/acc": correct.item() / count}
+
+
+def take(iterator: Iterator[Batch], n: int) -> list[Batch]:
+    """The next n micro-batches (fewer at the end of an epoch)."""
+    batches = []
+    for batch in iterator:
+        batches.append(batch)
+        if len(batches) == n:
+            break
+    return batches

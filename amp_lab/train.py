@@ -1,0 +1,265 @@
+"""The runner: build everything from the config, run the loop, record metrics and a summary.
+
+Data flows one way: config -> build (data, model, precision, optimizer, schedule, scaler) ->
+loop -> sinks -> summary.json. Per-step counters stay device tensors; values are read back to the
+host only at log steps, so steps in between never wait for the device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.data import EpochBatchSampler, build_data
+from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
+from amp_lab.metrics import ThroughputMeter, peak_memory_mb
+from amp_lab.models import build_model, check_input_fits
+from amp_lab.optim import build_optimizer
+from amp_lab.precision import resolve_device, resolve_precision
+from amp_lab.scaling import build_scaler, uses_dynamic_scaling
+from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
+from amp_lab.step import StepResult, TrainStep, evaluate, take
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+@dataclass
+class LoopState:
+    """Where the loop stands: enough to resume at the next optimizer step."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # optimizer steps done in the current epoch
+    best_val_acc: float | None = None
+    final_val_acc: float | None = None
+    final_val_loss: float | None = None
+    steps_to_target: int | None = None
+    time_to_target_s: float | None = None
+    elapsed_s: float = 0.0  # wall time of the loop, carried over a resume
+    diverged: bool = False
+
+
+class DeviceCounters:
+    """Running sums kept on the device; `read()` is the one host sync of a log step."""
+
+    NAMES = ("loss_sum", "loss_count", "correct", "samples", "skipped", "window_skipped",
+             "streak", "worst_streak")
+
+    def __init__(self, device: torch.device) -> None:
+        self.values = torch.zeros(len(self.NAMES), device=device, dtype=torch.float64)
+        self.index = {name: i for i, name in enumerate(self.NAMES)}
+
+    def add(self, result: StepResult) -> None:
+        v, i = self.values, self.index
+        finite = torch.isfinite(result.loss)
+        v[i["loss_sum"]] += torch.where(finite, result.loss, 0.0)  # a nan loss is counted apart
+        v[i["loss_count"]] += finite
+        v[i["correct"]] += result.correct
+        v[i["samples"]] += result.samples
+        v[i["skipped"]] += result.found_inf
+        v[i["window_skipped"]] += result.found_inf
+        v[i["streak"]] = (v[i["streak"]] + 1) * result.found_inf  # consecutive bad steps
+        v[i["worst_streak"]] = torch.maximum(v[i["worst_streak"]], v[i["streak"]])
+
+    def read_window(self) -> dict[str, float]:
+        """Host copy of all counters; the per-window ones are reset afterwards."""
+        values = dict(zip(self.NAMES, self.values.tolist()))
+        for name in ("loss_sum", "loss_count", "correct", "samples", "window_skipped",
+                     "worst_streak"):
+            self.values[self.index[name]] = 0.0
+        return values
+
+
+class Trainer:
+    """Builds a run from typed settings; `fit()` trains it and returns the summary."""
+
+    def __init__(self, settings: AmpLabConfig, out_dir: Path, sinks: list[Sink] | None = None):
+        self.settings, self.out_dir = settings, Path(out_dir)
+        self.extra_sinks = sinks or []
+        t = settings.trainer
+        seed_everything(t.seed)
+        self.device = resolve_device(t.device)
+        self.policy = resolve_precision(settings.precision.name, self.device)
+        self.data = build_data(settings.data, t.seed, self.device)
+        self.model = build_model(settings.model, self.data.spec).to(self.device)
+        check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
+        self.sampler = EpochBatchSampler(len(self.data.train), t.batch_size, t.seed)
+        self.steps_per_epoch = len(self.sampler) // t.grad_accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"trainer.batch_size x grad_accum = {t.batch_size * t.grad_accum} "
+                              f"exceeds the {len(self.data.train)} training samples; lower it")
+        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.global_batch = t.batch_size * t.grad_accum
+        self.peak_lr = peak_lr(settings.lr, self.global_batch)
+        self.warmup = warmup_length(settings.lr, self.steps_per_epoch)
+        self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
+        self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
+                                         self.steps_per_epoch)
+        self.scaler = build_scaler(settings.scaler, self.policy)
+        forward_model = torch.compile(self.model) if t.compile else self.model
+        self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
+                                    self.policy, t.clip_grad, t.clip_mode,
+                                    settings.model.channels_last)
+        self.state = LoopState()
+
+    # -- reporting ---------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "precision": self.policy.describe(),
+            "scaler": {"dynamic": uses_dynamic_scaling(s.scaler, self.policy),
+                       **asdict(s.scaler)},
+            "lr": {"peak": self.peak_lr, "base": s.lr.base, "rule": s.lr.rule,
+                   "scale": s.lr.scale, "global_batch": self.global_batch,
+                   "warmup_steps": self.warmup, "schedule": s.lr.schedule},
+            "model": s.model.name,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "data": s.data.name,
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+    def lr_at(self, step: int) -> float:
+        return self.peak_lr * lr_factor(step, self.total_steps, self.warmup, self.settings.lr)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to the end (or to divergence); write metrics.jsonl and summary.json."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        t = self.settings.trainer
+        info = self.describe()
+        log.info("%s on %s: peak LR %.4g (base %.4g, rule %s at global batch %d, scale %g), "
+                 "%d steps", info["precision"]["name"], self.device, self.peak_lr,
+                 self.settings.lr.base, self.settings.lr.rule, self.global_batch,
+                 self.settings.lr.scale, self.total_steps)
+        sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),
+                       ConsoleSink(self.total_steps, t.progress), *self.extra_sinks])
+        started = time.perf_counter() - self.state.elapsed_s
+        try:
+            sinks.start({**info, "step": self.state.step})
+            self._loop(sinks, started)
+            summary = self.summary(time.perf_counter() - started, status=None)
+            sinks.finish(summary)
+        except BaseException as err:
+            self.write_summary(self.summary(time.perf_counter() - started,
+                                            status=f"crashed: {type(err).__name__}: {err}"))
+            raise
+        finally:
+            sinks.close()
+        self.write_summary(summary)
+        return summary
+
+    def _loop(self, sinks: Sink, started: float) -> None:
+        t, st = self.settings.trainer, self.state
+        meter = ThroughputMeter(self.device, t.timing_warmup)
+        counters = DeviceCounters(self.device)
+        self.meter, self.skipped_total = meter, 0
+        meter.start(st.step)
+        while st.step < self.total_steps and not st.diverged:
+            self.sampler.set_epoch(st.epoch, st.batch_in_epoch * t.grad_accum)
+            batches = self.data.train_batches(self.sampler)
+            while st.batch_in_epoch < self.steps_per_epoch:
+                fetch_start = time.perf_counter()
+                micro_batches = take(batches, t.grad_accum)
+                data_s = time.perf_counter() - fetch_start
+                result = self.train_step(micro_batches)
+                counters.add(result)
+                st.step += 1
+                st.batch_in_epoch += 1
+                meter.step_done(st.step, result.samples, data_s)
+                last = st.step >= self.total_steps
+                if st.step % t.log_every == 0 or last:
+                    sinks.log(self._train_record(counters, result, meter, started))
+                epoch_end = st.batch_in_epoch == self.steps_per_epoch
+                if (t.eval_every and st.step % t.eval_every == 0) or (
+                        not t.eval_every and epoch_end) or last:
+                    sinks.log(self._eval_record(meter, started))
+                if last or st.diverged:
+                    break
+            if st.batch_in_epoch == self.steps_per_epoch:
+                st.epoch, st.batch_in_epoch = st.epoch + 1, 0
+
+    def _train_record(self, counters: DeviceCounters, result: StepResult,
+                      meter: ThroughputMeter, started: float) -> dict[str, Any]:
+        st, t = self.state, self.settings.trainer
+        c = counters.read_window()
+        steps_in_window = (st.step - 1) % t.log_every + 1
+        self.skipped_total = int(c["skipped"])
+        if c["worst_streak"] >= t.max_bad_steps:
+            st.diverged = True
+            log.warning("step %d: %d consecutive non-finite steps (trainer.max_bad_steps=%d); "
+                        "stopping as diverged", st.step, int(c["worst_streak"]), t.max_bad_steps)
+        return {
+            "kind": "train", "step": st.step, "epoch": st.step / self.steps_per_epoch,
+            "time_s": time.perf_counter() - started,
+            "train/loss": c["loss_sum"] / c["loss_count"] if c["loss_count"] else float("nan"),
+            "train/acc": c["correct"] / max(1.0, c["samples"]),
+            "train/lr": self.lr_at(st.step - 1),
+            "train/grad_norm": result.grad_norm.item(),
+            "amp/loss_scale": self.scaler.get_scale(),
+            "amp/skipped_steps": self.skipped_total,
+            "amp/skip_rate": c["window_skipped"] / steps_in_window,
+            **meter.read(),
+            "memory/peak_mb": peak_memory_mb(self.device),
+        }
+
+    def _eval_record(self, meter: ThroughputMeter, started: float) -> dict[str, Any]:
+        st, t = self.state, self.settings.trainer
+        eval_start = time.perf_counter()
+        metrics = evaluate(self.train_step.model, self.data.val_batches(t.batch_size),
+                           self.policy, self.settings.model.channels_last)
+        meter.exclude(time.perf_counter() - eval_start)
+        now = time.perf_counter() - started
+        acc = metrics["val/acc"]
+        st.final_val_acc, st.final_val_loss = acc, metrics["val/loss"]
+        st.best_val_acc = acc if st.best_val_acc is None else max(st.best_val_acc, acc)
+        if st.steps_to_target is None and acc >= t.target_acc:
+            st.steps_to_target, st.time_to_target_s = st.step, now
+        return {"kind": "val", "step": st.step, "epoch": st.step / self.steps_per_epoch,
+                "time_s": now, **metrics}
+
+    # -- summary -----------------------------------------------------------------------------
+    def summary(self, wall_time_s: float, status: str | None) -> dict[str, Any]:
+        st = self.state
+        st.elapsed_s = wall_time_s
+        meter = getattr(self, "meter", None)
+        return {
+            "status": status or ("diverged" if st.diverged else "completed"),
+            "diverged": st.diverged,
+            "steps": st.step,
+            "epochs": st.step / self.steps_per_epoch,
+            "final_val_acc": st.final_val_acc,
+            "best_val_acc": st.best_val_acc,
+            "final_val_loss": st.final_val_loss,
+            "target_acc": self.settings.trainer.target_acc,
+            "steps_to_target": st.steps_to_target,
+            "time_to_target_s": st.time_to_target_s,
+            "mean_samples_per_s": meter.mean_samples_per_s() if meter else None,
+            "skipped_steps": getattr(self, "skipped_total", 0),
+            "final_loss_scale": self.scaler.get_scale(),
+            "peak_memory_mb": peak_memory_mb(self.device),
+            "wall_time_s": wall_time_s,
+            "output_dir": str(self.out_dir),
+            **self.describe(),
+        }
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        path = self.out_dir / "summary.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(path)  # atomic: a reader never sees half a summary

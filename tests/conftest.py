@@ -1,0 +1,46 @@
+"""Compose the real Hydra configs, shrunk for CPU: few steps, tiny models, output in tmp_path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from amp_lab.config import AmpLabConfig, register, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+
+# Small and fast on 2 CPU cores: a tiny ViT on 16x16 digits (fp16 on CPU is slow), few steps.
+FAST = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.max_steps=6",
+        "trainer.log_every=2", "trainer.timing_warmup=1", "trainer.progress=false",
+        "trainer.device=cpu"]
+
+register()
+
+
+def compose_cfg(*overrides: str, fast: bool = True) -> DictConfig:
+    """The composed config, exactly as `python -m amp_lab <overrides>` would see it."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[*(FAST if fast else []), *overrides])
+
+
+def settings(*overrides: str, fast: bool = True) -> AmpLabConfig:
+    return validate(compose_cfg(*overrides, fast=fast))
+
+
+def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m amp_lab ARGS` in a subprocess, as a user types it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "amp_lab", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def fast_overrides() -> list[str]:
+    return list(FAST)

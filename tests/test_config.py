@@ -1,0 +1,113 @@
+"""Every config group option composes into the typed schema; bad input fails with one line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import CONF_DIR, compose_cfg, run_cli, settings
+
+from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.train import Trainer
+
+GROUPS = ["model", "data", "precision", "scaler", "lr", "optim", "trainer"]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option",
+                         [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_option_composes_into_the_schema(group, option, tmp_path):
+    extra = [f"data.root={tmp_path}"] if option == "imagefolder" else []
+    cfg = settings(f"{group}={option}", *extra, fast=False)
+    assert isinstance(cfg, AmpLabConfig)
+    node = getattr(cfg, group)
+    if hasattr(node, "name"):
+        assert node.name == option or group == "model" and option.startswith(node.name)
+
+
+def test_every_group_has_options():
+    for group in GROUPS:
+        assert _options(group), group
+
+
+def test_defaults_are_the_documented_ones():
+    cfg = settings(fast=False)
+    assert (cfg.model.name, cfg.data.name, cfg.precision.name) == ("test_convnext", "digits",
+                                                                  "fp32")
+    assert (cfg.scaler.init_scale, cfg.scaler.growth_factor, cfg.scaler.backoff_factor,
+            cfg.scaler.growth_interval, cfg.scaler.enabled) == (65536.0, 2.0, 0.5, 2000, None)
+
+
+def test_the_users_command_sets_the_scale():
+    cfg = settings("precision=fp16", "scaler.init_scale=32768")
+    assert cfg.precision.name == "fp16" and cfg.scaler.init_scale == 32768.0
+
+
+def test_model_kwargs_accept_new_keys():
+    cfg = settings("+model.kwargs.drop_path_rate=0.1")
+    assert cfg.model.kwargs["drop_path_rate"] == 0.1
+
+
+@pytest.mark.parametrize("override,message", [
+    ("scaler.init_scale=0", "scaler.init_scale=0.0 must be > 0"),
+    ("scaler.growth_factor=1.0", "scaler.growth_factor=1.0 must be > 1"),
+    ("scaler.backoff_factor=1.5", "scaler.backoff_factor=1.5 must be between 0 and 1"),
+    ("scaler.growth_interval=0", "scaler.growth_interval=0 must be >= 1"),
+    ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
+    ("lr.base=-1", "lr.base=-1.0 must be > 0"),
+    ("lr.rule=cube", "lr.rule='cube' is unknown"),
+    ("lr.schedule=exp", "lr.schedule='exp' is unknown"),
+    ("data.name=mnist", "data.name='mnist' is unknown"),
+])
+def test_invalid_values_are_config_errors(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        settings(override)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.name=resnet5", "did you mean resnet50"),
+    ("precision.name=fp17", "precision='fp17' is unknown"),
+    ("optim.name=adamx", "optim.name='adamx' is unknown"),
+    ("data=cifar10", "torchvision.datasets.CIFAR10('DIR', download=True)"),
+    ("precision=tf32", "precision=tf32 needs an NVIDIA GPU"),
+    ("trainer.batch_size=4096", "exceeds the 1438 training samples"),
+    ("model=test_convnext", "model test_convnext cannot take 1x16x16 images"),
+])
+def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Trainer(settings(override, "data.root=null" if "cifar" in override else "trainer.seed=0"),
+                tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["model.name=resnet5"], "amp_lab: error: model.name='resnet5' is not a timm model"),
+    (["precision=fp17"], "Could not find 'precision/fp17'"),
+    (["scaler.init_scale=-1"], "amp_lab: error: scaler.init_scale=-1.0 must be > 0"),
+    (["scaler.init_scal=3"], "Key 'init_scal' not in 'ScalerConfig'"),
+    (["trainer.batch_size=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
+    (["data=cifar10", "data.root=/nonexistent"], "amp_lab: error: data.root=/nonexistent is not"),
+])
+def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
+    result = run_cli(*args, "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_help_lists_the_groups(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for group in GROUPS:
+        assert f"{group}:" in result.stdout
+    assert "scaler.init_scale=32768" in result.stdout
+
+
+def test_compose_keeps_output_out_of_the_repo():
+    cfg = compose_cfg()
+    assert "hydra" not in cfg  # the task sees only amp_lab's own keys
