@@ -36,7 +36,9 @@ def settings(*overrides: str, fast: bool = True) -> AmpLabConfig:
 
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """`python -m amp_lab ARGS` in a subprocess, as a user types it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    # PYTHONPATH: this checkout's package, whichever checkout the venv was installed from
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path}
     return subprocess.run([sys.executable, "-m", "amp_lab", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
