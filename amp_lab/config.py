@@ -158,6 +158,19 @@ class TrainerConfig:
 
 
 @dataclass
+class LoggerConfig:
+    mode: str = "offline"  # offline | online | disabled; WANDB_MODE wins unless this is disabled
+    project: str = "amp_lab"  # W&B project
+    entity: str | None = None  # W&B team or user; None: the account's default entity
+    group: str | None = None  # None: the multirun directory, so a sweep is one W&B group
+    tags: list[str] = field(default_factory=list)  # extra W&B tags (model and precision are added)
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("offline", "online", "disabled"),
+                 f"logger.mode={self.mode!r} is unknown; use offline, online or disabled")
+
+
+@dataclass
 class AmpLabConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -166,6 +179,7 @@ class AmpLabConfig:
     lr: LRConfig = field(default_factory=LRConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
 
 

@@ -28,6 +28,7 @@ from amp_lab.precision import resolve_device, resolve_precision
 from amp_lab.scaling import build_scaler, uses_dynamic_scaling
 from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
 from amp_lab.step import StepResult, TrainStep, evaluate, take
+from amp_lab.tracking import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,8 @@ class Trainer:
                  self.settings.lr.base, self.settings.lr.rule, self.global_batch,
                  self.settings.lr.scale, self.total_steps)
         sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),
-                       ConsoleSink(self.total_steps, t.progress), *self.extra_sinks])
+                       ConsoleSink(self.total_steps, t.progress), *self.extra_sinks,
+                       *build_tracking_sinks(self.settings, self.out_dir)])
         started = time.perf_counter() - self.state.elapsed_s
         try:
             sinks.start({**info, "step": self.state.step})
