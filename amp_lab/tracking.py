@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "wandb_run_id"
 METRIC_PREFIXES = ("train", "val", "amp", "throughput", "memory")  # all plotted against `step`
-INIT_TIMEOUT_S = float(os.environ.get("WANDB_INIT_TIMEOUT", 30))  # then fall back to offline
+INIT_TIMEOUT_S = 30.0  # online init gives up after this long (or $WANDB_INIT_TIMEOUT), then offline
 
 
 def resolve_mode(cfg: LoggerConfig) -> str:
@@ -38,10 +38,19 @@ def resolve_mode(cfg: LoggerConfig) -> str:
     return env if env in ("offline", "online", "disabled") else cfg.mode
 
 
+def _init_timeout() -> float:
+    return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+
+
 def redact(text: str) -> str:
     """The text with the W&B API key (if any) masked, for warnings and reports."""
     key = os.environ.get("WANDB_API_KEY")
     return text.replace(key, "***") if key else text
+
+
+def sweep_group(run_dir: Path) -> str:
+    """The W&B group of a multirun job: its sweep directory's last two parts (date/time)."""
+    return "/".join(Path(run_dir).resolve().parent.parts[-2:])  # e.g. 2026-11-29/21-30-00
 
 
 def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
@@ -54,8 +63,7 @@ def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
         hydra_cfg = HydraConfig.get()
         name = hydra_cfg.job.override_dirname
         if hydra_cfg.mode == RunMode.MULTIRUN and group is None:
-            sweep_dir = Path(hydra_cfg.runtime.output_dir).parent
-            group = "/".join(sweep_dir.parts[-2:])  # e.g. 2026-11-29/21-30-00
+            group = sweep_group(Path(hydra_cfg.runtime.output_dir))
     elif (out_dir / ".hydra" / "overrides.yaml").exists():
         name = ",".join(yaml.safe_load((out_dir / ".hydra" / "overrides.yaml").read_text()) or [])
     return group, name or out_dir.name
@@ -91,7 +99,7 @@ class WandbSink(Sink):
             tags=[f"model:{s.model.name}", f"precision:{precision}", *cfg.tags, *s.tags],
             config={**asdict(s), "resolved": {k: v for k, v in info.items() if k != "step"}},
             dir=str(self.out_dir), id=run_id(self.out_dir), resume="allow",
-            settings=wandb.Settings(init_timeout=INIT_TIMEOUT_S, console="off", quiet=True,
+            settings=wandb.Settings(init_timeout=_init_timeout(), console="off", quiet=True,
                                     disable_git=True, save_code=False))
         self.run = self._init(wandb, self.mode, kwargs)
         if self.run is None:
