@@ -17,7 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from amp_lab.runs import (
-    SEED_KEY, ReportError, RunData, differing_keys, group_label, group_runs, load_runs, mean_std,
+    SEED_KEY,
+    ReportError,
+    RunData,
+    differing_keys,
+    group_label,
+    group_runs,
+    load_runs,
+    mean_std,
 )
 
 COLUMNS = ["precision", "model", "final acc", "best acc", "Δacc vs ref", "steps→target",
