@@ -67,7 +67,7 @@ def run_rows(runs: list[RunData], ref: RunData | None) -> tuple[list[str], list[
         acc, sps = s.get("final_val_acc"), s.get("mean_samples_per_s")
         delta = acc - ref_acc if acc is not None and ref_acc is not None else None
         speedup = sps / ref_sps if sps and ref_sps else None
-        status = run.status if run.ok else f"**{run.status.upper()}**"
+        status = run.status if run.ok else f"**{run.status}**"  # bold (red in the terminal)
         rows.append([run.label + (" (ref)" if run is ref else ""),
                      *[run.overrides.get(k, "—") for k in keys],
                      run.precision, run.model, _f(acc), _f(s.get("best_val_acc")),
@@ -134,7 +134,10 @@ def make_report(paths: list[Path], out: Path | None = None, ref: str | None = No
     """Load the runs, print the table, write report.md and the plots; returns report.md."""
     from amp_lab.report_plots import write_plots
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
     runs = load_runs(paths)
     reference = pick_reference(runs, ref)
     out = out or default_out(paths)

@@ -148,6 +148,9 @@ class WandbSink(Sink):
             run.summary.update(json.loads(path.read_text()))
         try:
             run.finish(exit_code=0 if self.summary_logged else 1)
+            import wandb
+
+            wandb.teardown()  # waits until the W&B service has written every record to disk
         except Exception as err:  # noqa: BLE001 - a failing finish must not break the sweep
             log.warning("W&B finish failed (%s)", redact(str(err)))
 
