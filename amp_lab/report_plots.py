@@ -121,6 +121,6 @@ def write_plots(runs: list[RunData], out: Path, keys: list[str]) -> list[Path]:
         draw(ax, groups)
     fig.tight_layout()
     paths.append(out / "overview.png")
-    fig.savefig(paths[-1], dpi=80)
+    fig.savefig(paths[-1], dpi=70)  # small enough to commit as a picture
     plt.close(fig)
     return paths
