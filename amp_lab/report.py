@@ -159,11 +159,15 @@ def make_report(paths: list[Path], out: Path | None = None, ref: str | None = No
 def main(argv: list[str] | None = None) -> int:
     """The command line; exit code 2 on bad input."""
     parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.report", description=__doc__.splitlines()[0])
+        prog="python -m amp_lab.report",
+        description="Compare amp_lab runs side by side: a table, report.md and PNG plots.")
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="multirun directories or run directories")
-    parser.add_argument("--out", type=Path, help="output folder (default: <PATH>/report)")
-    parser.add_argument("--ref", help="reference run (directory or its name); default: fp32")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="output folder (default: <PATH>/report)")
+    parser.add_argument("--ref", metavar="RUN",
+                        help="reference run: its directory, its name or its sweep job number "
+                             "(default: the fp32 run)")
     parser.add_argument("--wandb", action="store_true",
                         help="also build a W&B Report (offline: its spec as JSON)")
     args = parser.parse_args(argv)
