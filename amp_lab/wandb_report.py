@@ -88,9 +88,9 @@ def publish(runs: list[RunData], out: Path, table_md: str, console: Console) -> 
     if _online():
         import wandb
 
-        entity = entity or wandb.Api().default_entity
-        report = build_report(project, entity, run_groups(runs), swept, table_md)
         try:
+            online_entity = entity or wandb.Api().default_entity
+            report = build_report(project, online_entity, run_groups(runs), swept, table_md)
             report.save()
             console.print(f"W&B report: {report.url}")
             return None
