@@ -70,10 +70,15 @@ def test_report_groups_seeds_marks_crashes_and_plots(tmp_path, capsys):
     assert "job 3" in capsys.readouterr().out  # the terminal table
 
 
-def test_ref_option_and_bad_input(tmp_path, capsys):
+def test_ref_option_and_bad_input(tmp_path, capsys, monkeypatch):
     run = _run(tmp_path / "runs", "a", "precision=bf16")
-    assert main([str(run), "--ref", "a", "--out", str(tmp_path / "out")]) == 0
+    (run / "wandb_run_id").write_text("abc12345\n")  # a single run: no sweep group
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main([str(run), "--ref", "a", "--out", str(tmp_path / "out"), "--wandb"]) == 0
     assert _rows((tmp_path / "out" / "report.md").read_text())[0][0] == "a (ref)"
+    spec = json.loads((tmp_path / "out" / "wandb_report.json").read_text())
+    [grid] = [block for block in spec["blocks"] if "runsets" in block]
+    assert [r["filters"] for r in grid["runsets"]] == ["Metric('ID') == 'abc12345'"]
     capsys.readouterr()
     (tmp_path / "empty").mkdir()
     (tmp_path / "foreign").mkdir()
