@@ -16,12 +16,21 @@ from amp_lab.config import ConfigError
 from amp_lab.sinks import Sink
 from amp_lab.train import Trainer
 
-# 12 logged steps, an evaluation every 4; no time-based checkpoints (test speed is not a clock)
+# 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
 RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
-       "checkpoint.every_minutes=0"]
+       "data.val_fraction=0.05", "checkpoint.every_minutes=0"]
 # fp16: a small growth interval, so the scale moves and a lost growth tracker would show
 PRECISION = {"fp32": ["precision=fp32"], "bf16": ["precision=bf16"],
              "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"]}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is several times faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class SignalAt(Sink):
@@ -153,15 +162,16 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog
     assert _curve(run) == _curve(whole)
 
 
-def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path):
+def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, monkeypatch):
     _interrupt(tmp_path / "run", [*RUN, "checkpoint.every_steps=2"], at_step=5)
     files = sorted((tmp_path / "run" / "checkpoints").iterdir())
     for path in files:
         path.write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="no usable checkpoint in .*trainer.resume=false"):
         Trainer(settings(*RUN), tmp_path / "run")
-    result = run_cli(*RUN, "model=test_vit", "data.img_size=16", "trainer.device=cpu",
-                     "hydra.run.dir=run", cwd=tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = run_cli(*RUN, "trainer.progress=false", "model=test_vit", "data.img_size=16",
+                     "trainer.device=cpu", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(
         "amp_lab: error: no usable checkpoint in")
