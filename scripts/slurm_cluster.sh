@@ -69,6 +69,8 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# look for startable jobs every few seconds (a requeued job becomes eligible on a timer)
+SchedulerParameters=sched_interval=5,bf_interval=5
 ReturnToService=2
 # finished jobs leave the queue after 10 s; a killed job gets 10 s between TERM and KILL
 MinJobAge=10
