@@ -6,7 +6,7 @@
 #   scripts/slurm_cluster.sh status   the daemons and `sinfo`; exit 0 only when the node is up
 #   scripts/slurm_cluster.sh stop     stop the daemons this script started (by their pid files)
 #
-# Settings (environment):
+# Settings (environment; `stop` first to change them on a running cluster):
 #   SLURM_CLUSTER_DIR   state, spool, logs, pid files and slurm.conf   (/tmp/amp_lab_slurm)
 #   SLURM_CLUSTER_CPUS  CPUs the node offers; may exceed the cores, e.g. 4 on a 2-core machine so
 #                       two 2-CPU tasks fit (default: nproc)
