@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from amp_lab.checkpoint import Checkpointer
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.data import EpochBatchSampler, build_data
 from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
@@ -117,6 +118,11 @@ class Trainer:
                                     self.policy, t.clip_grad, t.clip_mode,
                                     settings.model.channels_last)
         self.state = LoopState()
+        self.counters = DeviceCounters(self.device)
+        self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
+            "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
+            "scaler": self.scaler, "counters": self.counters.values})
+        self.checkpointer.restore()  # a run dir holding a checkpoint resumes from it
 
     # -- reporting ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -154,7 +160,8 @@ class Trainer:
         started = time.perf_counter() - self.state.elapsed_s
         try:
             sinks.start({**info, "step": self.state.step})
-            self._loop(sinks, started)
+            with self.checkpointer.active():  # RNG states restored; stop signals caught
+                self._loop(sinks, started)
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
         except BaseException as err:
@@ -169,7 +176,7 @@ class Trainer:
     def _loop(self, sinks: Sink, started: float) -> None:
         t, st = self.settings.trainer, self.state
         meter = ThroughputMeter(self.device, t.timing_warmup)
-        counters = DeviceCounters(self.device)
+        counters = self.counters
         self.meter, self.skipped_total = meter, 0
         meter.start(st.step)
         while st.step < self.total_steps and not st.diverged:
@@ -191,6 +198,8 @@ class Trainer:
                 if (t.eval_every and st.step % t.eval_every == 0) or (
                         not t.eval_every and epoch_end) or last:
                     sinks.log(self._eval_record(meter, started))
+                meter.exclude(self.checkpointer.step_done(time.perf_counter() - started,
+                                                          final=last or st.diverged))
                 if last or st.diverged:
                     break
             if st.batch_in_epoch == self.steps_per_epoch:
