@@ -39,7 +39,7 @@ def pick_reference(runs: list[RunData], ref: str | None) -> RunData | None:
     """--ref (a run directory or its name) if given, else the first fp32 run, else none."""
     if ref:
         for run in runs:
-            names = (run.label, run.label.removeprefix("job "), run.path.name)
+            names = (run.label, run.short_name().removeprefix("job "), run.path.name)
             if ref in names or Path(ref).resolve() == run.path.resolve():
                 return run
         raise ReportError(f"--ref {ref} is not one of the runs; use a run directory's name, "

@@ -34,9 +34,10 @@ class RunData:
     train: list[dict[str, Any]] = field(default_factory=list)
     val: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def label(self) -> str:
-        """Short name: a sweep job's number (`3` for `3_precision=fp16,...`), else the folder."""
+    label: str = ""  # short name, set by load_runs
+
+    def short_name(self) -> str:
+        """A sweep job's number (`job 3` for `3_precision=fp16,...`), else the folder's name."""
         match = re.match(r"(\d+)_", self.path.name)
         return f"job {match.group(1)}" if match else self.path.name[:40]
 
@@ -110,8 +111,12 @@ def load_run(path: Path) -> RunData:
 
 
 def load_runs(paths: list[Path]) -> list[RunData]:
-    """Every run below the given paths."""
-    return [load_run(path) for path in find_runs(paths)]
+    """Every run below the given paths, labelled; `<sweep>/job N` when several sweeps share N."""
+    runs = [load_run(path) for path in find_runs(paths)]
+    names = [run.short_name() for run in runs]
+    for run, name in zip(runs, names):
+        run.label = name if names.count(name) == 1 else f"{run.path.parent.name}/{name}"
+    return runs
 
 
 def differing_keys(runs: list[RunData]) -> list[str]:
