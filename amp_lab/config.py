@@ -141,6 +141,7 @@ class TrainerConfig:
     max_bad_steps: int = 50  # consecutive non-finite steps before the run stops as diverged
     timing_warmup: int = 3  # first steps left out of throughput (allocator, autotuning, compile)
     progress: bool = True  # rich progress bar on a terminal
+    strategy: str = "single"  # single | ddp (DistributedDataParallel, world from torchrun/SLURM)
 
     def __post_init__(self) -> None:
         _require(self.device in ("auto", "cpu", "cuda"),
@@ -155,6 +156,8 @@ class TrainerConfig:
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
+        _require(self.strategy in ("single", "ddp"),
+                 f"trainer.strategy={self.strategy!r} is unknown; use single or ddp")
 
 
 @dataclass
