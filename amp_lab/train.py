@@ -256,7 +256,8 @@ class Trainer:
     def _eval_record(self, meter: ThroughputMeter, started: float) -> dict[str, Any]:
         st, t = self.state, self.settings.trainer
         eval_start = time.perf_counter()
-        metrics = evaluate(self.train_step.model, self.data.val_batches(t.batch_size),
+        # the plain module: a DDP forward on rank 0 alone could wait on a buffer broadcast
+        metrics = evaluate(self.model, self.data.val_batches(t.batch_size),
                            self.policy, self.settings.model.channels_last)
         meter.exclude(time.perf_counter() - eval_start)
         now = time.perf_counter() - started
