@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.distributed import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,12 @@ class Checkpointer:
     """Saves and restores one run's checkpoints; `parts` maps names to state_dict() holders."""
 
     def __init__(self, settings: AmpLabConfig, run_dir: Path, state: Any,
-                 parts: Mapping[str, Any]) -> None:
+                 parts: Mapping[str, Any], dist: DistContext | None = None) -> None:
         self.cfg, self.settings = settings.checkpoint, settings
+        # under DDP every rank restores, rank 0 alone writes, and all ranks stop together
+        self.dist = dist or DistContext()
+        self.device = next((p.device for p in parts.values() if isinstance(p, torch.Tensor)),
+                           torch.device("cpu"))
         self.run_dir, self.dir = Path(run_dir), Path(run_dir) / CHECKPOINT_DIR
         self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
         self.stop_signal: int | None = None
@@ -121,7 +126,8 @@ class Checkpointer:
     def restore(self) -> bool:
         """Resume from the newest usable checkpoint; cut metrics.jsonl back to where it stands."""
         if not self.settings.trainer.resume:
-            self._set_aside()
+            if self.dist.is_main:
+                self._set_aside()
             return False
         unreadable: list[str] = []
         for path in self.checkpoints():
@@ -136,16 +142,18 @@ class Checkpointer:
                 unreadable.append(f"{path.name}: {reason}")
                 continue
             self._load(path, payload)
-            for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
-                if int(_NAME.match(bad.name).group(1)) > self.state.step:
-                    bad.rename(bad.with_name(bad.name + ".corrupt"))
             log.warning("resumed from %s at step %d", path, self.state.step)
-            self._truncate_metrics(self.state.step)
+            if self.dist.is_main:
+                for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
+                    if int(_NAME.match(bad.name).group(1)) > self.state.step:
+                        bad.rename(bad.with_name(bad.name + ".corrupt"))
+                self._truncate_metrics(self.state.step)
             return True
         if unreadable:
             raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
                               "move that folder away or set trainer.resume=false to start fresh")
-        self._truncate_metrics(0)  # an attempt that died before its first checkpoint
+        if self.dist.is_main:
+            self._truncate_metrics(0)  # an attempt that died before its first checkpoint
         return False
 
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
@@ -200,6 +208,9 @@ class Checkpointer:
     # -- save --------------------------------------------------------------------------------
     def save(self) -> Path:
         """Write a checkpoint for the current step, atomically; then prune beyond `keep`."""
+        path = self.dir / f"step_{self.state.step:09d}.pt"
+        if not self.dist.is_main:  # every rank holds the same weights: rank 0 writes them
+            return path
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.glob("*.pt.tmp"):  # left by a job killed mid-write
             stale.unlink()
@@ -214,7 +225,6 @@ class Checkpointer:
             "wandb_run_id": wandb_file.read_text().strip() if wandb_file.exists() else None,
             "settings": _flat(self.settings),
         }
-        path = self.dir / f"step_{self.state.step:09d}.pt"
         _write_atomic(path, lambda f: torch.save(payload, f))
         for old in self.checkpoints()[self.cfg.keep:]:  # only now that the new one is complete
             old.unlink()
@@ -231,6 +241,8 @@ class Checkpointer:
         due = (every and step % every == 0) or (
             self.cfg.every_minutes and time.monotonic() - self.last_save
             >= 60 * self.cfg.every_minutes)
+        if self.dist.active and self.dist.any(self.stop_signal is not None, self.device):
+            self.stop_signal = self.stop_signal or signal.SIGUSR2  # a peer rank was signalled
         if self.stop_signal is None and not due:
             return 0.0
         start = time.perf_counter()

@@ -143,6 +143,7 @@ class TrainerConfig:
     timing_warmup: int = 3  # first steps left out of throughput (allocator, autotuning, compile)
     progress: bool = True  # rich progress bar on a terminal
     resume: bool = True  # continue from the run dir's newest good checkpoint; false: start fresh
+    strategy: str = "single"  # single | ddp (DistributedDataParallel, world from torchrun/SLURM)
 
     def __post_init__(self) -> None:
         _require(self.device in ("auto", "cpu", "cuda"),
@@ -157,6 +158,8 @@ class TrainerConfig:
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
+        _require(self.strategy in ("single", "ddp"),
+                 f"trainer.strategy={self.strategy!r} is unknown; use single or ddp")
 
 
 @dataclass

@@ -30,23 +30,32 @@ class DataSpec:
 
 
 class EpochBatchSampler:
-    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch."""
+    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch.
 
-    def __init__(self, num_samples: int, batch_size: int, seed: int) -> None:
+    With several ranks, each global batch (batch_size x world_size samples) is cut into one
+    slice per rank, so the ranks together see exactly what a single process would see with the
+    global batch size.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1) -> None:
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.start_batch = 0, 0
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch, self.start_batch = epoch, start_batch
 
     def __len__(self) -> int:
-        return self.num_samples // self.batch_size  # drop the ragged last batch
+        return self.num_samples // (self.batch_size * self.world_size)  # drop the ragged end
 
     def __iter__(self) -> Iterator[list[int]]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         order = torch.randperm(self.num_samples, generator=generator).tolist()
+        global_batch = self.batch_size * self.world_size
         for b in range(self.start_batch, len(self)):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size]
+            start = b * global_batch + self.rank * self.batch_size
+            yield order[start:start + self.batch_size]
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from amp_lab.checkpoint import Checkpointer
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.data import EpochBatchSampler, build_data
+from amp_lab.distributed import setup as setup_distributed
 from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
 from amp_lab.metrics import ThroughputMeter, peak_memory_mb
 from amp_lab.models import build_model, check_input_fits
@@ -78,6 +79,11 @@ class DeviceCounters:
         v[i["streak"]] = (v[i["streak"]] + 1) * result.found_inf  # consecutive bad steps
         v[i["worst_streak"]] = torch.maximum(v[i["worst_streak"]], v[i["streak"]])
 
+    def reduce(self, dist) -> None:
+        """Sum the per-rank counters (the first four). The skip counters are already equal on
+        every rank: gradients are all-reduced before the scaler checks them."""
+        dist.all_reduce(self.values[:4])
+
     def read_window(self) -> dict[str, float]:
         """Host copy of all counters; the per-window ones are reset afterwards."""
         values = dict(zip(self.NAMES, self.values.tolist()))
@@ -91,37 +97,43 @@ class Trainer:
     """Builds a run from typed settings; `fit()` trains it and returns the summary."""
 
     def __init__(self, settings: AmpLabConfig, out_dir: Path, sinks: list[Sink] | None = None):
-        self.settings, self.out_dir = settings, Path(out_dir)
-        self.extra_sinks = sinks or []
         t = settings.trainer
+        self.dist = setup_distributed(t.strategy, t.device)
+        self.settings = settings
+        self.out_dir = Path(self.dist.broadcast(str(out_dir)))  # rank 0's run directory
+        self.extra_sinks = sinks or []
         seed_everything(t.seed)
-        self.device = resolve_device(t.device)
+        self.device = resolve_device(self.dist.device(t.device))
         self.policy = resolve_precision(settings.precision.name, self.device)
         self.data = build_data(settings.data, t.seed, self.device)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
-        self.sampler = EpochBatchSampler(len(self.data.train), t.batch_size, t.seed)
+        self.sampler = EpochBatchSampler(len(self.data.train), t.batch_size, t.seed,
+                                         self.dist.rank, self.dist.world_size)
         self.steps_per_epoch = len(self.sampler) // t.grad_accum
+        self.global_batch = t.batch_size * t.grad_accum * self.dist.world_size
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"trainer.batch_size x grad_accum = {t.batch_size * t.grad_accum} "
-                              f"exceeds the {len(self.data.train)} training samples; lower it")
+            raise ConfigError(f"the global batch (batch_size x grad_accum x ranks) = "
+                              f"{self.global_batch} exceeds the {len(self.data.train)} training "
+                              f"samples; lower it")
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
-        self.global_batch = t.batch_size * t.grad_accum
         self.peak_lr = peak_lr(settings.lr, self.global_batch)
         self.warmup = warmup_length(settings.lr, self.steps_per_epoch)
         self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
         self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
-        forward_model = torch.compile(self.model) if t.compile else self.model
+        parallel_model = self.dist.wrap(self.model, self.device)
+        forward_model = torch.compile(parallel_model) if t.compile else parallel_model
         self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
                                     self.policy, t.clip_grad, t.clip_mode,
-                                    settings.model.channels_last)
+                                    settings.model.channels_last,
+                                    self.dist.micro_batch_context(parallel_model))
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
             "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
-            "scaler": self.scaler, "counters": self.counters.values})
+            "scaler": self.scaler, "counters": self.counters.values}, self.dist)
         self.checkpointer.restore()  # a run dir holding a checkpoint resumes from it
 
     # -- reporting ---------------------------------------------------------------------------
@@ -137,6 +149,7 @@ class Trainer:
             "model": s.model.name,
             "params": sum(p.numel() for p in self.model.parameters()),
             "data": s.data.name,
+            "world_size": self.dist.world_size,
             "total_steps": self.total_steps,
             "steps_per_epoch": self.steps_per_epoch,
         }
@@ -150,13 +163,15 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         t = self.settings.trainer
         info = self.describe()
-        log.info("%s on %s: peak LR %.4g (base %.4g, rule %s at global batch %d, scale %g), "
-                 "%d steps", info["precision"]["name"], self.device, self.peak_lr,
-                 self.settings.lr.base, self.settings.lr.rule, self.global_batch,
-                 self.settings.lr.scale, self.total_steps)
-        sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),
+        log.info("%s on %s (rank %d of %d): peak LR %.4g (base %.4g, rule %s at global batch "
+                 "%d, scale %g), %d steps", info["precision"]["name"], self.device,
+                 self.dist.rank, self.dist.world_size, self.peak_lr, self.settings.lr.base,
+                 self.settings.lr.rule, self.global_batch, self.settings.lr.scale,
+                 self.total_steps)
+        sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),  # rank 0 alone writes
                        ConsoleSink(self.total_steps, t.progress), *self.extra_sinks,
-                       *build_tracking_sinks(self.settings, self.out_dir)])
+                       *build_tracking_sinks(self.settings, self.out_dir)]
+                      if self.dist.is_main else [])
         started = time.perf_counter() - self.state.elapsed_s
         try:
             sinks.start({**info, "step": self.state.step})
@@ -170,6 +185,7 @@ class Trainer:
             raise
         finally:
             sinks.close()
+            self.dist.close()
         self.write_summary(summary)
         return summary
 
@@ -195,8 +211,8 @@ class Trainer:
                 if st.step % t.log_every == 0 or last:
                     sinks.log(self._train_record(counters, result, meter, started))
                 epoch_end = st.batch_in_epoch == self.steps_per_epoch
-                if (t.eval_every and st.step % t.eval_every == 0) or (
-                        not t.eval_every and epoch_end) or last:
+                if self.dist.is_main and ((t.eval_every and st.step % t.eval_every == 0) or (
+                        not t.eval_every and epoch_end) or last):
                     sinks.log(self._eval_record(meter, started))
                 meter.exclude(self.checkpointer.step_done(time.perf_counter() - started,
                                                           final=last or st.diverged))
@@ -208,6 +224,7 @@ class Trainer:
     def _train_record(self, counters: DeviceCounters, result: StepResult,
                       meter: ThroughputMeter, started: float) -> dict[str, Any]:
         st, t = self.state, self.settings.trainer
+        counters.reduce(self.dist)
         c = counters.read_window()
         steps_in_window = (st.step - 1) % t.log_every + 1
         self.skipped_total = int(c["skipped"])
@@ -225,14 +242,33 @@ class Trainer:
             "amp/loss_scale": self.scaler.get_scale(),
             "amp/skipped_steps": self.skipped_total,
             "amp/skip_rate": c["window_skipped"] / steps_in_window,
-            **meter.read(),
-            "memory/peak_mb": peak_memory_mb(self.device),
+            **self._device_figures(meter),
         }
+
+    def _device_figures(self, meter: ThroughputMeter) -> dict[str, float]:
+        """Throughput and memory: totals over the ranks, and per-device figures."""
+        figures = {**meter.read(), "memory/peak_mb": peak_memory_mb(self.device)}
+        if not self.dist.active:
+            return figures
+        world = self.dist.world_size
+        local_rate = figures.get("throughput/samples_per_s", 0.0)
+        memory = figures["memory/peak_mb"]
+        totals = self.dist.all_reduce(torch.tensor([local_rate, memory], dtype=torch.float64,
+                                                   device=self.device))
+        peak = self.dist.all_reduce(torch.tensor([memory], dtype=torch.float64,
+                                                 device=self.device), op="max")
+        rate, memory_total = totals.tolist()
+        figures.update({"memory/peak_mb": peak.item(), "memory/peak_mb_total": memory_total})
+        if "throughput/samples_per_s" in figures:
+            figures.update({"throughput/samples_per_s": rate,
+                            "throughput/samples_per_s_per_device": rate / world})
+        return figures
 
     def _eval_record(self, meter: ThroughputMeter, started: float) -> dict[str, Any]:
         st, t = self.state, self.settings.trainer
         eval_start = time.perf_counter()
-        metrics = evaluate(self.train_step.model, self.data.val_batches(t.batch_size),
+        # the plain module: a DDP forward on rank 0 alone could wait on a buffer broadcast
+        metrics = evaluate(self.model, self.data.val_batches(t.batch_size),
                            self.policy, self.settings.model.channels_last)
         meter.exclude(time.perf_counter() - eval_start)
         now = time.perf_counter() - started
@@ -260,7 +296,9 @@ class Trainer:
             "target_acc": self.settings.trainer.target_acc,
             "steps_to_target": st.steps_to_target,
             "time_to_target_s": st.time_to_target_s,
-            "mean_samples_per_s": meter.mean_samples_per_s() if meter else None,
+            # ranks step in lockstep (each step waits for the gradient all-reduce): total = x world
+            "mean_samples_per_s": meter.mean_samples_per_s() * self.dist.world_size
+            if meter and meter.mean_samples_per_s() else None,
             "skipped_steps": getattr(self, "skipped_total", 0),
             "final_loss_scale": self.scaler.get_scale(),
             "peak_memory_mb": peak_memory_mb(self.device),
@@ -270,6 +308,8 @@ class Trainer:
         }
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         path = self.out_dir / "summary.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2))

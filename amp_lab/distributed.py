@@ -1,0 +1,131 @@
+"""Data-parallel training: the world from torchrun's or SLURM's environment, and DDP helpers.
+
+`trainer.strategy=ddp` reads RANK/LOCAL_RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_LOCALID/
+SLURM_NTASKS (srun, submitit) and joins a process group: NCCL on CUDA, gloo on CPU. A single
+process (`strategy=single`, or ddp with a world of one) uses the same object, where every
+collective is a no-op, so the runner reads the same either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from amp_lab.config import ConfigError
+
+
+def _slurm_master_addr() -> str:
+    """The first host of the job's node list (`scontrol show hostnames` expands ranges)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return "127.0.0.1"
+    try:
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                               capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        hosts = [nodelist.split(",")[0].split("[")[0]]  # a single plain host name
+    return hosts[0]
+
+
+def world_from_environment() -> dict[str, Any]:
+    """rank, local_rank, world_size, master_addr and master_port, torchrun first, then SLURM."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", 0)),
+                "world_size": int(env["WORLD_SIZE"]),
+                "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+                "master_port": int(env.get("MASTER_PORT", 29500))}
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        job_id = int(env.get("SLURM_JOB_ID", "0"))
+        return {"rank": int(env["SLURM_PROCID"]), "local_rank": int(env.get("SLURM_LOCALID", 0)),
+                "world_size": int(env["SLURM_NTASKS"]), "master_addr": _slurm_master_addr(),
+                # one port per job, so two jobs sharing a node do not collide
+                "master_port": int(env.get("MASTER_PORT", 20000 + job_id % 20000))}
+    return {"rank": 0, "local_rank": 0, "world_size": 1, "master_addr": "127.0.0.1",
+            "master_port": 29500}
+
+
+@dataclass
+class DistContext:
+    """This process's place in the world; collectives are no-ops in a world of one."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    def device(self, requested: str) -> str:
+        """Each rank binds the GPU of its local rank."""
+        if self.active and requested in ("auto", "cuda") and torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            return f"cuda:{self.local_rank}"
+        return requested
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        if not self.active:
+            return model
+        ids = [device.index] if device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def micro_batch_context(self, model: torch.nn.Module):
+        """DDP all-reduces gradients only on the last micro-batch of an accumulation."""
+        if not self.active:
+            return lambda is_last: contextlib.nullcontext()
+        return lambda is_last: contextlib.nullcontext() if is_last else model.no_sync()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        return tensor
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when it is true on any (a host sync: DDP runs only)."""
+        if not self.active:
+            return flag
+        return bool(self.all_reduce(torch.tensor([float(flag)], device=device), op="max").item())
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's value on every rank (e.g. the run directory)."""
+        if not self.active:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if self.active and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup(strategy: str, requested_device: str) -> DistContext:
+    """Join the process group for strategy=ddp; a world of one needs no group."""
+    if strategy == "single":
+        return DistContext()
+    world = world_from_environment()
+    ctx = DistContext(world["rank"], world["local_rank"], world["world_size"])
+    if not ctx.active:
+        return ctx
+    if dist.is_initialized():
+        return ctx
+    os.environ.setdefault("MASTER_ADDR", world["master_addr"])
+    os.environ.setdefault("MASTER_PORT", str(world["master_port"]))
+    cuda = requested_device in ("auto", "cuda") and torch.cuda.is_available()
+    if requested_device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=ctx.rank,
+                            world_size=ctx.world_size, timeout=timedelta(minutes=30))
+    return ctx

@@ -1,0 +1,104 @@
+"""DistributedDataParallel on CPU with gloo and two processes, as torchrun and SLURM start it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import ROOT, settings
+
+from amp_lab.distributed import world_from_environment
+from amp_lab.train import Trainer
+
+COMMON = ["model=test_vit", "data.img_size=16", "trainer.max_steps=6", "trainer.log_every=2",
+          "trainer.progress=false", "trainer.device=cpu", "trainer.timing_warmup=1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _losses(run_dir) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if r["kind"] == "train"]
+
+
+def test_world_from_torchrun_and_slurm_environments(monkeypatch):
+    for key in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_PROCID"]:
+        monkeypatch.delenv(key, raising=False)
+    assert world_from_environment()["world_size"] == 1
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "12345")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-node7")
+    world = world_from_environment()
+    assert (world["rank"], world["local_rank"], world["world_size"]) == (3, 1, 4)
+    assert world["master_addr"] == "gpu-node7" and world["master_port"] == 20000 + 12345
+    monkeypatch.setenv("RANK", "1")  # torchrun's variables win over SLURM's
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert world_from_environment()["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         f"--master_port={_free_port()}", "-m", "amp_lab", *COMMON, "trainer.strategy=ddp",
+         "trainer.batch_size=8", "hydra.run.dir=ddp"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    single = subprocess.run(
+        [sys.executable, "-m", "amp_lab", *COMMON, "trainer.batch_size=16", "hydra.run.dir=one"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert single.returncode == 0, single.stderr[-3000:]
+    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["lr"]["global_batch"] == 16
+    assert _losses(tmp_path / "ddp") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
+    rows = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == len((tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
+    last_train = [json.loads(r) for r in rows if '"kind": "train"' in r][-1]
+    assert last_train["throughput/samples_per_s_per_device"] == pytest.approx(
+        last_train["throughput/samples_per_s"] / 2)
+
+
+def _rank_worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    trainer = Trainer(settings("precision=fp16", "scaler.init_scale=1024", "trainer.strategy=ddp",
+                               "trainer.batch_size=8", "trainer.max_steps=4",
+                               "trainer.log_every=1"), out_dir)
+    if rank == 1:  # an inf in one rank's gradients at its second step
+        calls = {"n": 0}
+
+        def hook(grad):
+            calls["n"] += 1
+            return grad * float("inf") if calls["n"] == 2 else grad
+
+        trainer.model.head.weight.register_hook(hook)
+    summary = trainer.fit()
+    weights = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    torch.save({"skipped": summary["skipped_steps"], "scale": trainer.scaler.get_scale(),
+                "weights": weights}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+@pytest.mark.slow
+def test_an_inf_on_one_rank_makes_every_rank_skip(tmp_path):
+    mp.spawn(_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1
+    assert ranks[0]["scale"] == ranks[1]["scale"] == 512.0  # 1024 x backoff, on both ranks
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["amp/skipped_steps"] for r in rows if r["kind"] == "train"] == [0, 1, 1, 1]
