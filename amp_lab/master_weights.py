@@ -117,7 +117,7 @@ class RoundedUpdates:
                 p.data = stochastic_round_to_bf16(exact)
             else:
                 p.data = exact.to(self.dtype)
-            if self.rounding == "kahan" and p in self.optimizer.state:
+            if self.rounding == "kahan":
                 # what rounding lost this step, kept (in bf16) for the next one
                 self.optimizer.state[p][_COMP] = (exact - p.data.float()).to(self.dtype)
             if p.grad is not None:
