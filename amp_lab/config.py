@@ -87,10 +87,10 @@ class ScalerConfig:
     backoff_factor: float = 0.5  # scale *= backoff_factor on every overflow (skipped step)
     growth_interval: int = 2000  # clean steps before the scale grows; 5000 is more conservative
     enabled: bool | None = None  # None: dynamic loss scaling exactly when the precision needs it
-    # dynamic: torch's GradScaler | static: a fixed scale of init_scale | hysteresis: Megatron's
+    # dynamic: torch GradScaler | static: fixed at init_scale | hysteresis: Megatron/DeepSpeed
     kind: str = "dynamic"
     hysteresis: int = 2  # hysteresis: back off only on this many consecutive overflows
-    min_scale: float = 1.0  # hysteresis: an overflow due to back off below this stops the run
+    min_scale: float = 1.0  # hysteresis: floor; a backoff due at the floor stops the run
     max_scale: float = 2.0**24  # hysteresis: growth stops here
 
     def __post_init__(self) -> None:
