@@ -7,6 +7,7 @@ Cross-field checks live in `__post_init__`; they run once, in `validate()`, at s
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +175,7 @@ class TrainerConfig:
     max_bad_steps: int = 50  # consecutive non-finite steps before the run stops as diverged
     timing_warmup: int = 3  # first steps left out of throughput (allocator, autotuning, compile)
     progress: bool = True  # rich progress bar on a terminal
+    resume: bool = True  # continue from the run dir's newest good checkpoint; false: start fresh
 
     def __post_init__(self) -> None:
         _require(self.device in ("auto", "cpu", "cuda"),
@@ -191,6 +193,39 @@ class TrainerConfig:
 
 
 @dataclass
+class LoggerConfig:
+    mode: str = "offline"  # offline | online | disabled; WANDB_MODE wins unless this is disabled
+    project: str = "amp_lab"  # W&B project
+    entity: str | None = None  # W&B team or user; None: the account's default entity
+    group: str | None = None  # None: the multirun directory, so a sweep is one W&B group
+    tags: list[str] = field(default_factory=list)  # extra W&B tags (model and precision are added)
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("offline", "online", "disabled"),
+                 f"logger.mode={self.mode!r} is unknown; use offline, online or disabled")
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True  # write checkpoints: periodic ones and one on a stop signal
+    every_steps: int = 0  # optimizer steps between periodic checkpoints; 0: off
+    every_minutes: float = 10.0  # wall-clock minutes between periodic checkpoints; 0: off
+    keep: int = 2  # newest checkpoints kept; an older one goes only once a newer one is complete
+    # signals that ask the job to stop (submitit's pre-timeout/preemption signal, SLURM's TERM):
+    # checkpoint at the next step boundary, then hand the signal on to the previous handler
+    signals: list[str] = field(default_factory=lambda: ["SIGUSR2", "SIGTERM"])
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 0, f"checkpoint.every_steps={self.every_steps} must be >= 0")
+        _require(self.every_minutes >= 0,
+                 f"checkpoint.every_minutes={self.every_minutes} must be >= 0")
+        _require(self.keep >= 1, f"checkpoint.keep={self.keep} must be >= 1")
+        for name in self.signals:
+            _require(name.startswith("SIG") and hasattr(signal, name),
+                     f"checkpoint.signals: {name!r} is not a signal name; use e.g. SIGUSR2")
+
+
+@dataclass
 class AmpLabConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -199,6 +234,8 @@ class AmpLabConfig:
     lr: LRConfig = field(default_factory=LRConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from amp_lab.checkpoint import Checkpointer
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.data import EpochBatchSampler, build_data
 from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
@@ -28,6 +29,7 @@ from amp_lab.precision import resolve_device, resolve_precision
 from amp_lab.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
 from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
 from amp_lab.step import StepResult, TrainStep, evaluate, take
+from amp_lab.tracking import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,11 @@ class Trainer:
                                     self.policy, t.clip_grad, t.clip_mode,
                                     settings.model.channels_last, before_unscale=before_unscale)
         self.state = LoopState()
+        self.counters = DeviceCounters(self.device)
+        self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
+            "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
+            "scaler": self.scaler, "counters": self.counters.values})
+        self.checkpointer.restore()  # a run dir holding a checkpoint resumes from it
 
     # -- reporting ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -149,11 +156,13 @@ class Trainer:
                  self.settings.lr.base, self.settings.lr.rule, self.global_batch,
                  self.settings.lr.scale, self.total_steps)
         sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),
-                       ConsoleSink(self.total_steps, t.progress), *self.extra_sinks])
+                       ConsoleSink(self.total_steps, t.progress), *self.extra_sinks,
+                       *build_tracking_sinks(self.settings, self.out_dir)])
         started = time.perf_counter() - self.state.elapsed_s
         try:
             sinks.start({**info, "step": self.state.step})
-            self._loop(sinks, started)
+            with self.checkpointer.active():  # RNG states restored; stop signals caught
+                self._loop(sinks, started)
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
         except BaseException as err:
@@ -168,7 +177,7 @@ class Trainer:
     def _loop(self, sinks: Sink, started: float) -> None:
         t, st = self.settings.trainer, self.state
         meter = ThroughputMeter(self.device, t.timing_warmup)
-        counters = DeviceCounters(self.device)
+        counters = self.counters
         self.meter, self.skipped_total = meter, 0
         meter.start(st.step)
         while st.step < self.total_steps and not st.diverged:
@@ -190,6 +199,8 @@ class Trainer:
                 if (t.eval_every and st.step % t.eval_every == 0) or (
                         not t.eval_every and epoch_end) or last:
                     sinks.log(self._eval_record(meter, started))
+                meter.exclude(self.checkpointer.step_done(time.perf_counter() - started,
+                                                          final=last or st.diverged))
                 if last or st.diverged:
                     break
             if st.batch_in_epoch == self.steps_per_epoch:

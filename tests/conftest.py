@@ -19,7 +19,7 @@ CONF_DIR = ROOT / "conf"
 # Small and fast on 2 CPU cores: a tiny ViT on 16x16 digits (fp16 on CPU is slow), few steps.
 FAST = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.max_steps=6",
         "trainer.log_every=2", "trainer.timing_warmup=1", "trainer.progress=false",
-        "trainer.device=cpu"]
+        "trainer.device=cpu", "logger.mode=disabled"]  # W&B offline costs ~1-2 s a run
 
 register()
 

@@ -1,0 +1,282 @@
+"""Requeue-safe checkpoints: periodic and on a stop signal, written atomically, resumed by default.
+
+A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`) holds everything the next optimizer step
+depends on: model, optimizer, LR schedule, GradScaler (scale and growth tracker), the loop state
+(step, epoch, batch in the epoch: the data order position), the log-window counters, the RNG
+states (torch, CUDA, Python, NumPy, as plain data) and the W&B run id. Only tensors and plain
+Python data go in, so it loads with `torch.load(weights_only=True)`.
+
+A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGTERM) only sets a flag; the
+loop saves at the next step boundary and then hands the signal on to the handler that was there
+before (submitit's, which requeues the job), so a requeued job resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from amp_lab.config import AmpLabConfig, ConfigError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bumped when the layout of the saved dict changes
+CHECKPOINT_DIR = "checkpoints"
+WANDB_ID_FILE = "wandb_run_id"  # written by the W&B sink; a resumed run logs to the same W&B run
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+# settings that may differ between the interrupted and the resumed run without a warning
+_FREE_TO_CHANGE = {"trainer.progress", "trainer.resume", "trainer.device", "checkpoint"}
+
+
+class Interrupted(SystemExit):
+    """The run stopped on a signal after its checkpoint; the exit code is the signal's."""
+
+    def __init__(self, code: int | str | None, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global RNG the run draws from, as tensors and plain Python data."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+        "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["name"], np.array(npy["keys"], dtype=np.uint32), npy["pos"],
+                         npy["has_gauss"], npy["cached"]))
+
+
+def _flat(settings: AmpLabConfig) -> dict[str, str]:
+    """`group.key` -> JSON value, to name the settings a resume changes."""
+    return {f"{group}.{key}": json.dumps(value, sort_keys=True)
+            for group, values in asdict(settings).items() if isinstance(values, dict)
+            for key, value in values.items()}
+
+
+def _write_atomic(path: Path, write) -> None:
+    """Write to a temp file beside `path`, flush it to disk, then swap it in with os.replace."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic: a reader sees the old file or the complete new one
+    with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
+        fd = os.open(path.parent, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoints; `parts` maps names to state_dict() holders."""
+
+    def __init__(self, settings: AmpLabConfig, run_dir: Path, state: Any,
+                 parts: Mapping[str, Any]) -> None:
+        self.cfg, self.settings = settings.checkpoint, settings
+        self.run_dir, self.dir = Path(run_dir), Path(run_dir) / CHECKPOINT_DIR
+        self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
+        self.stop_signal: int | None = None
+        self.previous: dict[int, Any] = {}  # signal -> the handler that was there before ours
+        self.pending_rng: Mapping[str, Any] | None = None
+        self.last_save = time.monotonic()
+
+    # -- resume ------------------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """This run's checkpoint files, newest step first."""
+        found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt")
+                 if (m := _NAME.match(p.name))]
+        return [p for _, p in sorted(found, reverse=True)]
+
+    def restore(self) -> bool:
+        """Resume from the newest usable checkpoint; cut metrics.jsonl back to where it stands."""
+        if not self.settings.trainer.resume:
+            self._set_aside()
+            return False
+        unreadable: list[str] = []
+        for path in self.checkpoints():
+            try:
+                payload = torch.load(path, map_location="cpu", weights_only=True)
+                if not (isinstance(payload, dict) and payload.get("format") == FORMAT):
+                    raise ValueError("not an amp_lab checkpoint")
+            except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                log.warning("checkpoint %s is unusable (%s); trying the previous one", path,
+                            reason)
+                unreadable.append(f"{path.name}: {reason}")
+                continue
+            self._load(path, payload)
+            for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
+                if int(_NAME.match(bad.name).group(1)) > self.state.step:
+                    bad.rename(bad.with_name(bad.name + ".corrupt"))
+            log.warning("resumed from %s at step %d", path, self.state.step)
+            self._truncate_metrics(self.state.step)
+            return True
+        if unreadable:
+            raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
+                              "move that folder away or set trainer.resume=false to start fresh")
+        self._truncate_metrics(0)  # an attempt that died before its first checkpoint
+        return False
+
+    def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
+        changed = [k for k, v in _flat(self.settings).items()
+                   if payload["settings"].get(k, v) != v
+                   and k.split(".")[0] not in _FREE_TO_CHANGE and k not in _FREE_TO_CHANGE]
+        if changed:
+            log.warning("resuming %s with changed settings: %s", path, ", ".join(changed))
+        try:
+            for name, part in self.parts.items():
+                if isinstance(part, torch.Tensor):
+                    part.copy_(payload["parts"][name])
+                else:
+                    part.load_state_dict(payload["parts"][name])
+        except (KeyError, RuntimeError, ValueError) as err:
+            raise ConfigError(f"checkpoint {path} does not fit this run "
+                              f"({str(err).splitlines()[0]}); resume it with the settings it was "
+                              "written with, or set trainer.resume=false to start fresh") from err
+        names = {f.name for f in fields(self.state)}
+        for key, value in payload["loop"].items():
+            if key in names:
+                setattr(self.state, key, value)
+        self.pending_rng = payload["rng"]  # applied when the loop starts (see active())
+        if payload["wandb_run_id"]:
+            wandb_file = self.run_dir / WANDB_ID_FILE
+            if not wandb_file.exists() or wandb_file.read_text().strip() != payload[
+                    "wandb_run_id"]:
+                wandb_file.write_text(payload["wandb_run_id"] + "\n")
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop records past `step` (and a half-written last line), so nothing is logged twice."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line + "\n")
+        _write_atomic(path, lambda f: f.write("".join(kept).encode()))
+
+    def _set_aside(self) -> None:
+        """trainer.resume=false in a used run dir: keep the old files under a dated name."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for path in (self.dir, self.run_dir / "metrics.jsonl"):
+            if path.exists():
+                aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")
+                path.rename(aside)
+                log.warning("trainer.resume=false: kept the previous %s as %s", path.name,
+                            aside.name)
+
+    # -- save --------------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Write a checkpoint for the current step, atomically; then prune beyond `keep`."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.dir.glob("*.pt.tmp"):  # left by a job killed mid-write
+            stale.unlink()
+        wandb_file = self.run_dir / WANDB_ID_FILE
+        payload = {
+            "format": FORMAT,
+            "step": self.state.step,
+            "loop": asdict(self.state),
+            "parts": {name: part if isinstance(part, torch.Tensor) else part.state_dict()
+                      for name, part in self.parts.items()},
+            "rng": rng_state(),
+            "wandb_run_id": wandb_file.read_text().strip() if wandb_file.exists() else None,
+            "settings": _flat(self.settings),
+        }
+        path = self.dir / f"step_{self.state.step:09d}.pt"
+        _write_atomic(path, lambda f: torch.save(payload, f))
+        for old in self.checkpoints()[self.cfg.keep:]:  # only now that the new one is complete
+            old.unlink()
+        self.last_save = time.monotonic()
+        return path
+
+    def step_done(self, elapsed_s: float, final: bool) -> float:
+        """After a step's records: a periodic or a stop checkpoint. Returns the seconds spent."""
+        if not self.cfg.enabled or final:  # the run's own end writes its results; no checkpoint
+            if final and self.stop_signal is not None:
+                log.warning("stop signal at the run's last step: finishing instead")
+            return 0.0
+        step, every = self.state.step, self.cfg.every_steps
+        due = (every and step % every == 0) or (
+            self.cfg.every_minutes and time.monotonic() - self.last_save
+            >= 60 * self.cfg.every_minutes)
+        if self.stop_signal is None and not due:
+            return 0.0
+        start = time.perf_counter()
+        self.state.elapsed_s = elapsed_s
+        path = self.save()
+        if self.stop_signal is not None:
+            self._hand_on(self.stop_signal, path)
+        return time.perf_counter() - start
+
+    # -- signals -----------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
+
+    def _hand_on(self, signum: int, path: Path) -> None:
+        """Give the signal to the handler that was there before ours (submitit requeues)."""
+        self.stop_signal = None
+        name = signal.Signals(signum).name
+        message = f"{name} at step {self.state.step}: checkpoint {path} saved"
+        previous = self.previous.get(signum, signal.SIG_DFL)
+        if previous is signal.SIG_IGN:
+            log.warning("%s; the signal was ignored before, so training goes on", message)
+        elif callable(previous):
+            log.warning("%s; handing the signal on", message)
+            try:
+                previous(signum, None)
+            except SystemExit as exit_:  # submitit requeued the job and exits
+                raise Interrupted(exit_.code, f"{message}; handed on (requeue)") from exit_
+            log.warning("the previous %s handler returned; training goes on", name)
+        else:  # SIG_DFL (or a handler set outside Python): the default action ends the process
+            raise Interrupted(128 + signum, f"{message}; stopping")
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Around the loop: restore the RNG states, and catch stop signals while it runs."""
+        if self.pending_rng is not None:
+            set_rng_state(self.pending_rng)  # last, so nothing after it draws from the RNGs
+            self.pending_rng = None
+        main = threading.current_thread() is threading.main_thread()  # handlers: main only
+        signums = [getattr(signal, n) for n in self.cfg.signals] if self.cfg.enabled and main \
+            else []
+        for signum in signums:
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+        try:
+            yield
+        finally:
+            for signum in signums:
+                previous = self.previous.pop(signum)
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)

@@ -1,0 +1,143 @@
+"""Finished (or crashed) runs read back from their directories, for reports.
+
+A run directory holds `metrics.jsonl`, `summary.json` and `.hydra/{config,overrides}.yaml`. A run
+killed before its summary still loads, from its metrics alone, and is marked incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RUN_FILES = ("metrics.jsonl", "summary.json")
+SEED_KEY = "trainer.seed"
+
+
+class ReportError(ValueError):
+    """A bad report input, told to the user in one line."""
+
+
+@dataclass
+class RunData:
+    """One run's records, summary, overrides and resolved config."""
+
+    path: Path
+    overrides: dict[str, str]
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    train: list[dict[str, Any]] = field(default_factory=list)
+    val: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """Short name: a sweep job's number (`3` for `3_precision=fp16,...`), else the folder."""
+        match = re.match(r"(\d+)_", self.path.name)
+        return f"job {match.group(1)}" if match else self.path.name[:40]
+
+    @property
+    def precision(self) -> str:
+        name = (self.summary.get("precision") or {}).get("name")
+        return name or self.config.get("precision", {}).get("name", "?")
+
+    @property
+    def model(self) -> str:
+        return self.summary.get("model") or self.config.get("model", {}).get("name", "?")
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status", "incomplete: no summary.json")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def group_key(self) -> tuple[tuple[str, str], ...]:
+        """Runs that share all overrides except the seed share this key."""
+        return tuple(sorted((k, v) for k, v in self.overrides.items() if k != SEED_KEY))
+
+
+def _natural(path: Path) -> tuple[Any, ...]:
+    """Sort key: sweep job 2 before job 10."""
+    match = re.match(r"(\d+)_", path.name)
+    return (str(path.parent), int(match.group(1)) if match else -1, path.name)
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The run directories in the given paths (multirun directories or run directories)."""
+    found: set[Path] = set()
+    for path in paths:
+        if not path.is_dir():
+            raise ReportError(f"{path} is not a directory; pass run or multirun directories")
+        if any((path / name).exists() for name in RUN_FILES):
+            found.add(path)
+            continue
+        runs = {f.parent for name in RUN_FILES for f in path.rglob(name)
+                if "wandb" not in f.relative_to(path).parts}
+        if not runs:
+            raise ReportError(f"{path} holds no amp_lab runs (no metrics.jsonl or summary.json "
+                              "below it); pass a run directory or a multirun directory")
+        found |= runs
+    return sorted(found, key=_natural)
+
+
+def _overrides(path: Path) -> dict[str, str]:
+    file = path / ".hydra" / "overrides.yaml"
+    items = yaml.safe_load(file.read_text()) if file.exists() else []
+    pairs = (item.lstrip("+~").split("=", 1) for item in items or [] if "=" in item)
+    return {k: v for k, v in pairs if not k.startswith("hydra")}
+
+
+def load_run(path: Path) -> RunData:
+    """One run from its directory; a truncated last line of metrics.jsonl is ignored."""
+    config_file, summary_file = path / ".hydra" / "config.yaml", path / "summary.json"
+    config = yaml.safe_load(config_file.read_text()) if config_file.exists() else {}
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    run = RunData(path, _overrides(path), config or {}, summary)
+    metrics = path / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a run killed mid-write
+            continue
+        (run.train if record.get("kind") == "train" else run.val).append(record)
+    return run
+
+
+def load_runs(paths: list[Path]) -> list[RunData]:
+    """Every run below the given paths."""
+    return [load_run(path) for path in find_runs(paths)]
+
+
+def differing_keys(runs: list[RunData]) -> list[str]:
+    """Override keys whose value is not the same in every run."""
+    keys = sorted({k for run in runs for k in run.overrides})
+    return [k for k in keys if len({run.overrides.get(k) for run in runs}) > 1]
+
+
+def group_runs(runs: list[RunData]) -> dict[tuple[tuple[str, str], ...], list[RunData]]:
+    """Runs grouped by their overrides without the seed, in first-seen order."""
+    groups: dict[tuple[tuple[str, str], ...], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(run.group_key(), []).append(run)
+    return groups
+
+
+def group_label(runs: list[RunData], keys: list[str]) -> str:
+    """A group's name: its differing overrides without the seed, else its precision."""
+    first = runs[0]
+    parts = [f"{k}={first.overrides[k]}" for k in keys if k != SEED_KEY and k in first.overrides]
+    return ",".join(parts) or first.precision
+
+
+def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation of the known values (None when there are none)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None, None
+    return statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else 0.0

@@ -1,0 +1,161 @@
+"""Weights & Biases tracking: every run is a real W&B run, offline by default, never fatal.
+
+The sink imports wandb lazily. A W&B failure (no network, a bad key, a service error) is a
+warning and a fall-back to offline mode: training goes on and metrics.jsonl always has every
+record. The W&B files live in the run directory (`<run dir>/wandb/`), and the run id is kept in
+`<run dir>/wandb_run_id`, so a resumed job continues the same W&B run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import string
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from amp_lab.config import AmpLabConfig, LoggerConfig
+from amp_lab.sinks import Record, Sink
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "wandb_run_id"
+METRIC_PREFIXES = ("train", "val", "amp", "throughput", "memory")  # all plotted against `step`
+INIT_TIMEOUT_S = 30.0  # online init gives up after this long (or $WANDB_INIT_TIMEOUT), then offline
+
+
+def resolve_mode(cfg: LoggerConfig) -> str:
+    """logger.mode, replaced by $WANDB_MODE when that is set (unless logger.mode=disabled)."""
+    if cfg.mode == "disabled":
+        return "disabled"
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    env = "offline" if env == "dryrun" else env
+    return env if env in ("offline", "online", "disabled") else cfg.mode
+
+
+def _init_timeout() -> float:
+    return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+
+
+def redact(text: str) -> str:
+    """The text with the W&B API key (if any) masked, for warnings and reports."""
+    key = os.environ.get("WANDB_API_KEY")
+    return text.replace(key, "***") if key else text
+
+
+def sweep_group(run_dir: Path) -> str:
+    """The W&B group of a multirun job: its sweep directory's last two parts (date/time)."""
+    return "/".join(Path(run_dir).resolve().parent.parts[-2:])  # e.g. 2026-11-29/21-30-00
+
+
+def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
+    """(group, name): the sweep directory unless logger.group is set; the job's overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    group, name = cfg.group, ""
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        name = hydra_cfg.job.override_dirname
+        if hydra_cfg.mode == RunMode.MULTIRUN and group is None:
+            group = sweep_group(Path(hydra_cfg.runtime.output_dir))
+    elif (out_dir / ".hydra" / "overrides.yaml").exists():
+        name = ",".join(yaml.safe_load((out_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+    return group, name or out_dir.name
+
+
+def run_id(out_dir: Path) -> str:
+    """The W&B run id stored in the run directory; a new one is created and stored if absent."""
+    path = out_dir / RUN_ID_FILE
+    if path.exists():
+        return path.read_text().strip()
+    new_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    path.write_text(new_id + "\n")
+    return new_id
+
+
+class WandbSink(Sink):
+    """Logs every record, the resolved config and the summary to one W&B run."""
+
+    def __init__(self, settings: AmpLabConfig, out_dir: Path, mode: str) -> None:
+        self.settings, self.out_dir, self.mode = settings, Path(out_dir), mode
+        self.run: Any = None
+        self.summary_logged = False
+
+    def start(self, info: Record) -> None:
+        import wandb
+
+        s, cfg = self.settings, self.settings.logger
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        group, name = run_identity(self.out_dir, cfg)
+        precision = s.precision.name
+        kwargs = dict(
+            project=cfg.project, entity=cfg.entity, group=group, job_type=precision, name=name,
+            tags=[f"model:{s.model.name}", f"precision:{precision}", *cfg.tags, *s.tags],
+            config={**asdict(s), "resolved": {k: v for k, v in info.items() if k != "step"}},
+            dir=str(self.out_dir), id=run_id(self.out_dir), resume="allow",
+            settings=wandb.Settings(init_timeout=_init_timeout(), console="off", quiet=True,
+                                    disable_git=True, save_code=False))
+        self.run = self._init(wandb, self.mode, kwargs)
+        if self.run is None:
+            return
+        self.run.define_metric("step")
+        self.run.define_metric("time_s", step_metric="step")
+        for prefix in METRIC_PREFIXES:
+            self.run.define_metric(f"{prefix}/*", step_metric="step")
+
+    def _init(self, wandb: Any, mode: str, kwargs: dict[str, Any]) -> Any:
+        try:
+            return wandb.init(mode=mode, **kwargs)
+        except Exception as err:  # noqa: BLE001 - W&B must never stop training
+            message = redact(f"{type(err).__name__}: {err}").splitlines()[0]
+            if mode == "offline":
+                log.warning("W&B offline init failed (%s); the run is in metrics.jsonl only",
+                            message)
+                return None
+            log.warning("W&B %s init failed (%s); logging offline instead, publish later with "
+                        "`wandb sync %s/wandb/offline-run-*`", mode, message, self.out_dir)
+            wandb.teardown()  # the failed run still holds its id in the W&B service
+            return self._init(wandb, "offline", kwargs)
+
+    def log(self, record: Record) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.log({k: v for k, v in record.items() if k != "kind"})
+        except Exception as err:  # noqa: BLE001 - metrics.jsonl keeps the record anyway
+            log.warning("W&B log failed (%s); W&B logging stops, metrics.jsonl goes on",
+                        redact(str(err)))
+            self.run = None
+
+    def finish(self, summary: Record) -> None:
+        if self.run is not None:
+            self.run.summary.update(summary)
+            self.summary_logged = True
+
+    def close(self) -> None:
+        """Finish the W&B run; after a crash, the crashed summary.json is its summary."""
+        if self.run is None:
+            return
+        run, self.run = self.run, None
+        path = self.out_dir / "summary.json"
+        if not self.summary_logged and path.exists():
+            run.summary.update(json.loads(path.read_text()))
+        try:
+            run.finish(exit_code=0 if self.summary_logged else 1)
+            import wandb
+
+            wandb.teardown()  # waits until the W&B service has written every record to disk
+        except Exception as err:  # noqa: BLE001 - a failing finish must not break the sweep
+            log.warning("W&B finish failed (%s)", redact(str(err)))
+
+
+def build_tracking_sinks(settings: AmpLabConfig, out_dir: Path) -> list[Sink]:
+    """The W&B sink for this run, or none when W&B is disabled."""
+    mode = resolve_mode(settings.logger)
+    return [] if mode == "disabled" else [WandbSink(settings, out_dir, mode)]

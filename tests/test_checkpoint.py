@@ -1,0 +1,206 @@
+"""Checkpoint and resume: a resumed run equals an uninterrupted one; signals; corrupt files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+
+import pytest
+import torch
+from conftest import run_cli, settings
+
+from amp_lab.checkpoint import Interrupted
+from amp_lab.config import ConfigError
+from amp_lab.sinks import Sink
+from amp_lab.train import Trainer
+
+# 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
+RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
+       "data.val_fraction=0.05", "checkpoint.every_minutes=0"]
+# fp16: a small growth interval, so the scale moves and a lost growth tracker would show
+PRECISION = {"fp32": ["precision=fp32"], "bf16": ["precision=bf16"],
+             "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"]}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is several times faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class SignalAt(Sink):
+    """Sends a signal to this very process when the train record of `step` is logged."""
+
+    def __init__(self, step: int, signum: int = signal.SIGUSR2) -> None:
+        self.step, self.signum = step, signum
+
+    def log(self, record: dict) -> None:
+        if record["kind"] == "train" and record["step"] == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _curve(run_dir) -> list[tuple]:
+    """Everything that must match between runs: losses, LR, loss scale, val figures."""
+    return [(r["kind"], r["step"], r.get("train/loss"), r.get("train/lr"),
+             r.get("amp/loss_scale"), r.get("amp/skipped_steps"), r.get("val/loss"))
+            for r in _rows(run_dir)]
+
+
+def _interrupt(run_dir, overrides, at_step, signum=signal.SIGUSR2) -> Interrupted:
+    with pytest.raises(Interrupted) as stopped:
+        Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()
+    return stopped.value
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
+    overrides = [*RUN, *PRECISION[precision]]
+    whole = Trainer(settings(*overrides), tmp_path / "whole")
+    whole.fit()
+
+    (tmp_path / "split").mkdir()
+    (tmp_path / "split" / "wandb_run_id").write_text("abc123\n")
+    stopped = _interrupt(tmp_path / "split", overrides, at_step=5)
+    assert stopped.code == 128 + signal.SIGUSR2 and "SIGUSR2 at step 5" in str(stopped)
+    assert max(r["step"] for r in _rows(tmp_path / "split")) == 5
+    (tmp_path / "split" / "wandb_run_id").unlink()
+
+    resumed = Trainer(settings(*overrides), tmp_path / "split")
+    assert resumed.state.step == 5 and resumed.state.batch_in_epoch == 5
+    assert (tmp_path / "split" / "wandb_run_id").read_text().strip() == "abc123"
+    summary = resumed.fit()
+
+    assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")  # also: no gap, no repeat
+    assert [r["step"] for r in _rows(tmp_path / "split") if r["kind"] == "train"] == list(
+        range(1, 13))
+    for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert resumed.scaler.state_dict() == whole.scaler.state_dict()
+    assert summary["steps"] == 12 and summary["status"] == "completed"
+    if precision == "fp16":  # the scale really moved, so the restored tracker mattered
+        assert len({r["amp/loss_scale"] for r in _rows(tmp_path / "whole")
+                    if r["kind"] == "train"}) > 1
+
+
+def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path):
+    _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)
+    [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
+    assert path.name == "step_000000003.pt"
+    payload = torch.load(path, weights_only=True)
+    assert set(payload["parts"]) == {"model", "optimizer", "scheduler", "scaler", "counters"}
+    assert payload["loop"]["step"] == 3 and payload["loop"]["epoch"] == 0
+    assert payload["parts"]["scaler"]["_growth_tracker"] == 3  # fp16 default interval: 2000
+    assert payload["parts"]["scheduler"]["last_epoch"] == 3
+    assert set(payload["rng"]) == {"torch", "cuda", "python", "numpy"}
+    assert isinstance(payload["rng"]["numpy"]["keys"], list)
+    assert not list(tmp_path.glob("checkpoints/*.tmp"))
+
+
+def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
+    """Like submitit: the previous handler requeues and exits; it runs after the save."""
+    seen = []
+
+    def submitit_like(signum, frame):
+        seen.append(sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")))
+        raise SystemExit(-1)
+
+    before = signal.signal(signal.SIGUSR2, submitit_like)
+    try:
+        stopped = _interrupt(tmp_path, RUN, at_step=4)
+        assert signal.getsignal(signal.SIGUSR2) is submitit_like  # ours is gone again
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert seen == [["step_000000004.pt"]] and stopped.code == -1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"].startswith("crashed: Interrupted: SIGUSR2 at step 4")
+
+
+def test_a_previous_handler_that_returns_lets_training_go_on(tmp_path):
+    calls = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    try:
+        summary = Trainer(settings(*RUN), tmp_path, sinks=[SignalAt(4, signal.SIGTERM)]).fit()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert calls == [signal.SIGTERM] and summary["status"] == "completed"
+    assert summary["steps"] == 12
+    assert [p.name for p in (tmp_path / "checkpoints").glob("*.pt")] == ["step_000000004.pt"]
+
+
+@pytest.mark.parametrize("keep, expected", [(2, [8, 4]), (1, [8])])
+def test_periodic_checkpoints_keep_the_newest(keep, expected, tmp_path):
+    trainer = Trainer(settings(*RUN, "checkpoint.every_steps=4", f"checkpoint.keep={keep}"),
+                      tmp_path)
+    trainer.fit()  # step 12 ends the run: its results are the summary, not a checkpoint
+    assert [int(p.stem.split("_")[1]) for p in trainer.checkpointer.checkpoints()] == expected
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog):
+    whole = tmp_path / "whole"
+    Trainer(settings(*RUN), whole).fit()
+    run = tmp_path / "run"
+    _interrupt(run, [*RUN, "checkpoint.every_steps=4"], at_step=10)
+    newest = run / "checkpoints" / "step_000000010.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a job killed while copying, say
+
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint"):
+        resumed = Trainer(settings(*RUN), run)
+    assert "step_000000010.pt is unusable" in caplog.text
+    assert resumed.state.step == 8
+    assert max(r["step"] for r in _rows(run)) == 8  # records past the checkpoint dropped
+    assert (run / "checkpoints" / "step_000000010.pt.corrupt").exists()  # kept, out of the way
+    resumed.fit()
+    assert _curve(run) == _curve(whole)
+
+
+def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, monkeypatch):
+    _interrupt(tmp_path / "run", [*RUN, "checkpoint.every_steps=2"], at_step=5)
+    files = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    for path in files:
+        path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="no usable checkpoint in .*trainer.resume=false"):
+        Trainer(settings(*RUN), tmp_path / "run")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = run_cli(*RUN, "trainer.progress=false", "model=test_vit", "data.img_size=16",
+                     "trainer.device=cpu", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "amp_lab: error: no usable checkpoint in")
+    assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == files
+    assert max(r["step"] for r in _rows(tmp_path / "run")) == 5  # metrics untouched too
+
+
+def test_resume_false_starts_fresh_and_keeps_the_old_files(tmp_path):
+    _interrupt(tmp_path, RUN, at_step=5)
+    trainer = Trainer(settings(*RUN, "trainer.resume=false"), tmp_path)
+    assert trainer.state.step == 0
+    trainer.fit()
+    assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "train"] == list(range(1, 13))
+    assert len(list(tmp_path.glob("checkpoints.old-*"))) == 1
+    assert len(list(tmp_path.glob("metrics.old-*.jsonl"))) == 1
+
+
+def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_path):
+    Trainer(settings(*RUN), tmp_path / "whole").fit()
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:4]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tr')  # killed mid-line
+    Trainer(settings(*RUN), run).fit()
+    assert _curve(run) == _curve(tmp_path / "whole")
+
+
+def test_bad_checkpoint_settings_are_one_line_errors():
+    with pytest.raises(ConfigError, match="checkpoint.keep=0 must be >= 1"):
+        settings("checkpoint.keep=0")
+    with pytest.raises(ConfigError, match="'USR2' is not a signal name"):
+        settings("checkpoint.signals=[USR2]")

@@ -1,0 +1,74 @@
+"""The studies in experiments/: each config and each sweep job composes; one CPU study runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from conftest import CONF_DIR, ROOT, compose_cfg, run_cli
+from hydra import compose, initialize_config_dir
+
+from amp_lab.config import validate
+
+STUDIES = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
+
+
+def _sweep_jobs(experiment: str) -> list[list[str]]:
+    """The overrides of each job the study's `hydra.sweeper.params` grid expands to."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        params = compose("config", [experiment], return_hydra_config=True).hydra.sweeper.params
+    axes = [[f"{key}={value}" for value in str(values).split(",")]
+            for key, values in params.items()]
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def test_the_four_studies_are_there_with_readme_and_cpu_variant():
+    assert STUDIES == ["fp16_lr_warmup", "grad_accum", "precision_modes", "scaler_grid"]
+    index = (ROOT / "experiments" / "README.md").read_text()
+    for study in STUDIES:
+        assert (ROOT / "experiments" / "experiment" / "cpu" / f"{study}.yaml").is_file()
+        readme = (ROOT / "experiments" / study / "README.md").read_text()
+        assert f"experiment={study}" in readme and f"+experiment/cpu={study}" in readme
+        assert study in index
+
+
+@pytest.mark.parametrize("experiment", [f"experiment={s}" for s in STUDIES]
+                         + [f"+experiment/cpu={s}" for s in STUDIES])
+def test_every_job_of_every_study_composes(experiment):
+    jobs = _sweep_jobs(experiment)
+    assert len(jobs) >= 4  # a grid, not a single run
+    for job in jobs:
+        settings = validate(compose_cfg(experiment, *job, fast=False))
+        assert settings.tags[0] in experiment
+        if "cpu" in experiment:
+            assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
+
+
+def test_grad_accum_study_keeps_the_global_batch():
+    for experiment in ["experiment=grad_accum", "+experiment/cpu=grad_accum"]:
+        trainers = [validate(compose_cfg(experiment, *job, fast=False)).trainer
+                    for job in _sweep_jobs(experiment)]
+        assert len({t.batch_size * t.grad_accum for t in trainers}) == 1
+        assert len({t.grad_accum for t in trainers}) == 3
+
+
+def test_experiments_are_found_from_any_working_directory(tmp_path):
+    result = run_cli("experiment=precision_modes", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "tags:\n- precision_modes" in result.stdout and "name: cifar10" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_cpu_study_sweep_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = run_cli("-m", "+experiment/cpu=fp16_lr_warmup", "trainer.max_steps=10",
+                     "trainer.eval_every=0", "data.val_fraction=0.05", "hydra.sweep.dir=sweep",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("sweep/*/summary.json"))]
+    assert len(summaries) == 4
+    assert {(s["lr"]["scale"], s["lr"]["warmup_steps"]) for s in summaries} == {
+        (1.0, 0), (1.0, 15), (0.5, 0), (0.5, 15)}
+    assert all(s["status"] == "completed" and s["precision"]["name"] == "fp16"
+               for s in summaries)

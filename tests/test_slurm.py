@@ -1,0 +1,122 @@
+"""Sweeps through hydra-submitit-launcher on a real single-node SLURM (scripts/slurm_cluster.sh).
+
+CI starts the cluster in .ci/run; the `cluster` fixture starts it when it is not up. Jobs run this
+checkout's amp_lab (run_cli puts it on PYTHONPATH; sbatch exports the environment) with the
+venv's python (submitit submits sys.executable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, run_cli
+
+SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("sbatch") is None,
+                       reason="no sbatch on this machine (scripts/slurm_cluster.sh start "
+                              "installs SLURM)"),
+]
+# tiny jobs for a 2-core machine
+JOB = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.device=cpu",
+       "trainer.progress=false", "data.val_fraction=0.05"]
+# the slurm preset asks for a GPU node; this test cluster has 1-CPU slots and no GPUs
+ON_TEST_CLUSTER = ["hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
+                   "hydra.launcher.mem_gb=null"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    started = subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode != 0
+    if started:
+        subprocess.run([str(SCRIPT), "start"], check=True, timeout=900)
+    yield
+    if started:
+        subprocess.run([str(SCRIPT), "stop"], check=True, timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # 2 cores, 2 jobs at once
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _job_dirs(sweep):
+    return sorted(p for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit())
+
+
+def _check_sweep(sweep, launcher_class: str):
+    dirs = _job_dirs(sweep)
+    assert [d.name.split("_")[0] for d in dirs] == ["0", "1", "2"]
+    for run_dir, precision in zip(dirs, ["fp32", "fp16", "bf16"]):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "completed", summary["status"]
+        assert summary["steps"] == 4 and summary["precision"]["name"] == precision
+        assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == [2, 4]
+        hydra_yaml = (run_dir / ".hydra" / "hydra.yaml").read_text()
+        assert launcher_class in hydra_yaml
+
+
+@pytest.mark.parametrize("launcher, launcher_class", [
+    ("slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher")])
+def test_three_job_sweep(launcher, launcher_class, cluster, tmp_path):
+    cluster_args = ON_TEST_CLUSTER if launcher == "slurm" else []
+    result = run_cli("-m", "precision=fp32,fp16,bf16", f"hydra/launcher={launcher}",
+                     *cluster_args, "hydra.launcher.timeout_min=5",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", *JOB, "trainer.max_steps=4",
+                     "trainer.log_every=2", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_sweep(tmp_path / "sweep", launcher_class)
+    if launcher == "slurm":  # it really went through sbatch, with the preset's requeue signal
+        [script] = list((tmp_path / "sweep" / ".submitit").glob("*/*_submission.sh"))
+        text = script.read_text()
+        assert "#SBATCH --signal=USR2@120" in text and "export PYTHONUNBUFFERED=1" in text
+
+
+def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
+    """The job gets SLURM's pre-timeout signal (USR2, sent with scancel so the test need not wait
+    for a time limit), saves, is requeued into the same job dir, finishes from its checkpoint."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "amp_lab", "-m", "precision=fp16", "hydra/launcher=slurm",
+           *ON_TEST_CLUSTER, "hydra.launcher.timeout_min=5",
+           f"hydra.sweep.dir={sweep}", *JOB, "trainer.max_steps=100", "trainer.log_every=10",
+           "checkpoint.every_minutes=0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # as run_cli does
+    result = subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(sweep.glob("0_*/metrics.jsonl")) or len(
+                _rows(_job_dirs(sweep)[0])) < 2:
+            assert time.monotonic() < deadline and result.poll() is None, "no progress"
+            time.sleep(1)
+        [job_id] = [p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit()]
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+        stdout, stderr = result.communicate(timeout=600)
+    finally:
+        if result.poll() is None:
+            result.kill()
+    assert result.returncode == 0, stderr[-3000:]
+    run_dir = _job_dirs(sweep)[0]
+    log = (run_dir / "__main__.log").read_text()
+    resumed_at = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
+    assert resumed_at and all(20 <= s < 100 for s in resumed_at), log[-2000:]
+    assert list((run_dir / "checkpoints").glob(f"step_{resumed_at[0]:09d}.pt"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 100
+    assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == list(
+        range(10, 101, 10))
+    submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
+    assert "Requeued job" in submitit_log
