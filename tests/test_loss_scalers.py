@@ -109,3 +109,26 @@ def test_bad_scaler_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         settings(*overrides)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["precision=fp16", "scaler=hysteresis", "scaler.init_scale=1024", "scaler.growth_interval=3"],
+    ["precision=bf16_pure"],
+    ["precision=bf16_pure", "precision.master_weights=false", "precision.update_rounding=kahan"],
+], ids=["fp16_hysteresis", "bf16_pure", "bf16_kahan"])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, overrides):
+    """Checkpoints hold the hysteresis state, the fp32 masters and the Kahan buffers."""
+    from test_checkpoint import RUN, _curve, _interrupt
+
+    whole = Trainer(settings(*RUN, *overrides), tmp_path / "whole")
+    whole.fit()
+    _interrupt(tmp_path / "split", [*RUN, *overrides], at_step=5)
+    resumed = Trainer(settings(*RUN, *overrides), tmp_path / "split")
+    assert resumed.state.step == 5
+    resumed.fit()
+    assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
+    for a, b in zip(whole.optimizer.state_dict()["state"].values(),
+                    resumed.optimizer.state_dict()["state"].values()):
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    assert resumed.scaler.state_dict() == whole.scaler.state_dict()
