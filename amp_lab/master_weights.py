@@ -95,7 +95,10 @@ class RoundedUpdates:
         model.to(dtype)  # the optimizer's Parameter objects are the model's: now 16-bit
         optimizer.register_step_pre_hook(lambda *_: self._to_fp32())
         optimizer.register_step_post_hook(lambda *_: self._round_back())
-        optimizer.register_load_state_dict_post_hook(lambda *_: self._state_to_fp32())
+        # load_state_dict casts the state to each parameter's dtype: load it against fp32
+        # parameters, so the fp32 moments keep their bits, then go back to 16 bits.
+        optimizer.register_load_state_dict_pre_hook(lambda *_: self._params_to(torch.float32))
+        optimizer.register_load_state_dict_post_hook(lambda *_: self._params_to(dtype))
 
     def _comp(self, param: torch.nn.Parameter) -> torch.Tensor | None:
         return self.optimizer.state.get(param, {}).get(_COMP)
@@ -123,13 +126,13 @@ class RoundedUpdates:
             if p.grad is not None:
                 p.grad = p.grad.to(self.dtype)
 
-    def _state_to_fp32(self) -> None:
-        # load_state_dict casts state to the (bf16) parameter's dtype; the step runs in fp32.
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if key not in (_COMP, "step") and torch.is_tensor(value) and \
-                        value.is_floating_point():
-                    state[key] = value.float()
+    @torch.no_grad()
+    def _params_to(self, dtype: torch.dtype) -> None:
+        for p in _all_params(self.optimizer):
+            p.data = p.data.to(dtype)  # exact both ways: the values are bf16 numbers
+            comp = self._comp(p)
+            if comp is not None:
+                self.optimizer.state[p][_COMP] = comp.to(self.dtype)
 
 
 def lower_param_precision(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
