@@ -61,7 +61,24 @@ DATASETS = ["digits", "synthetic", "cifar10", "cifar100", "imagefolder"]
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"  # fp32 | tf32 | fp16 | fp16_noscale | bf16 (see amp_lab/precision.py)
+    name: str = "fp32"  # fp32 | tf32 | fp16 | fp16_noscale | bf16 | bf16_pure | fp16_pure | fp8
+    # bf16_pure/fp16_pure: the optimizer steps fp32 master copies of the 16-bit weights (apex O2)
+    master_weights: bool = True
+    # bf16_pure without master weights: how the fp32 update is written back into the bf16 weights
+    update_rounding: str = "nearest"  # nearest | stochastic | kahan
+    fp8_recipe: str = "tensorwise"  # fp8: torchao recipe: tensorwise | rowwise | rowwise_with_gw_hp
+    fp8_emulate: bool = False  # fp8: torchao's emulated float8 matmuls (any device; slow)
+
+    def __post_init__(self) -> None:
+        _require(self.update_rounding in UPDATE_ROUNDINGS,
+                 f"precision.update_rounding={self.update_rounding!r} is unknown; use one of "
+                 f"{UPDATE_ROUNDINGS}")
+        _require(self.fp8_recipe in FP8_RECIPES,
+                 f"precision.fp8_recipe={self.fp8_recipe!r} is unknown; use one of {FP8_RECIPES}")
+
+
+UPDATE_ROUNDINGS = ("nearest", "stochastic", "kahan")
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao Float8LinearRecipeName
 
 
 @dataclass
@@ -71,14 +88,30 @@ class ScalerConfig:
     backoff_factor: float = 0.5  # scale *= backoff_factor on every overflow (skipped step)
     growth_interval: int = 2000  # clean steps before the scale grows; 5000 is more conservative
     enabled: bool | None = None  # None: dynamic loss scaling exactly when the precision needs it
+    # dynamic: torch GradScaler | static: fixed at init_scale | hysteresis: Megatron/DeepSpeed
+    kind: str = "dynamic"
+    hysteresis: int = 2  # hysteresis: back off only on this many consecutive overflows
+    min_scale: float = 1.0  # hysteresis: floor; a backoff due at the floor stops the run
+    max_scale: float = 2.0**24  # hysteresis: growth stops here
 
     def __post_init__(self) -> None:
+        _require(self.kind in SCALER_KINDS,
+                 f"scaler.kind={self.kind!r} is unknown; use one of {SCALER_KINDS}")
         _require(self.init_scale > 0, f"scaler.init_scale={self.init_scale} must be > 0")
+        _require(self.hysteresis >= 1, f"scaler.hysteresis={self.hysteresis} must be >= 1")
+        _require(0 < self.min_scale <= self.max_scale,
+                 f"scaler.min_scale={self.min_scale} must be > 0 and <= scaler.max_scale")
+        _require(self.kind != "hysteresis" or self.min_scale <= self.init_scale <= self.max_scale,
+                 f"scaler.init_scale={self.init_scale} must lie between scaler.min_scale="
+                 f"{self.min_scale} and scaler.max_scale={self.max_scale}")
         _require(self.growth_factor > 1, f"scaler.growth_factor={self.growth_factor} must be > 1")
         _require(0 < self.backoff_factor < 1,
                  f"scaler.backoff_factor={self.backoff_factor} must be between 0 and 1")
         _require(self.growth_interval >= 1,
                  f"scaler.growth_interval={self.growth_interval} must be >= 1")
+
+
+SCALER_KINDS = ("dynamic", "static", "hysteresis")
 
 
 @dataclass

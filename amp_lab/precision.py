@@ -7,11 +7,12 @@ scaler from scaling.py. Everything a mode means lives in the PRECISION_MODES tab
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from amp_lab.config import ConfigError
+from amp_lab.config import ConfigError, PrecisionConfig
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class PrecisionMode:
     dynamic_scaling: bool  # needs a dynamic loss scale (fp16's 5-bit exponent underflows)
     tf32: bool  # let fp32 matmuls/convolutions use TF32 tensor cores (CUDA, Ampere+)
     summary: str
+    param_dtype: torch.dtype = torch.float32  # the model's weights (pure modes: 16-bit)
+    fp8: bool = False  # Linear layers run float8 matmuls (torchao), see amp_lab/fp8.py
+    reports_mfu: bool = True  # False: no MFU, the peak FLOP/s of mixed fp8/bf16 is ill-defined
 
 
 PRECISION_MODES = {
@@ -34,6 +38,15 @@ PRECISION_MODES = {
                       "fp16 autocast without loss scaling (small gradients underflow)"),
         PrecisionMode("bf16", torch.bfloat16, False, False,
                       "bf16 autocast (fp32's exponent range: no scaler needed)"),
+        PrecisionMode("bf16_pure", torch.bfloat16, False, False,
+                      "bf16 weights; fp32 master copy in the optimizer, or rounded updates",
+                      param_dtype=torch.bfloat16),
+        PrecisionMode("fp16_pure", torch.float16, True, False,
+                      "fp16 weights, fp32 master copy in the optimizer, dynamic loss scaling "
+                      "(apex O2)", param_dtype=torch.float16),
+        PrecisionMode("fp8", torch.bfloat16, False, False,
+                      "float8 Linear matmuls (torchao) on top of bf16 autocast",
+                      fp8=True, reports_mfu=False),
     ]
 }
 
@@ -54,7 +67,8 @@ def _check_device_runs(mode: PrecisionMode, device: torch.device) -> None:
             raise ConfigError(f"precision={mode.name} needs an Ampere or newer GPU; "
                               "use fp32 or fp16")
         if mode.autocast_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported(False):
-            raise ConfigError("precision=bf16 needs an Ampere or newer GPU; use fp16 (with scaler)")
+            raise ConfigError(f"precision={mode.name} needs an Ampere or newer GPU; "
+                              "use fp16 (with scaler)")
         return
     if mode.tf32:
         raise ConfigError(f"precision={mode.name} needs an NVIDIA GPU (TF32 is a tensor-core "
@@ -63,10 +77,24 @@ def _check_device_runs(mode: PrecisionMode, device: torch.device) -> None:
         raise ConfigError(f"autocast is not available on {device.type}; use precision=fp32")
 
 
+def _check_options(mode: PrecisionMode, options: PrecisionConfig, device: torch.device) -> None:
+    if mode.param_dtype == torch.float16 and not options.master_weights:
+        raise ConfigError("precision=fp16_pure needs precision.master_weights=true (fp16 updates "
+                          "round away); use bf16_pure for training without master weights")
+    if mode.param_dtype != torch.float32 and options.master_weights and \
+            options.update_rounding != "nearest":
+        raise ConfigError(f"precision.update_rounding={options.update_rounding} applies to the "
+                          "16-bit weights themselves; set precision.master_weights=false")
+    if mode.fp8:
+        from amp_lab.fp8 import check_fp8_device  # lazy: torchao is an optional extra
+        check_fp8_device(device, options.fp8_emulate)
+
+
 @dataclass(frozen=True)
 class PrecisionPolicy:
     mode: PrecisionMode
     device: torch.device
+    options: PrecisionConfig = field(default_factory=PrecisionConfig, compare=False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward-pass context: autocast to the mode's dtype, or a disabled one for fp32."""
@@ -82,7 +110,36 @@ class PrecisionPolicy:
             "dynamic_scaling": self.mode.dynamic_scaling,
             "tf32": self.mode.tf32,
             "device": str(self.device),
+            **self._describe_weights(),
         }
+
+    def _describe_weights(self) -> dict:
+        """Where the weights live and how they are updated, as the optimizer really holds them."""
+        mode, opt = self.mode, self.options
+        info: dict = {"param_dtype": str(mode.param_dtype).replace("torch.", ""),
+                      "reports_mfu": mode.reports_mfu}
+        if mode.param_dtype != torch.float32:
+            info["master_weights"] = opt.master_weights
+            info["update_rounding"] = "nearest" if opt.master_weights else opt.update_rounding
+        if mode.fp8:
+            info["fp8_recipe"], info["fp8_emulate"] = opt.fp8_recipe, opt.fp8_emulate
+        return info
+
+    def prepare(self, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+        """Give the built model and optimizer the mode's weights; returns the before-unscale hook.
+
+        fp8 swaps Linear layers for torchao's Float8Linear (same Parameter objects, so the
+        optimizer is unaffected); the pure modes move the weights to 16 bits (master_weights.py).
+        """
+        if self.mode.fp8:
+            from amp_lab.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
+            convert_to_fp8(model, self.options.fp8_recipe, self.options.fp8_emulate)
+        if self.mode.param_dtype == torch.float32:
+            return lambda: None
+        from amp_lab.master_weights import lower_param_precision
+        return lower_param_precision(model, optimizer, self.mode.param_dtype,
+                                     self.options.master_weights, self.options.update_rounding)
 
 
 def _set_tf32(enabled: bool) -> None:
@@ -92,11 +149,14 @@ def _set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.conv.fp32_precision = precision
 
 
-def resolve_precision(name: str, device: torch.device) -> PrecisionPolicy:
+def resolve_precision(name: str, device: torch.device,
+                      options: PrecisionConfig | None = None) -> PrecisionPolicy:
     """Look the mode up, check the device can run it and set the backend's TF32 switches."""
     if name not in PRECISION_MODES:
         raise ConfigError(f"precision={name!r} is unknown; use one of {sorted(PRECISION_MODES)}")
     mode = PRECISION_MODES[name]
+    options = options or PrecisionConfig(name=name)
     _check_device_runs(mode, device)
+    _check_options(mode, options, device)
     _set_tf32(mode.tf32)
-    return PrecisionPolicy(mode, device)
+    return PrecisionPolicy(mode, device, options)

@@ -4,7 +4,8 @@ Every mode runs through a GradScaler so the training step reads the same for all
 `step()` skips an update whose gradients hold inf/nan (without a host sync when the optimizer is
 fused), and `update()` adjusts the scale. Modes without dynamic scaling use a StaticGradScaler
 pinned at 1.0: nothing is scaled, but a non-finite step is still skipped and counted instead of
-being written into the weights.
+being written into the weights. `scaler.kind=static` uses the same class at a chosen fixed
+scale; `scaler.kind=hysteresis` is the Megatron/DeepSpeed scaler of hysteresis.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch.amp import GradScaler
 
 from amp_lab.config import ScalerConfig
+from amp_lab.hysteresis import HysteresisGradScaler
 from amp_lab.precision import PrecisionPolicy
 
 
@@ -29,12 +31,29 @@ class StaticGradScaler(GradScaler):
 
 def uses_dynamic_scaling(cfg: ScalerConfig, policy: PrecisionPolicy) -> bool:
     """scaler.enabled=None follows the precision mode; true/false overrides it."""
+    if cfg.kind == "static":
+        return False
     return policy.mode.dynamic_scaling if cfg.enabled is None else cfg.enabled
 
 
 def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
+    """The scaler the config asks for; modes that need no scaling get a static scale of 1."""
     device = policy.device.type
+    if cfg.kind == "static":  # a fixed scale, whatever the mode (false: none at all)
+        return StaticGradScaler(device, scale=cfg.init_scale if cfg.enabled is not False else 1.0)
     if not uses_dynamic_scaling(cfg, policy):
         return StaticGradScaler(device, scale=1.0)
+    if cfg.kind == "hysteresis":
+        return HysteresisGradScaler(device, cfg.init_scale, cfg.growth_factor,
+                                    cfg.backoff_factor, cfg.growth_interval, cfg.hysteresis,
+                                    cfg.min_scale, cfg.max_scale)
     return GradScaler(device, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
                       backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval)
+
+
+def scaler_stop_reason(scaler: GradScaler) -> str | None:
+    """Why the scaler says the run cannot go on (host sync: call at log steps only), or None."""
+    if isinstance(scaler, HysteresisGradScaler) and scaler.floor_reached():
+        return (f"overflow with the loss scale at scaler.min_scale={scaler.min_scale:g}: "
+                "loss scaling cannot help any more")
+    return None

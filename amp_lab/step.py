@@ -55,9 +55,11 @@ class TrainStep:
     channels_last: bool = False
     micro_batch_context: Callable[[bool], contextlib.AbstractContextManager] = (
         lambda is_last: contextlib.nullcontext())  # DDP's no_sync() until the boundary
+    before_unscale: Callable[[], None] = lambda: None  # pure modes: grads into the fp32 masters
 
     def __post_init__(self) -> None:
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # the tensors the optimizer steps: the model's, or their fp32 masters in the pure modes
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def __call__(self, micro_batches: Sequence[Batch]) -> StepResult:
         self.optimizer.zero_grad(set_to_none=True)
@@ -85,6 +87,7 @@ class TrainStep:
 
     def unscale_and_clip(self) -> torch.Tensor:
         """Unscale first, so the norm and the clip threshold see the true gradients."""
+        self.before_unscale()
         self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)

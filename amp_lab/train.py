@@ -27,7 +27,7 @@ from amp_lab.metrics import ThroughputMeter, peak_memory_mb
 from amp_lab.models import build_model, check_input_fits
 from amp_lab.optim import build_optimizer
 from amp_lab.precision import resolve_device, resolve_precision
-from amp_lab.scaling import build_scaler, uses_dynamic_scaling
+from amp_lab.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
 from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
 from amp_lab.step import StepResult, TrainStep, evaluate, take
 from amp_lab.tracking import build_tracking_sinks
@@ -104,7 +104,7 @@ class Trainer:
         self.extra_sinks = sinks or []
         seed_everything(t.seed)
         self.device = resolve_device(self.dist.device(t.device))
-        self.policy = resolve_precision(settings.precision.name, self.device)
+        self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
         self.data = build_data(settings.data, t.seed, self.device)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
@@ -120,6 +120,7 @@ class Trainer:
         self.peak_lr = peak_lr(settings.lr, self.global_batch)
         self.warmup = warmup_length(settings.lr, self.steps_per_epoch)
         self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
+        before_unscale = self.policy.prepare(self.model, self.optimizer)  # fp8, 16-bit weights
         self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
@@ -128,7 +129,8 @@ class Trainer:
         self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
                                     self.policy, t.clip_grad, t.clip_mode,
                                     settings.model.channels_last,
-                                    self.dist.micro_batch_context(parallel_model))
+                                    self.dist.micro_batch_context(parallel_model),
+                                    before_unscale=before_unscale)
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
@@ -232,6 +234,9 @@ class Trainer:
             st.diverged = True
             log.warning("step %d: %d consecutive non-finite steps (trainer.max_bad_steps=%d); "
                         "stopping as diverged", st.step, int(c["worst_streak"]), t.max_bad_steps)
+        if (reason := scaler_stop_reason(self.scaler)) is not None:
+            st.diverged = True
+            log.warning("step %d: %s; stopping as diverged", st.step, reason)
         return {
             "kind": "train", "step": st.step, "epoch": st.step / self.steps_per_epoch,
             "time_s": time.perf_counter() - started,

@@ -1,0 +1,69 @@
+"""float8 training of Linear layers with torchao (an optional extra: `pip install amp-lab[fp8]`).
+
+`convert_to_float8_training` swaps eligible `nn.Linear` modules for torchao's `Float8Linear`:
+the three matmuls of each layer (output, grad_input, grad_weight) run in float8 with dynamic
+scales, everything else in bf16 autocast. The weights, their gradients and the optimizer stay
+fp32. Hardware float8 matmuls need NVIDIA SM 8.9+ (Ada, Hopper, Blackwell); torchao's emulation
+runs the same casts with ordinary matmuls anywhere, slowly: a correctness check, not a speed run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from amp_lab.config import ConfigError
+
+_INSTALL = "pip install amp-lab[fp8]"
+
+
+def _torchao_float8() -> Any:
+    try:
+        import torchao.float8 as float8  # lazy: the extra is optional
+    except ImportError as err:
+        raise ConfigError(f"precision=fp8 needs torchao ({err}); {_INSTALL}") from err
+    return float8
+
+
+def check_fp8_device(device: torch.device, emulate: bool) -> None:
+    """Hardware float8 matmuls need SM 8.9+; emulation runs anywhere."""
+    _torchao_float8()
+    if emulate:
+        return
+    if device.type != "cuda":
+        raise ConfigError(f"precision=fp8 needs an NVIDIA GPU with SM 8.9+ (not {device.type}); "
+                          "set precision.fp8_emulate=true to check correctness without one")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ConfigError(f"precision=fp8 needs SM 8.9+ (Ada/Hopper), this GPU is SM "
+                          f"{major}.{minor}; use bf16, or precision.fp8_emulate=true")
+
+
+def fp8_filter(model: torch.nn.Module) -> Any:
+    """Convert a Linear only if both dims are multiples of 16 and it is not the classifier."""
+    get_classifier = getattr(model, "get_classifier", None)
+    head = get_classifier() if callable(get_classifier) else None
+
+    def keep(module: torch.nn.Module, fqn: str) -> bool:
+        # float8 GEMMs (torch._scaled_mm) need both matrix dims divisible by 16; the head's
+        # output feeds the loss directly and is small, so float8 buys nothing there.
+        return (isinstance(module, torch.nn.Linear) and module is not head
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    return keep
+
+
+def convert_to_fp8(model: torch.nn.Module, recipe: str, emulate: bool) -> list[str]:
+    """Swap eligible Linear layers for Float8Linear in place; return their names."""
+    float8 = _torchao_float8()
+    from torchao.float8.float8_linear import Float8Linear
+    config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(recipe),
+                                 emulate=emulate)
+    float8.convert_to_float8_training(model, module_filter_fn=fp8_filter(model), config=config)
+    converted = [name for name, m in model.named_modules() if isinstance(m, Float8Linear)]
+    if not converted:
+        raise ConfigError("precision=fp8 found no Linear layer with dims divisible by 16 to "
+                          "convert in this model; use bf16 for it")
+    return converted

@@ -1,0 +1,95 @@
+"""A dynamic loss scaler with the Megatron-LM / DeepSpeed semantics, on torch's GradScaler API.
+
+Differences from torch's GradScaler (which backs off on every overflow and has no bounds):
+- hysteresis: the scale backs off only on the N-th consecutive overflow (and on each further one
+  in the same run of overflows); a clean step resets the count. One stray inf no longer halves
+  the scale (DeepSpeed's `hysteresis` with `consecutive_hysteresis`, Megatron's `hysteresis`).
+- max_scale: growth never passes it.
+- min_scale: backoff never goes below it. An overflow that is due to back off while the scale is
+  already at min_scale means loss scaling cannot help any more (DeepSpeed raises there): the
+  scaler records it and the Trainer stops the run as diverged at its next log step.
+All state lives in device tensors updated with tensor ops: no host sync per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.amp import GradScaler
+
+_EXTRA = ("hysteresis", "min_scale", "max_scale", "_hysteresis_tracker", "_floor_hit")
+
+
+class HysteresisGradScaler(GradScaler):
+    """GradScaler with hysteresis, min_scale (stop) and max_scale; state_dict carries them all."""
+
+    def __init__(self, device: str, init_scale: float, growth_factor: float,
+                 backoff_factor: float, growth_interval: int, hysteresis: int,
+                 min_scale: float, max_scale: float) -> None:
+        super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.hysteresis, self.min_scale, self.max_scale = hysteresis, min_scale, max_scale
+        self._init_hysteresis_tracker, self._init_floor_hit = hysteresis, 0
+        self._hysteresis_tracker: torch.Tensor | None = None  # overflows left before a backoff
+        self._floor_hit: torch.Tensor | None = None  # 1 once a backoff was due at min_scale
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        super()._lazy_init_scale_growth_tracker(dev)
+        self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker,
+                                              dtype=torch.int32, device=dev)
+        self._floor_hit = torch.full((), self._init_floor_hit, dtype=torch.int32, device=dev)
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Once per optimizer step, after step(): apply hysteresis, growth and the bounds."""
+        if new_scale is not None or not self._enabled:
+            super().update(new_scale)
+            return
+        scale, growth = self._check_scale_growth_tracker("update")
+        found = [f.to(scale.device, non_blocking=True)
+                 for state in self._per_optimizer_states.values()
+                 for f in state["found_inf_per_device"].values()]
+        if not found:
+            raise AssertionError("No inf checks were recorded prior to update.")
+        overflow = torch.stack(found).sum() > 0
+        assert self._hysteresis_tracker is not None and self._floor_hit is not None
+        left = torch.where(overflow, self._hysteresis_tracker - 1, self.hysteresis)
+        backoff = overflow & (left <= 0)
+        # a backoff due while already at the floor: loss scaling has run out of room
+        self._floor_hit |= (backoff & (scale <= self.min_scale)).int()
+        grown = growth + 1
+        grow = ~overflow & (grown >= self._growth_interval)
+        new = torch.where(backoff, scale * self._backoff_factor,
+                          torch.where(grow, scale * self._growth_factor, scale))
+        scale.copy_(new.clamp(self.min_scale, self.max_scale))
+        growth.copy_(torch.where(overflow | grow, 0, grown))
+        self._hysteresis_tracker.copy_(left.clamp(min=0))
+        self._per_optimizer_states.clear()
+
+    def floor_reached(self) -> bool:
+        """True once a backoff was due at min_scale (a host sync: call at log steps only)."""
+        return self._floor_hit is not None and bool(self._floor_hit.item())
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if state:
+            state.update(hysteresis=self.hysteresis, min_scale=self.min_scale,
+                         max_scale=self.max_scale,
+                         _hysteresis_tracker=self._tracker_value("_hysteresis_tracker"),
+                         _floor_hit=self._tracker_value("_floor_hit"))
+        return state
+
+    def _tracker_value(self, name: str) -> int:
+        tensor = getattr(self, name)
+        return int(tensor.item()) if tensor is not None else getattr(self, "_init" + name)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in _EXTRA})
+        if not self._enabled or "hysteresis" not in state_dict:
+            return  # a plain GradScaler's state: keep this scaler's own settings
+        self.hysteresis = state_dict["hysteresis"]
+        self.min_scale, self.max_scale = state_dict["min_scale"], state_dict["max_scale"]
+        for name in ("_hysteresis_tracker", "_floor_hit"):
+            setattr(self, "_init" + name, state_dict[name])
+            if getattr(self, name) is not None:
+                getattr(self, name).fill_(state_dict[name])
