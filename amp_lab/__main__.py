@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -15,6 +16,9 @@ from amp_lab.config import ConfigError, register, validate
 
 log = logging.getLogger("amp_lab")
 register()
+# conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose,
+# so `hydra/launcher=submitit_slurm` brings amp_lab's requeue-safe cluster defaults.
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

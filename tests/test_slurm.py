@@ -69,16 +69,16 @@ def _check_sweep(sweep, launcher_class: str):
 
 
 @pytest.mark.parametrize("launcher, launcher_class", [
-    ("slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher")])
+    ("submitit_slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher")])
 def test_three_job_sweep(launcher, launcher_class, cluster, tmp_path):
-    cluster_args = ON_TEST_CLUSTER if launcher == "slurm" else []
+    cluster_args = ON_TEST_CLUSTER if launcher == "submitit_slurm" else []
     result = run_cli("-m", "precision=fp32,fp16,bf16", f"hydra/launcher={launcher}",
                      *cluster_args, "hydra.launcher.timeout_min=5",
                      f"hydra.sweep.dir={tmp_path / 'sweep'}", *JOB, "trainer.max_steps=4",
                      "trainer.log_every=2", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     _check_sweep(tmp_path / "sweep", launcher_class)
-    if launcher == "slurm":  # it really went through sbatch, with the preset's requeue signal
+    if launcher == "submitit_slurm":  # it really went through sbatch, with the preset's requeue signal
         [script] = list((tmp_path / "sweep" / ".submitit").glob("*/*_submission.sh"))
         text = script.read_text()
         assert "#SBATCH --signal=USR2@120" in text and "export PYTHONUNBUFFERED=1" in text
@@ -88,7 +88,7 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     """The job gets SLURM's pre-timeout signal (USR2, sent with scancel so the test need not wait
     for a time limit), saves, is requeued into the same job dir, finishes from its checkpoint."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "amp_lab", "-m", "precision=fp16", "hydra/launcher=slurm",
+    cmd = [sys.executable, "-m", "amp_lab", "-m", "precision=fp16", "hydra/launcher=submitit_slurm",
            *ON_TEST_CLUSTER, "hydra.launcher.timeout_min=5",
            f"hydra.sweep.dir={sweep}", *JOB, "trainer.max_steps=100", "trainer.log_every=10",
            "checkpoint.every_minutes=0"]
