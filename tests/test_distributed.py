@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import ROOT, settings
+from conftest import ROOT, run_cli, settings
+from test_slurm import JOB, ON_TEST_CLUSTER
+from test_slurm import cluster as slurm_cluster  # noqa: F401 - a pytest fixture
 
 from amp_lab.distributed import world_from_environment
 from amp_lab.train import Trainer
@@ -102,3 +105,24 @@ def test_an_inf_on_one_rank_makes_every_rank_skip(tmp_path):
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["amp/skipped_steps"] for r in rows if r["kind"] == "train"] == [0, 1, 1, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("sbatch") is None,
+                    reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs it)")
+@pytest.mark.usefixtures("slurm_cluster")
+def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
+    """tasks_per_node=2 through the submitit launcher: one DDP world of two SLURM tasks."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = run_cli("-m", "trainer.strategy=ddp", "hydra/launcher=submitit_slurm",
+                     *ON_TEST_CLUSTER, "hydra.launcher.tasks_per_node=2",
+                     "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                     *JOB, "trainer.batch_size=8", "trainer.max_steps=4", "trainer.log_every=2",
+                     cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in (tmp_path / "sweep").iterdir() if p.name.startswith("0")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["lr"]["global_batch"] == 16 and summary["steps"] == 4
+    assert [json.loads(r)["step"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "train"' in r] == [2, 4]  # rank 0 alone wrote, once per log step

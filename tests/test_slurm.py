@@ -78,7 +78,7 @@ def test_three_job_sweep(launcher, launcher_class, cluster, tmp_path):
                      "trainer.log_every=2", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     _check_sweep(tmp_path / "sweep", launcher_class)
-    if launcher == "submitit_slurm":  # it really went through sbatch, with the preset's requeue signal
+    if launcher == "submitit_slurm":  # it went through sbatch, with the preset's requeue signal
         [script] = list((tmp_path / "sweep" / ".submitit").glob("*/*_submission.sh"))
         text = script.read_text()
         assert "#SBATCH --signal=USR2@120" in text and "export PYTHONUNBUFFERED=1" in text
