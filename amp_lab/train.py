@@ -20,10 +20,13 @@ import torch
 
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.data import EpochBatchSampler, build_data
+from amp_lab.diagnostics import attach_diagnostics
+from amp_lab.fp32_modules import keep_in_fp32
 from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
 from amp_lab.metrics import ThroughputMeter, peak_memory_mb
 from amp_lab.models import build_model, check_input_fits
 from amp_lab.optim import build_optimizer
+from amp_lab.pitfalls import make_step, prepare_model
 from amp_lab.precision import resolve_device, resolve_precision
 from amp_lab.scaling import build_scaler, uses_dynamic_scaling
 from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
@@ -98,6 +101,8 @@ class Trainer:
         self.data = build_data(settings.data, t.seed, self.device)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
+        keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
+        prepare_model(self.model, settings.fault, settings.pitfall.name)  # pitfall lab faults
         self.sampler = EpochBatchSampler(len(self.data.train), t.batch_size, t.seed)
         self.steps_per_epoch = len(self.sampler) // t.grad_accum
         if self.steps_per_epoch == 0:
@@ -115,6 +120,10 @@ class Trainer:
         self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
                                     self.policy, t.clip_grad, t.clip_mode,
                                     settings.model.channels_last)
+        self.train_step = make_step(self.train_step, settings.pitfall.name, settings.fault)
+        self.diagnostics = attach_diagnostics(
+            settings.diagnostics, self.train_step, settings.scaler,
+            uses_dynamic_scaling(settings.scaler, self.policy), t.log_every, self.out_dir)
         self.state = LoopState()
 
     # -- reporting ---------------------------------------------------------------------------
@@ -216,6 +225,7 @@ class Trainer:
             "amp/skip_rate": c["window_skipped"] / steps_in_window,
             **meter.read(),
             "memory/peak_mb": peak_memory_mb(self.device),
+            **self.diagnostics.read(st.step),
         }
 
     def _eval_record(self, meter: ThroughputMeter, started: float) -> dict[str, Any]:
@@ -255,6 +265,7 @@ class Trainer:
             "peak_memory_mb": peak_memory_mb(self.device),
             "wall_time_s": wall_time_s,
             "output_dir": str(self.out_dir),
+            "diagnostics": self.diagnostics.summary(),
             **self.describe(),
         }
 

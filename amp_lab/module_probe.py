@@ -1,0 +1,126 @@
+"""Per-module max |x| of activations and input-gradients, and the first module to go non-finite.
+
+While attached, a forward hook on every named module records max |output| and puts a tensor hook
+on its inputs that records max |input-gradient| during backward. Every value stays a device
+tensor; `end_step` stacks a step's values in call order and keeps, per phase, a device-side
+snapshot of the first step that held an inf/nan. The host reads it only when asked (log steps).
+Assumes the same modules run in the same order every step (true for timm's image models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+INF = float("inf")
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Floating tensors inside a module's output or inputs (tuples and lists one level deep)."""
+    items = value if isinstance(value, (tuple, list)) else [value]
+    return [t for t in items if torch.is_tensor(t) and t.is_floating_point() and t.numel() > 0]
+
+
+def _max_abs(t: torch.Tensor) -> torch.Tensor:
+    # one kernel: the inf-norm is max |x|, accumulated in fp32; inf and nan propagate
+    return torch.linalg.vector_norm(t.detach(), INF, dtype=torch.float32)
+
+
+@dataclass
+class FirstNonFinite:
+    """Device-side record of the first step at which some value of a phase was inf/nan."""
+
+    device: torch.device
+    step: torch.Tensor = field(init=False)  # device scalar: -1 until captured
+    values: torch.Tensor | None = None  # the max |x| of every call at that step
+    names: list[tuple[str, str]] = field(default_factory=list)  # (module, dtype) per call
+
+    def __post_init__(self) -> None:
+        self.step = torch.full((), -1, dtype=torch.long, device=self.device)
+
+    def update(self, values: torch.Tensor, names: list[tuple[str, str]], step: int) -> None:
+        if self.values is None or self.values.shape != values.shape:
+            self.values, self.names = torch.zeros_like(values), names
+        new = (self.step < 0) & ~torch.isfinite(values).all()
+        self.values = torch.where(new, values, self.values)
+        self.step.masked_fill_(new, step)
+
+    def read(self) -> dict[str, Any] | None:
+        """Host copy (a sync): the first call of that step whose value was inf/nan."""
+        step = int(self.step)
+        if step < 0 or self.values is None:
+            return None
+        values = self.values.tolist()
+        index = next(i for i, v in enumerate(values) if v != v or v in (INF, -INF))
+        name, dtype = self.names[index]
+        return {"step": step, "module": name, "dtype": dtype, "max_abs": values[index]}
+
+
+class ModuleProbe:
+    """Hooks on every named module; attach() for the steps to watch, detach() after."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.modules = [(name, m) for name, m in model.named_modules() if name]
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.calls: dict[str, list] = {"forward": [], "backward": []}
+        self.first = {phase: FirstNonFinite(device) for phase in self.calls}
+        self.act_max: torch.Tensor | None = None  # per forward call, max over watched steps
+        self.act_names: list[tuple[str, str]] = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.handles)
+
+    def attach(self) -> None:
+        if not self.handles:
+            self.handles = [m.register_forward_hook(self._forward_hook(name))
+                            for name, m in self.modules]
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _forward_hook(self, name: str):
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            for t in _tensors(output)[:1]:
+                self.calls["forward"].append((_max_abs(t), name, str(t.dtype)))
+            if torch.is_grad_enabled():
+                for t in _tensors(args):
+                    if t.requires_grad:
+                        t.register_hook(self._grad_hook(name))
+
+        return hook
+
+    def _grad_hook(self, name: str):
+        def hook(grad: torch.Tensor) -> None:
+            self.calls["backward"].append((_max_abs(grad), name, str(grad.dtype)))
+
+        return hook
+
+    def end_step(self, step: int) -> None:
+        """Stack this step's values (device ops only) and update the first-non-finite records."""
+        for phase, calls in self.calls.items():
+            if not calls:
+                continue
+            values = torch.stack([c[0] for c in calls])
+            names = [(c[1], c[2].replace("torch.", "")) for c in calls]
+            self.first[phase].update(values, names, step)
+            if phase == "forward":
+                same = self.act_max is not None and self.act_max.shape == values.shape
+                self.act_max = torch.maximum(self.act_max, values) if same else values
+                self.act_names = names
+            calls.clear()
+
+    def read_activations(self) -> dict[str, tuple[float, str]]:
+        """Max |activation| per module over the watched steps since the last read (a sync)."""
+        if self.act_max is None:
+            return {}
+        result: dict[str, tuple[float, str]] = {}
+        for value, (name, dtype) in zip(self.act_max.tolist(), self.act_names):
+            if name not in result or not value <= result[name][0]:  # nan wins
+                result[name] = (value, dtype)
+        self.act_max = None
+        return result
