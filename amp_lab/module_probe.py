@@ -66,6 +66,7 @@ class ModuleProbe:
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.calls: dict[str, list] = {"forward": [], "backward": []}
         self.first = {phase: FirstNonFinite(device) for phase in self.calls}
+        self.grad_owner: dict[int, list[str]] = {}  # id(input) -> [its latest consumer]
         self.act_max: torch.Tensor | None = None  # per forward call, max over watched steps
         self.act_names: list[tuple[str, str]] = []
 
@@ -89,19 +90,27 @@ class ModuleProbe:
                 self.calls["forward"].append((_max_abs(t), name, str(t.dtype)))
             if torch.is_grad_enabled():
                 for t in _tensors(args):
-                    if t.requires_grad:
-                        t.register_hook(self._grad_hook(name))
+                    if not t.requires_grad:
+                        continue
+                    # a tensor read by several modules (identity layers pass it on): its
+                    # gradient is named after the last reader, the first one backward reaches
+                    if id(t) in self.grad_owner:
+                        self.grad_owner[id(t)][0] = name
+                    else:
+                        self.grad_owner[id(t)] = owner = [name]
+                        t.register_hook(self._grad_hook(owner))
 
         return hook
 
-    def _grad_hook(self, name: str):
+    def _grad_hook(self, owner: list[str]):
         def hook(grad: torch.Tensor) -> None:
-            self.calls["backward"].append((_max_abs(grad), name, str(grad.dtype)))
+            self.calls["backward"].append((_max_abs(grad), owner[0], str(grad.dtype)))
 
         return hook
 
     def end_step(self, step: int) -> None:
         """Stack this step's values (device ops only) and update the first-non-finite records."""
+        self.grad_owner.clear()
         for phase, calls in self.calls.items():
             if not calls:
                 continue

@@ -171,8 +171,8 @@ class HalfModel(LabStep):
 
 
 class LossInLowPrecision(LabStep):
-    """The loss is computed from fp16 logits in fp16: its resolution is coarse, and the scaled
-    loss (loss x 65536, still fp16) overflows at once, so the first steps all skip."""
+    """The loss is computed from fp16 logits in fp16: its resolution is coarse (10 mantissa
+    bits), and the backward enters it with the loss scale in fp16, where 65536 is already inf."""
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         dtype = self.policy.mode.autocast_dtype or torch.float32
