@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from amp_lab.config import ConfigError, register, validate
@@ -56,6 +57,9 @@ class Doctor:
     def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
         self.user, self.steps, self.out = overrides, steps, out
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
+        from amp_lab.train import Trainer  # torch and timm load only after the config parsed
+
+        Trainer(self.settings, out)  # builds (no files written): the user's own config is valid
         self.low = "bf16" if self.settings.precision.name == "bf16" else "fp16"
         kept = [o for o in overrides if _key(o) not in PROBE_KEYS]
         self.common = [*kept, f"trainer.max_steps={steps}", "trainer.log_every=1",
@@ -132,7 +136,7 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
         table.add_column(column)
     for name, p in probes.items():
         if p.unavailable:
-            table.add_row(name, "unavailable", p.unavailable, *[""] * 7)
+            table.add_row(name, "unavailable", escape(p.unavailable), *[""] * 7)
             continue
         nf = (p.diag.get("nonfinite") or {})
         where = (f"step {nf['first_step']} {nf.get('module') or '?'} ({nf.get('phase')})"
@@ -161,15 +165,18 @@ def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
     console.print(verdict_table(probes))
     if search:
         state = "verified by a rerun" if search.get("verified") else "NOT found"
-        console.print(f"fp32 search: precision.fp32_modules=[{','.join(search['fp32_modules'])}]"
-                      f" ({state}, {len(search['tried'])} probe runs)")
+        modules = ",".join(search["fp32_modules"])
+        console.print(escape(f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
+                             f"{len(search['tried'])} probe runs)"))
     console.print("[bold]Recommendations[/bold] (most urgent first)")
     for i, rec in enumerate(recs, 1):
-        console.print(f"{i}. [bold]{rec['problem']}[/bold]: {rec['evidence']}")
+        console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
         if rec["fix"]:
-            console.print(f"   fix: {rec['fix']}")
+            console.print(escape(f"   fix: {rec['fix']}"))
         if rec["override"]:
-            console.print(f"   try: python -m amp_lab {' '.join(user)} {rec['override']}")
+            new = rec["override"].split()
+            kept = [o for o in user if _key(o) not in {_key(n) for n in new}]
+            console.print(escape(f"   try: python -m amp_lab {' '.join(kept + new)}"))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -192,10 +199,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
     out = args.out or Path("outputs/doctor") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     doctor = Doctor(args.overrides, args.steps, out)
-    out.mkdir(parents=True, exist_ok=True)
     probes = {}
     for name, extra in doctor.plan():
-        console.print(f"probe {name}: {' '.join(extra)} ({args.steps} steps)")
+        console.print(escape(f"probe {name}: {' '.join(extra)} ({args.steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None
@@ -216,6 +222,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                              "skip_rate": p.skip_rate, "update_ratio": p.mean("diag/update_ratio"),
                              "summary": p.summary} for n, p in probes.items()},
               "recommendations": recs, "search_fp32": search}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(json.dumps(report, indent=2, default=str))
     console.print(f"wrote {out / 'doctor.json'}")
     return report

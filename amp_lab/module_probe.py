@@ -34,28 +34,33 @@ class FirstNonFinite:
 
     device: torch.device
     step: torch.Tensor = field(init=False)  # device scalar: -1 until captured
-    values: torch.Tensor | None = None  # the max |x| of every call at that step
-    names: list[tuple[str, str]] = field(default_factory=list)  # (module, dtype) per call
+    index: torch.Tensor = field(init=False)  # the first non-finite call of that step
+    value: torch.Tensor = field(init=False)  # its max |x| (inf or nan)
+    history: list[tuple[int, list]] = field(default_factory=list)  # (from step, call names)
 
     def __post_init__(self) -> None:
         self.step = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.index = torch.zeros((), dtype=torch.long, device=self.device)
+        self.value = torch.zeros((), device=self.device)
 
     def update(self, values: torch.Tensor, names: list[tuple[str, str]], step: int) -> None:
-        if self.values is None or self.values.shape != values.shape:
-            self.values, self.names = torch.zeros_like(values), names
-        new = (self.step < 0) & ~torch.isfinite(values).all()
-        self.values = torch.where(new, values, self.values)
+        bad = ~torch.isfinite(values)
+        new = (self.step < 0) & bad.any()
+        first = bad.int().argmax()  # the first True, in call order
+        self.index = torch.where(new, first, self.index)
+        self.value = torch.where(new, values[first], self.value)
         self.step.masked_fill_(new, step)
+        if not self.history or self.history[-1][1] != names:  # host lists, compared on host
+            self.history.append((step, names))
 
     def read(self) -> dict[str, Any] | None:
         """Host copy (a sync): the first call of that step whose value was inf/nan."""
         step = int(self.step)
-        if step < 0 or self.values is None:
+        if step < 0:
             return None
-        values = self.values.tolist()
-        index = next(i for i, v in enumerate(values) if v != v or v in (INF, -INF))
-        name, dtype = self.names[index]
-        return {"step": step, "module": name, "dtype": dtype, "max_abs": values[index]}
+        names = next(n for s, n in reversed(self.history) if s <= step)
+        name, dtype = names[int(self.index)]
+        return {"step": step, "module": name, "dtype": dtype, "max_abs": float(self.value)}
 
 
 class ModuleProbe:
@@ -66,7 +71,8 @@ class ModuleProbe:
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.calls: dict[str, list] = {"forward": [], "backward": []}
         self.first = {phase: FirstNonFinite(device) for phase in self.calls}
-        self.grad_owner: dict[int, list[str]] = {}  # id(input) -> [its latest consumer]
+        # id(input) -> (input, [its latest reader]); the reference keeps the id from reuse
+        self.grad_owner: dict[int, tuple[torch.Tensor, list[str]]] = {}
         self.act_max: torch.Tensor | None = None  # per forward call, max over watched steps
         self.act_names: list[tuple[str, str]] = []
 
@@ -86,6 +92,8 @@ class ModuleProbe:
 
     def _forward_hook(self, name: str):
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if not module.training:
+                return  # evaluation passes are not training steps
             for t in _tensors(output)[:1]:
                 self.calls["forward"].append((_max_abs(t), name, str(t.dtype)))
             if torch.is_grad_enabled():
@@ -95,9 +103,10 @@ class ModuleProbe:
                     # a tensor read by several modules (identity layers pass it on): its
                     # gradient is named after the last reader, the first one backward reaches
                     if id(t) in self.grad_owner:
-                        self.grad_owner[id(t)][0] = name
+                        self.grad_owner[id(t)][1][0] = name
                     else:
-                        self.grad_owner[id(t)] = owner = [name]
+                        owner = [name]
+                        self.grad_owner[id(t)] = (t, owner)
                         t.register_hook(self._grad_hook(owner))
 
         return hook

@@ -165,7 +165,8 @@ def recommend(probes: dict[str, Probe], advice: Advice,
                          f"scaler: loss {_curve(scaled)}",
                          "scaler.enabled=true" if advice.low_dtype == "bf16" else
                          "precision=fp16"))
-    recs += _scaler_recs(scaled, base, advice)
+    if not culprit:  # a forward overflow explains the skips by itself
+        recs += _scaler_recs(scaled, base, advice)
     if bf16 and not bf16.unavailable and verdict(bf16, base) == "ok" and (
             any(verdict(p, base) != "ok" for p in low) or culprit):
         recs.append(_rec(70, "fp16's range is the problem; bf16 has fp32's exponent range",
