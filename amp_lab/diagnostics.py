@@ -65,6 +65,7 @@ class Diagnostics(StepObserver):
         self.window: dict[str, Any] = {}
         self.last: dict[str, Any] = {}
         self.state_checked = False
+        self.reported: set[str] = set()  # phases whose attribution was logged
 
     # -- the step ----------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -74,9 +75,9 @@ class Diagnostics(StepObserver):
             self.probe.attach()
 
     def before_optimizer_step(self) -> None:
-        if not self.probing:
+        pairs = [(n, p) for n, p in self.named if p.grad is not None] if self.probing else []
+        if not pairs:
             return
-        pairs = [(n, p) for n, p in self.named if p.grad is not None]
         grads = [p.grad for _, p in pairs]
         counts, hist = grad_stats(grads, self._scale())
         self.window.update(counts=counts, sizes=[g.numel() for g in grads],
@@ -139,6 +140,12 @@ class Diagnostics(StepObserver):
             self._signature(name, evidence)
         first_bad = int(self.first_bad)
         attributed = [self.probe.first[p].read() for p in ("forward", "backward")]
+        for phase, found in zip(("forward", "backward"), attributed):
+            if found and phase not in self.reported:
+                self.reported.add(phase)
+                log.warning("step %d: first non-finite %s in %s (%s, max |x| %s)", found["step"],
+                            "output" if phase == "forward" else "input-gradient",
+                            found["module"], found["dtype"], found["max_abs"])
         # light mode: watch every step after a window with a non-finite step, until attributed
         self.armed = any(skips) and not all(attributed)
         record: dict[str, Any] = {

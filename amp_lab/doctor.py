@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -130,16 +131,15 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
     """One row per probe: its verdict against the fp32 baseline and the numerics behind it."""
     base = probes["fp32"]
     table = Table(title="amp_lab doctor: probes vs the fp32 baseline")
-    for column in ["probe", "verdict", "loss first -> last", "mean |dloss|/fp32",
-                   "first non-finite", "skipped", "final scale", "grads zero",
-                   "fp16 flushes @scale", "update/weight"]:
-        table.add_column(column)
+    for column in ["probe", "verdict", "loss first -> last", "vs fp32", "first non-finite",
+                   "skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"]:
+        table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
     for name, p in probes.items():
         if p.unavailable:
             table.add_row(name, "unavailable", escape(p.unavailable), *[""] * 7)
             continue
         nf = (p.diag.get("nonfinite") or {})
-        where = (f"step {nf['first_step']} {nf.get('module') or '?'} ({nf.get('phase')})"
+        where = (f"step {nf['first_step']}: {nf.get('module') or '?'} ({nf.get('phase')})"
                  if nf.get("first_step") else "-")
         ratio = p.mean("diag/update_ratio")
         table.add_row(name, verdict(p, base), _fmt_curve(p), _fmt(p.deviation(base), "%"),
@@ -151,7 +151,7 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
 
 
 def _fmt(value: float | None, kind: str) -> str:
-    if value is None or value != value:
+    if value is None or not math.isfinite(value):
         return "-"
     return f"{value:.1%}" if kind == "%" else f"{value:.3g}"
 
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("amp_lab.train", "amp_lab.diagnostics"):  # probe warnings go to doctor.json
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        run(args, Console(width=None if sys.stdout.isatty() else 150))
+        run(args, Console(width=None if sys.stdout.isatty() else 160))
     except ConfigError as err:
         print(f"amp_lab: error: {err}", file=sys.stderr)
         return 2
