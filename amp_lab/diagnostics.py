@@ -52,8 +52,9 @@ class Diagnostics(StepObserver):
         self.cfg, self.step_fn, self.out_dir = cfg, step, out_dir
         self.device = step.policy.device
         self.every = cfg.every or log_every
-        self.probe = ModuleProbe(step.model, self.device)
-        self.named = [(n, p) for n, p in step.model.named_parameters() if p.requires_grad]
+        model = getattr(step.model, "_orig_mod", step.model)  # torch.compile wraps the model
+        self.probe = ModuleProbe(model, self.device)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.scales = torch.zeros(log_every, device=self.device)
         self.skips = torch.zeros(log_every, device=self.device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
