@@ -176,7 +176,8 @@ def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
         if rec["override"]:
             new = rec["override"].split()
             kept = [o for o in user if _key(o) not in {_key(n) for n in new}]
-            console.print(escape(f"   try: python -m amp_lab {' '.join(kept + new)}"))
+            console.print(escape(f"   try: python -m amp_lab {' '.join(kept + new)}"),
+                          soft_wrap=True)  # one line: copy and paste it
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
