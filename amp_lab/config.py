@@ -62,6 +62,8 @@ DATASETS = ["digits", "synthetic", "cifar10", "cifar100", "imagefolder"]
 @dataclass
 class PrecisionConfig:
     name: str = "fp32"  # fp32 | tf32 | fp16 | fp16_noscale | bf16 | bf16_pure | fp16_pure | fp8
+    # module-name patterns (fnmatch: `*norm*`, `head`, `*.attn`) run with autocast off, fp32 inputs
+    fp32_modules: list[str] = field(default_factory=list)
     # bf16_pure/fp16_pure: the optimizer steps fp32 master copies of the 16-bit weights (apex O2)
     master_weights: bool = True
     # bf16_pure without master weights: how the fp32 update is written back into the bf16 weights
@@ -228,6 +230,48 @@ class CheckpointConfig:
                      f"checkpoint.signals: {name!r} is not a signal name; use e.g. SIGUSR2")
 
 
+DIAGNOSTICS_MODES = ["off", "light", "full"]
+PITFALLS = ["none", "no_scaler_update", "update_every_microbatch", "clip_before_unscale",
+            "half_model", "loss_in_low_precision"]
+
+
+@dataclass
+class DiagnosticsConfig:
+    mode: str = "light"  # off | light (probes every `every` steps, no per-step sync) | full (hooks
+    # on every step: the exact first non-finite module)
+    every: int = 0  # optimizer steps between headroom/underflow probes; 0: trainer.log_every
+    skip_warn_rate: float = 0.25  # warn when more than this share of a log window's steps skip
+    top_layers: int = 5  # layers named per probe (least fp16 headroom, most underflow)
+
+    def __post_init__(self) -> None:
+        _require(self.mode in DIAGNOSTICS_MODES,
+                 f"diagnostics={self.mode!r} is unknown; use one of {DIAGNOSTICS_MODES}")
+        _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
+        _require(0 < self.skip_warn_rate <= 1,
+                 f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]")
+
+
+@dataclass
+class PitfallConfig:
+    name: str = "none"  # a classic AMP mistake reproduced on purpose (amp_lab/pitfalls.py)
+
+    def __post_init__(self) -> None:
+        _require(self.name in PITFALLS, f"pitfall={self.name!r} is unknown; use one of {PITFALLS}")
+
+
+@dataclass
+class FaultConfig:
+    inf_grad_at_step: int = 0  # optimizer step (1-based) whose gradients get an inf; 0: never
+    overflow_module: str | None = None  # module whose activations are multiplied by the factor
+    overflow_factor: float = 1e6  # large enough that the module's fp16 output passes 65504
+    loss_multiplier: float = 1.0  # < 1 shrinks the loss so fp16 gradients underflow
+
+    def __post_init__(self) -> None:
+        _require(self.inf_grad_at_step >= 0, "fault.inf_grad_at_step must be >= 0 (0: off)")
+        _require(self.overflow_factor > 0, "fault.overflow_factor must be > 0")
+        _require(self.loss_multiplier > 0, "fault.loss_multiplier must be > 0")
+
+
 @dataclass
 class AmpLabConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -239,6 +283,9 @@ class AmpLabConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    pitfall: PitfallConfig = field(default_factory=PitfallConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
 
 

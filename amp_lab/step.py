@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,19 @@ class StepResult:
     found_inf: torch.Tensor  # 1.0 when the gradients held inf/nan and the update was skipped
 
 
+class StepObserver:
+    """Does nothing; amp_lab/diagnostics.py overrides these to watch the numerics of a step."""
+
+    def begin_step(self) -> None:
+        """Before the forward pass."""
+
+    def before_optimizer_step(self) -> None:
+        """Gradients unscaled and clipped, weights not yet updated."""
+
+    def end_step(self, result: StepResult) -> None:
+        """After the update, the scale update and the schedule step."""
+
+
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     # The loss runs in fp32: log-softmax over fp16 logits loses the small probabilities.
     return F.cross_entropy(logits.float(), labels)
@@ -56,12 +69,14 @@ class TrainStep:
     micro_batch_context: Callable[[bool], contextlib.AbstractContextManager] = (
         lambda is_last: contextlib.nullcontext())  # DDP's no_sync() until the boundary
     before_unscale: Callable[[], None] = lambda: None  # pure modes: grads into the fp32 masters
+    diagnostics: StepObserver = field(default_factory=StepObserver)  # numerics telemetry
 
     def __post_init__(self) -> None:
         # the tensors the optimizer steps: the model's, or their fp32 masters in the pure modes
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def __call__(self, micro_batches: Sequence[Batch]) -> StepResult:
+        self.diagnostics.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.policy.device)
         correct = torch.zeros((), device=self.policy.device, dtype=torch.long)
@@ -79,11 +94,14 @@ class TrainStep:
             correct += (logits.detach().argmax(-1) == labels).sum()
             samples += labels.shape[0]
         grad_norm = self.unscale_and_clip()
+        self.diagnostics.before_optimizer_step()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         found_inf = (~torch.isfinite(grad_norm)).float()
-        return StepResult(loss_sum, correct, samples, grad_norm, found_inf)
+        result = StepResult(loss_sum, correct, samples, grad_norm, found_inf)
+        self.diagnostics.end_step(result)
+        return result
 
     def unscale_and_clip(self) -> torch.Tensor:
         """Unscale first, so the norm and the clip threshold see the true gradients."""

@@ -21,11 +21,14 @@ import torch
 from amp_lab.checkpoint import Checkpointer
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.data import EpochBatchSampler, build_data
+from amp_lab.diagnostics import attach_diagnostics
 from amp_lab.distributed import setup as setup_distributed
+from amp_lab.fp32_modules import keep_in_fp32
 from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
 from amp_lab.metrics import ThroughputMeter, peak_memory_mb
 from amp_lab.models import build_model, check_input_fits
 from amp_lab.optim import build_optimizer
+from amp_lab.pitfalls import make_step, prepare_model
 from amp_lab.precision import resolve_device, resolve_precision
 from amp_lab.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
 from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
@@ -108,6 +111,8 @@ class Trainer:
         self.data = build_data(settings.data, t.seed, self.device)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
+        keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
+        prepare_model(self.model, settings.fault, settings.pitfall.name)  # pitfall lab faults
         self.sampler = EpochBatchSampler(len(self.data.train), t.batch_size, t.seed,
                                          self.dist.rank, self.dist.world_size)
         self.steps_per_epoch = len(self.sampler) // t.grad_accum
@@ -131,6 +136,11 @@ class Trainer:
                                     settings.model.channels_last,
                                     self.dist.micro_batch_context(parallel_model),
                                     before_unscale=before_unscale)
+        self.train_step = make_step(self.train_step, settings.pitfall.name, settings.fault)
+        self.diagnostics = attach_diagnostics(
+            settings.diagnostics, self.train_step, settings.scaler,
+            uses_dynamic_scaling(settings.scaler, self.policy), t.log_every,
+            self.out_dir if self.dist.is_main else None)
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
@@ -248,6 +258,7 @@ class Trainer:
             "amp/skipped_steps": self.skipped_total,
             "amp/skip_rate": c["window_skipped"] / steps_in_window,
             **self._device_figures(meter),
+            **self.diagnostics.read(st.step),
         }
 
     def _device_figures(self, meter: ThroughputMeter) -> dict[str, float]:
@@ -309,6 +320,7 @@ class Trainer:
             "peak_memory_mb": peak_memory_mb(self.device),
             "wall_time_s": wall_time_s,
             "output_dir": str(self.out_dir),
+            "diagnostics": self.diagnostics.summary(),
             **self.describe(),
         }
 

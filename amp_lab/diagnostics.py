@@ -1,0 +1,247 @@
+"""Numerics telemetry (`diagnostics=off|light|full`): what the loss scale, the activations and the
+gradients do, read back only at log steps.
+
+Every step (light and full) costs a few device ops and no host sync: the scale after the step
+and whether it skipped go into a window buffer, and the first non-finite step is kept on the
+device. Probe steps (every `diagnostics.every` steps) also measure fp16 headroom per module,
+fp16 underflow of the gradients, the gradient norm the optimizer gets and the update-to-weight
+ratio. Module hooks (amp_lab/module_probe.py) run on probe steps, on every step in `full` mode,
+and in `light` mode after a log window that held a non-finite step, until one is attributed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from amp_lab.config import DiagnosticsConfig, ScalerConfig
+from amp_lab.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
+from amp_lab.module_probe import ModuleProbe
+from amp_lab.scale_events import ScaleTracker
+from amp_lab.step import StepObserver, StepResult, TrainStep
+
+log = logging.getLogger(__name__)
+
+CLIP_BEFORE_UNSCALE = "clip_before_unscale"
+HALF_STATE = "half_model"
+LOW_PRECISION_LOSS = "loss_in_low_precision"
+
+
+def low_precision_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Names of parameters and optimizer-state entries that are not fp32 (host metadata only)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    bad = [f"{n} ({p.dtype})" for n, p in model.named_parameters()
+           if p.is_floating_point() and p.dtype != torch.float32]
+    for param, state in optimizer.state.items():
+        bad += [f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
+                for key, t in state.items()
+                if torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32]
+    return bad
+
+
+class Diagnostics(StepObserver):
+    """Watches a TrainStep; `read()` at log steps, `summary()` at the end."""
+
+    def __init__(self, cfg: DiagnosticsConfig, step: TrainStep, scaler_cfg: ScalerConfig,
+                 dynamic: bool, log_every: int, out_dir: Path | None) -> None:
+        self.cfg, self.step_fn, self.out_dir = cfg, step, out_dir
+        self.device = step.policy.device
+        self.every = cfg.every or log_every
+        model = getattr(step.model, "_orig_mod", step.model)  # torch.compile wraps the model
+        self.probe = ModuleProbe(model, self.device)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.scales = torch.zeros(log_every, device=self.device)
+        self.skips = torch.zeros(log_every, device=self.device)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.tracker = ScaleTracker(scaler_cfg, dynamic, float(step.scaler.get_scale()))
+        self.window_first, self.armed, self.probing = 1, False, False
+        self.step = 0
+        self.warnings: list[str] = []
+        self.signatures: dict[str, str] = {}
+        self.window: dict[str, Any] = {}
+        self.last: dict[str, Any] = {}
+        self.state_checked = False
+        self.reported: set[str] = set()  # phases whose attribution was logged
+
+    # -- the step ----------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.step = self.step_fn.scheduler.last_epoch + 1  # optimizer steps are counted on host
+        self.probing = self.step % self.every == 0
+        if self.probing or self.cfg.mode == "full" or self.armed:
+            self.probe.attach()
+
+    def before_optimizer_step(self) -> None:
+        pairs = [(n, p) for n, p in self.named if p.grad is not None] if self.probing else []
+        if not pairs:
+            return
+        grads = [p.grad for _, p in pairs]
+        counts, hist = grad_stats(grads, self._scale())
+        self.window.update(counts=counts, sizes=[g.numel() for g in grads],
+                           grad_names=[n for n, _ in pairs],
+                           applied_norm=torch.nn.utils.get_total_norm(grads, foreach=True))
+        self.window["hist"] = hist + self.window["hist"] if "hist" in self.window else hist
+        self.window["before"] = [p.detach().clone() for _, p in pairs]
+        self.window["params"] = [p for _, p in pairs]
+
+    def end_step(self, result: StepResult) -> None:
+        k = (self.step - 1) % self.scales.numel()
+        self.scales[k] = self._scale()
+        self.skips[k] = result.found_inf
+        bad = (result.found_inf > 0) | ~torch.isfinite(result.loss)
+        self.first_bad.masked_fill_(bad & (self.first_bad < 0), self.step)
+        if result.loss.dtype != torch.float32:
+            self.signatures.setdefault(LOW_PRECISION_LOSS, f"the loss is {result.loss.dtype}")
+        if self.probing and "before" in self.window:
+            params, before = self.window.pop("params"), self.window.pop("before")
+            delta = torch._foreach_sub([p.detach() for p in params], before)
+            self.window["update_ratio"] = torch.linalg.vector_norm(
+                torch.stack(torch._foreach_norm(delta))) / torch.linalg.vector_norm(
+                torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
+        if self.probe.attached:
+            self.probe.end_step(self.step)
+            if not (self.cfg.mode == "full" or self.armed):
+                self.probe.detach()
+        if not self.state_checked:  # optimizer state exists after the first step
+            self.state_checked = True
+            self._check_state()
+
+    def _scale(self) -> torch.Tensor:
+        scale = self.step_fn.scaler._get_scale_async()  # the device tensor: reading it is no sync
+        return torch.ones((), device=self.device) if scale is None else scale
+
+    def _check_state(self) -> None:
+        bad = low_precision_state(self.step_fn.model, self.step_fn.optimizer)
+        if bad:
+            self.signatures[HALF_STATE] = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
+            self._warn(f"fp32-state check: master weights and optimizer state must be fp32, but "
+                       f"{self.signatures[HALF_STATE]}; use autocast instead of model.half()")
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        log.warning(message)
+
+    # -- log steps (the only reads) -----------------------------------------------------------
+    def read(self, step: int) -> dict[str, Any]:
+        """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
+        n = step - self.window_first + 1
+        k0 = (self.window_first - 1) % self.scales.numel()
+        order = [(k0 + i) % self.scales.numel() for i in range(n)]
+        scales, skips = self.scales[order].tolist(), self.skips[order].tolist()
+        events = self.tracker.feed(self.window_first, scales, skips)
+        warning = self.tracker.skip_warning(self.window_first, skips, events,
+                                            self.cfg.skip_warn_rate)
+        if warning:
+            self._warn(warning)
+        for name, evidence in self.tracker.signatures.items():
+            self._signature(name, evidence)
+        first_bad = int(self.first_bad)
+        attributed = [self.probe.first[p].read() for p in ("forward", "backward")]
+        for phase, found in zip(("forward", "backward"), attributed):
+            if found and phase not in self.reported:
+                self.reported.add(phase)
+                log.warning("step %d: first non-finite %s in %s (%s, max |x| %s)", found["step"],
+                            "output" if phase == "forward" else "input-gradient",
+                            found["module"], found["dtype"], found["max_abs"])
+        # light mode: watch every step after a window with a non-finite step, until attributed
+        self.armed = any(skips) and not all(attributed)
+        record: dict[str, Any] = {
+            "amp/backoffs": sum(e["kind"] == "backoff" for e in events),
+            "amp/growths": sum(e["kind"] == "growth" for e in events),
+            "diag/first_nonfinite_step": first_bad if first_bad >= 0 else None,
+        }
+        detail = {"step": step, "scale_events": events, **self._read_probes(record)}
+        self.window_first = step + 1
+        self.last.update(record)
+        if self.out_dir is not None:  # None on DDP ranks other than 0
+            with (self.out_dir / "diagnostics.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps(detail) + "\n")
+        return record
+
+    def _read_probes(self, record: dict[str, Any]) -> dict[str, Any]:
+        w, self.window = self.window, {}
+        acts = self.probe.read_activations()
+        detail: dict[str, Any] = {}
+        if acts:
+            name, (amax, dtype) = max(acts.items(), key=lambda kv: _order(kv[1][0]))
+            record.update({"diag/act_max": amax, "diag/act_max_module": name,
+                           "diag/act_headroom_log2": math.log2(FP16_MAX / amax)
+                           if 0 < amax < math.inf else None})
+            top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[:self.cfg.top_layers]
+            detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
+        if "counts" not in w:
+            return detail
+        stats = summarize(w["counts"].tolist(), w["sizes"], w["grad_names"], self.cfg.top_layers)
+        record.update({f"diag/{key}": value for key, value in stats["overall"].items()})
+        applied = float(w["applied_norm"])
+        record["diag/applied_grad_norm"] = applied
+        if "update_ratio" in w:
+            record["diag/update_ratio"] = float(w["update_ratio"])
+        self._check_clip(applied)
+        detail.update(grad_layers=stats["layers"], grad_log2_hist={
+            "low": HIST_LOW, "high": HIST_HIGH, "counts": w["hist"].tolist()})
+        return detail
+
+    def _check_clip(self, applied: float) -> None:
+        """Clipping scaled gradients leaves the optimizer a norm of clip / scale."""
+        clip, scale = self.step_fn.clip_grad, self.tracker.scale
+        if self.step_fn.clip_mode != "norm" or clip <= 0 or scale < 16 or not applied > 0:
+            return
+        if 0.5 < applied * scale / clip < 1.01:
+            self._signature(CLIP_BEFORE_UNSCALE, (
+                f"the optimizer got gradient norm {applied:.3g} = trainer.clip_grad / loss scale "
+                f"({clip:g} / {scale:g}): the clip acted on scaled gradients"))
+
+    def _signature(self, name: str, evidence: str) -> None:
+        if name not in self.signatures:
+            self.signatures[name] = evidence
+            self._warn(f"pitfall signature {name}: {evidence}")
+
+    def summary(self) -> dict[str, Any]:
+        """First non-finite step and module, scale events, signatures and warnings (a sync)."""
+        first_bad = int(self.first_bad)
+        phases = {p: self.probe.first[p].read() for p in ("forward", "backward")}
+        at_first = [v for v in phases.values() if v and v["step"] == first_bad]
+        culprit = at_first[0] if at_first else next((v for v in phases.values() if v), None)
+        return {
+            "mode": self.cfg.mode,
+            "nonfinite": {"first_step": first_bad if first_bad >= 0 else None,
+                          "module": culprit and culprit["module"],
+                          "phase": culprit and ("forward" if culprit is phases["forward"]
+                                                else "backward"),
+                          "dtype": culprit and culprit["dtype"],
+                          "max_abs": culprit and culprit["max_abs"],
+                          "attributed_step": culprit and culprit["step"], **phases},
+            "scale_events": self.tracker.events[-200:],  # the last 200 backoffs and growths
+            "signatures": dict(self.signatures),
+            "warnings": list(self.warnings),
+            "fp32_state_ok": HALF_STATE not in self.signatures,
+        }
+
+
+class DiagnosticsOff(StepObserver):
+    """diagnostics=off: the core counters only."""
+
+    def read(self, step: int) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {"mode": "off"}
+
+
+def attach_diagnostics(cfg: DiagnosticsConfig, step: TrainStep, scaler_cfg: ScalerConfig,
+                       dynamic: bool, log_every: int,
+                       out_dir: Path | None) -> Diagnostics | DiagnosticsOff:
+    """Build the observer for `diagnostics.mode` and hand it to the step."""
+    observer = (DiagnosticsOff() if cfg.mode == "off"
+                else Diagnostics(cfg, step, scaler_cfg, dynamic, log_every, out_dir))
+    step.diagnostics = observer
+    return observer
+
+
+def _order(value: float) -> float:
+    return math.inf if value != value else value  # nan sorts as the largest

@@ -1,0 +1,246 @@
+"""`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--out DIR]`.
+
+Automates the debugging flow of ../shared/AMP_PITFALLS.md §5 on the user's own config: short
+in-process probes with the same seed and data order — (1) the fp32 baseline, (2) autocast without
+a scaler, (3) autocast with the scaler, (4) bf16 where the device has it — compared with the
+baseline step by step. Prints a verdict table and ranked recommendations; writes doctor.json.
+`--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from amp_lab.config import ConfigError, register, validate
+from amp_lab.verdict import Advice, Probe, recommend, verdict
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# keys the doctor sets itself; the user's values for them are replaced per probe
+PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
+              "trainer.eval_every", "trainer.progress", "diagnostics", "diagnostics.mode",
+              "diagnostics.every", "hydra.run.dir")
+log = logging.getLogger("amp_lab.doctor")
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def compose_settings(overrides: list[str]):
+    """The typed settings `python -m amp_lab <overrides>` would run (ConfigError when bad)."""
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return validate(compose(config_name="config", overrides=overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(str(err).strip().splitlines()[0]) from err
+
+
+class Doctor:
+    """Runs the probes of one user config and collects what they saw."""
+
+    def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
+        self.user, self.steps, self.out = overrides, steps, out
+        self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
+        from amp_lab.train import Trainer  # torch and timm load only after the config parsed
+
+        Trainer(self.settings, out)  # builds (no files written): the user's own config is valid
+        self.low = "bf16" if self.settings.precision.name == "bf16" else "fp16"
+        kept = [o for o in overrides if _key(o) not in PROBE_KEYS]
+        self.common = [*kept, f"trainer.max_steps={steps}", "trainer.log_every=1",
+                       "trainer.eval_every=0", "trainer.progress=false", "diagnostics=full",
+                       "diagnostics.every=1"]
+
+    def plan(self) -> list[tuple[str, list[str]]]:
+        plan = [("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
+                ("autocast", [f"precision={self.low}", "scaler.enabled=false"]),
+                ("autocast+scaler", [f"precision={self.low}", "scaler.enabled=true"])]
+        if self.low != "bf16":
+            plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
+        return plan
+
+    def run_probe(self, name: str, extra: list[str]) -> Probe:
+        """A short in-process run; its files go to <out>/probes/<name>."""
+        from amp_lab.train import Trainer  # torch and timm load only when a probe runs
+
+        replaced = {_key(e) for e in extra}
+        probe = Probe(name, [*(o for o in self.common if _key(o) not in replaced), *extra])
+        try:
+            trainer = Trainer(compose_settings(probe.overrides), self.out / "probes" / name)
+        except ConfigError as err:
+            if name != "bf16":
+                raise
+            probe.unavailable = str(err)  # bf16 only where the device has it
+            return probe
+        with contextlib.redirect_stderr(io.StringIO()):  # the probe's own progress and table
+            probe.summary = trainer.fit()
+        rows = [json.loads(line) for line in
+                (trainer.out_dir / "metrics.jsonl").read_text().splitlines()]
+        probe.records = [r for r in rows if r["kind"] == "train"]
+        probe.losses = [r["train/loss"] for r in probe.records]
+        log.info("probe %s: %s", name, " ".join(extra))
+        return probe
+
+    def search_fp32(self, start: list[str], max_rounds: int = 6) -> dict[str, Any]:
+        """Greedy: add the module named by the forward attribution until a probe runs clean."""
+        extra = [f"precision={self.low}", "scaler.enabled=true"]
+        chosen, tried = list(start), []
+
+        def clean(modules: list[str]) -> bool:
+            name = f"search_{len(tried)}"
+            probe = self.run_probe(name, [*extra, f"precision.fp32_modules=[{','.join(modules)}]"])
+            forward = (probe.diag.get("nonfinite") or {}).get("forward")
+            tried.append({"fp32_modules": list(modules), "clean": not forward,
+                          "forward_nonfinite": forward})
+            return not forward and not probe.summary.get("diverged")
+
+        for _ in range(max_rounds):
+            if clean(chosen):
+                break
+            culprit = tried[-1]["forward_nonfinite"]
+            if culprit is None or culprit["module"] in chosen:
+                return {"found": False, "fp32_modules": chosen, "tried": tried}
+            chosen.append(culprit["module"])
+        else:
+            return {"found": False, "fp32_modules": chosen, "tried": tried}
+        for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
+            smaller = [m for m in chosen if m != module]
+            if clean(smaller):  # drop modules the others already cover
+                chosen = smaller
+        verified = clean(chosen)  # the verification rerun of the final set
+        return {"found": verified, "verified": verified, "fp32_modules": chosen, "tried": tried}
+
+
+def verdict_table(probes: dict[str, Probe]) -> Table:
+    """One row per probe: its verdict against the fp32 baseline and the numerics behind it."""
+    base = probes["fp32"]
+    table = Table(title="amp_lab doctor: probes vs the fp32 baseline")
+    for column in ["probe", "verdict", "loss first -> last", "vs fp32", "first non-finite",
+                   "skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"]:
+        table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
+    for name, p in probes.items():
+        if p.unavailable:
+            table.add_row(name, "unavailable", escape(p.unavailable), *[""] * 7)
+            continue
+        nf = (p.diag.get("nonfinite") or {})
+        where = (f"step {nf['first_step']}: {nf.get('module') or '?'} ({nf.get('phase')})"
+                 if nf.get("first_step") else "-")
+        ratio = p.mean("diag/update_ratio")
+        table.add_row(name, verdict(p, base), _fmt_curve(p), _fmt(p.deviation(base), "%"),
+                      where, f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
+                      f"{p.summary.get('final_loss_scale', 0):g}", _fmt(p.flushed, "%"),
+                      _fmt(p.would_flush, "%"),
+                      "-" if ratio is None else f"{ratio:.2e}")
+    return table
+
+
+def _fmt(value: float | None, kind: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.1%}" if kind == "%" else f"{value:.3g}"
+
+
+def _fmt_curve(p: Probe) -> str:
+    return f"{p.losses[0]:.4g} -> {p.losses[-1]:.4g}" if p.losses else "-"
+
+
+def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
+                 search: dict | None, user: list[str]) -> None:
+    console.print(verdict_table(probes))
+    if search:
+        state = "verified by a rerun" if search.get("verified") else "NOT found"
+        modules = ",".join(search["fp32_modules"])
+        console.print(escape(f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
+                             f"{len(search['tried'])} probe runs)"))
+    console.print("[bold]Recommendations[/bold] (most urgent first)")
+    for i, rec in enumerate(recs, 1):
+        console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
+        if rec["fix"]:
+            console.print(escape(f"   fix: {rec['fix']}"))
+        if rec["override"]:
+            new = rec["override"].split()
+            kept = [o for o in user if _key(o) not in {_key(n) for n in new}]
+            console.print(escape(f"   try: python -m amp_lab {' '.join(kept + new)}"),
+                          soft_wrap=True)  # one line: copy and paste it
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m amp_lab.doctor",
+        description="Probe your config in fp32, autocast without and with the loss scaler, and "
+                    "bf16; name what goes wrong numerically and the override to try.")
+    parser.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per probe (40)")
+    parser.add_argument("--search-fp32", action="store_true",
+                        help="greedily find modules to keep in fp32 that remove non-finite values")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default outputs/doctor/DATE/TIME)")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """All probes, the optional fp32 search, the report and doctor.json."""
+    if args.steps < 4:
+        raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
+    out = args.out or Path("outputs/doctor") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    doctor = Doctor(args.overrides, args.steps, out)
+    probes = {}
+    for name, extra in doctor.plan():
+        console.print(escape(f"probe {name}: {' '.join(extra)} ({args.steps} steps)"))
+        probes[name] = doctor.run_probe(name, extra)
+    s = doctor.settings
+    search = None
+    if args.search_fp32 and any((p.diag.get("nonfinite") or {}).get("forward")
+                                for p in probes.values() if p.name != "fp32"):
+        search = doctor.search_fp32(list(s.precision.fp32_modules))
+    advice = Advice(s.scaler.init_scale, s.scaler.growth_interval, s.lr.scale,
+                    s.lr.warmup_steps, args.steps, doctor.low)
+    recs = recommend(probes, advice, search["fp32_modules"] if search and search["found"]
+                     else None)
+    print_report(console, probes, recs, search, args.overrides)
+    report = {"overrides": args.overrides, "steps": args.steps, "output_dir": str(out),
+              "probes": {n: {"overrides": p.overrides, "verdict": verdict(p, probes["fp32"]),
+                             "unavailable": p.unavailable, "losses": p.losses,
+                             "deviation_from_fp32": p.deviation(probes["fp32"])
+                             if p.losses else None, "zero_grad_share": p.flushed,
+                             "fp16_flush_share_at_scale": p.would_flush,
+                             "skip_rate": p.skip_rate, "update_ratio": p.mean("diag/update_ratio"),
+                             "summary": p.summary} for n, p in probes.items()},
+              "recommendations": recs, "search_fp32": search}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "doctor.json").write_text(json.dumps(report, indent=2, default=str))
+    console.print(f"wrote {out / 'doctor.json'}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for name in ("amp_lab.train", "amp_lab.diagnostics"):  # probe warnings go to doctor.json
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        run(args, Console(width=None if sys.stdout.isatty() else 160))
+    except ConfigError as err:
+        print(f"amp_lab: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""How fp16 would hold the gradients: flushed-to-zero and subnormal shares, and a log2|g| histogram.
+
+fp16's smallest subnormal is 2^-24 (about 6e-8) and its smallest normal 2^-14 (about 6.1e-5):
+a gradient below 2^-24 flushes to zero, one below 2^-14 keeps only a few mantissa bits
+(../shared/AMP_PITFALLS.md §1). The shares are measured on the unscaled gradients as they are
+(scale 1) and multiplied by the current loss scale, per parameter tensor, all on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP16_MIN_SUBNORMAL = 2.0**-24  # below this, fp16 rounds to zero
+FP16_MIN_NORMAL = 2.0**-14  # below this, fp16 holds only subnormals (fewer mantissa bits)
+FP16_MAX = 65504.0  # largest finite fp16 value
+HIST_LOW, HIST_HIGH = -40, 24  # log2|g| histogram range: one bin per power of two
+STAT_NAMES = ("zero", "flush", "subnormal", "flush_scaled", "subnormal_scaled")
+
+
+def grad_stats(grads: list[torch.Tensor], scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per tensor counts [len(STAT_NAMES), n] and the log2|g| histogram; device tensors, no sync."""
+    flat = torch.cat([g.detach().reshape(-1).float() for g in grads]).abs_()
+    lengths = torch.tensor([g.numel() for g in grads], device=flat.device)
+    nonzero = flat > 0
+    scaled = flat * scale.float()
+
+    def per_tensor(mask: torch.Tensor) -> torch.Tensor:
+        return torch.segment_reduce(mask.float(), "sum", lengths=lengths)
+
+    counts = torch.stack([
+        per_tensor(~nonzero),
+        per_tensor(nonzero & (flat < FP16_MIN_SUBNORMAL)),
+        per_tensor((flat >= FP16_MIN_SUBNORMAL) & (flat < FP16_MIN_NORMAL)),
+        per_tensor(nonzero & (scaled < FP16_MIN_SUBNORMAL)),
+        per_tensor((scaled >= FP16_MIN_SUBNORMAL) & (scaled < FP16_MIN_NORMAL)),
+    ])
+    # log2(0) = -inf falls outside the range and is not counted: the histogram holds nonzero g
+    hist = torch.histc(torch.log2(flat), bins=HIST_HIGH - HIST_LOW, min=HIST_LOW, max=HIST_HIGH)
+    return counts, hist
+
+
+def summarize(counts: list[list[float]], sizes: list[int], names: list[str],
+              top: int) -> dict:
+    """Overall shares plus the `top` tensors with the largest flushed share (host values)."""
+    total = float(sum(sizes)) or 1.0
+    overall = {f"grad_{name}_share": sum(row) / total for name, row in zip(STAT_NAMES, counts)}
+    flushed = [(counts[0][i] + counts[3][i]) / max(1, n) for i, n in enumerate(sizes)]
+    worst = sorted(range(len(names)), key=lambda i: -flushed[i])[:top]
+    layers = {names[i]: {name: counts[k][i] / max(1, sizes[i]) for k, name in
+                         enumerate(STAT_NAMES)} for i in worst}
+    return {"overall": overall, "layers": layers}

@@ -1,0 +1,144 @@
+"""Per-module max |x| of activations and input-gradients, and the first module to go non-finite.
+
+While attached, a forward hook on every named module records max |output| and puts a tensor hook
+on its inputs that records max |input-gradient| during backward. Every value stays a device
+tensor; `end_step` stacks a step's values in call order and keeps, per phase, a device-side
+snapshot of the first step that held an inf/nan. The host reads it only when asked (log steps).
+Assumes the same modules run in the same order every step (true for timm's image models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+INF = float("inf")
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Floating tensors inside a module's output or inputs (tuples and lists one level deep)."""
+    items = value if isinstance(value, (tuple, list)) else [value]
+    return [t for t in items if torch.is_tensor(t) and t.is_floating_point() and t.numel() > 0]
+
+
+def _max_abs(t: torch.Tensor) -> torch.Tensor:
+    # one kernel: the inf-norm is max |x|, accumulated in fp32; inf and nan propagate
+    return torch.linalg.vector_norm(t.detach(), INF, dtype=torch.float32)
+
+
+@dataclass
+class FirstNonFinite:
+    """Device-side record of the first step at which some value of a phase was inf/nan."""
+
+    device: torch.device
+    step: torch.Tensor = field(init=False)  # device scalar: -1 until captured
+    index: torch.Tensor = field(init=False)  # the first non-finite call of that step
+    value: torch.Tensor = field(init=False)  # its max |x| (inf or nan)
+    history: list[tuple[int, list]] = field(default_factory=list)  # (from step, call names)
+
+    def __post_init__(self) -> None:
+        self.step = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.index = torch.zeros((), dtype=torch.long, device=self.device)
+        self.value = torch.zeros((), device=self.device)
+
+    def update(self, values: torch.Tensor, names: list[tuple[str, str]], step: int) -> None:
+        bad = ~torch.isfinite(values)
+        new = (self.step < 0) & bad.any()
+        first = bad.int().argmax()  # the first True, in call order
+        self.index = torch.where(new, first, self.index)
+        self.value = torch.where(new, values[first], self.value)
+        self.step.masked_fill_(new, step)
+        if not self.history or self.history[-1][1] != names:  # host lists, compared on host
+            self.history.append((step, names))
+
+    def read(self) -> dict[str, Any] | None:
+        """Host copy (a sync): the first call of that step whose value was inf/nan."""
+        step = int(self.step)
+        if step < 0:
+            return None
+        names = next(n for s, n in reversed(self.history) if s <= step)
+        name, dtype = names[int(self.index)]
+        return {"step": step, "module": name, "dtype": dtype, "max_abs": float(self.value)}
+
+
+class ModuleProbe:
+    """Hooks on every named module; attach() for the steps to watch, detach() after."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.modules = [(name, m) for name, m in model.named_modules() if name]
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.calls: dict[str, list] = {"forward": [], "backward": []}
+        self.first = {phase: FirstNonFinite(device) for phase in self.calls}
+        # id(input) -> (input, [its latest reader]); the reference keeps the id from reuse
+        self.grad_owner: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        self.act_max: torch.Tensor | None = None  # per forward call, max over watched steps
+        self.act_names: list[tuple[str, str]] = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.handles)
+
+    def attach(self) -> None:
+        if not self.handles:
+            self.handles = [m.register_forward_hook(self._forward_hook(name))
+                            for name, m in self.modules]
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _forward_hook(self, name: str):
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if not module.training:
+                return  # evaluation passes are not training steps
+            for t in _tensors(output)[:1]:
+                self.calls["forward"].append((_max_abs(t), name, str(t.dtype)))
+            if torch.is_grad_enabled():
+                for t in _tensors(args):
+                    if not t.requires_grad:
+                        continue
+                    # a tensor read by several modules (identity layers pass it on): its
+                    # gradient is named after the last reader, the first one backward reaches
+                    if id(t) in self.grad_owner:
+                        self.grad_owner[id(t)][1][0] = name
+                    else:
+                        owner = [name]
+                        self.grad_owner[id(t)] = (t, owner)
+                        t.register_hook(self._grad_hook(owner))
+
+        return hook
+
+    def _grad_hook(self, owner: list[str]):
+        def hook(grad: torch.Tensor) -> None:
+            self.calls["backward"].append((_max_abs(grad), owner[0], str(grad.dtype)))
+
+        return hook
+
+    def end_step(self, step: int) -> None:
+        """Stack this step's values (device ops only) and update the first-non-finite records."""
+        self.grad_owner.clear()
+        for phase, calls in self.calls.items():
+            if not calls:
+                continue
+            values = torch.stack([c[0] for c in calls])
+            names = [(c[1], c[2].replace("torch.", "")) for c in calls]
+            self.first[phase].update(values, names, step)
+            if phase == "forward":
+                same = self.act_max is not None and self.act_max.shape == values.shape
+                self.act_max = torch.maximum(self.act_max, values) if same else values
+                self.act_names = names
+            calls.clear()
+
+    def read_activations(self) -> dict[str, tuple[float, str]]:
+        """Max |activation| per module over the watched steps since the last read (a sync)."""
+        if self.act_max is None:
+            return {}
+        result: dict[str, tuple[float, str]] = {}
+        for value, (name, dtype) in zip(self.act_max.tolist(), self.act_names):
+            if name not in result or not value <= result[name][0]:  # nan wins
+                result[name] = (value, dtype)
+        self.act_max = None
+        return result

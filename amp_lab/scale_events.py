@@ -1,0 +1,76 @@
+"""Loss-scale events read from a log window: backoffs, growths, skip-rate warnings, misuse.
+
+The step records the scale after each optimizer step and whether it skipped, on the device;
+at a log step these host lists are turned into events. Two signatures of GradScaler misuse
+(../shared/AMP_PITFALLS.md §2) show up here: a skipped step without a backoff (update() never
+called) and a scale that moves by more than one factor per optimizer step, or grows sooner than
+growth_interval allows (update() called per micro-batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from amp_lab.config import ScalerConfig
+
+NO_UPDATE = "no_scaler_update"
+MULTI_UPDATE = "update_every_microbatch"
+
+
+@dataclass
+class ScaleTracker:
+    """Host-side history of the loss scale, fed one window at a time."""
+
+    cfg: ScalerConfig
+    dynamic: bool  # a dynamic GradScaler: every skip must back off
+    scale: float  # the scale before the next window's first step
+    events: list[dict] = field(default_factory=list)  # every backoff and growth
+    signatures: dict[str, str] = field(default_factory=dict)  # misuse name -> evidence
+    last_growth: int | None = None
+
+    def _ratio_ok(self, ratio: float) -> bool:
+        allowed = (1.0, self.cfg.growth_factor, self.cfg.backoff_factor)
+        return any(math.isclose(ratio, r, rel_tol=1e-6) for r in allowed)
+
+    def _check_growth(self, step: int) -> None:
+        if self.last_growth is not None and step - self.last_growth < self.cfg.growth_interval:
+            self.signatures.setdefault(MULTI_UPDATE, (
+                f"the scale grew at steps {self.last_growth} and {step}, sooner than "
+                f"scaler.growth_interval={self.cfg.growth_interval} allows"))
+        self.last_growth = step
+
+    def feed(self, first_step: int, scales: list[float], skipped: list[float]) -> list[dict]:
+        """Add a window (scale after each step, 1.0 where it skipped); returns its events."""
+        window = []
+        for step, (scale, skip) in enumerate(zip(scales, skipped), start=first_step):
+            old, self.scale = self.scale, scale
+            if scale != old:
+                event = {"step": step, "kind": "backoff" if scale < old else "growth",
+                         "from": old, "to": scale}
+                window.append(event)
+                if scale > old:
+                    self._check_growth(step)
+                if old > 0 and not self._ratio_ok(scale / old):
+                    self.signatures.setdefault(MULTI_UPDATE, (
+                        f"step {step}: the scale went {old:g} -> {scale:g} in one optimizer "
+                        "step, more than one growth_factor/backoff_factor"))
+            if self.dynamic and skip and scale == old:
+                self.signatures.setdefault(NO_UPDATE, (
+                    f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}"))
+        self.events += window
+        return window
+
+    def skip_warning(self, first_step: int, skipped: list[float], window: list[dict],
+                     threshold: float) -> str | None:
+        """A sentence when the window's skip rate passes the threshold, else None."""
+        n_skip, n = int(sum(skipped)), len(skipped)
+        if not n or n_skip / n <= threshold:
+            return None
+        last = first_step + n - 1
+        first_skip = first_step + next(i for i, s in enumerate(skipped) if s)
+        moved = (f"loss scale {window[0]['from']:g} -> {window[-1]['to']:g} "
+                 f"({sum(e['kind'] == 'backoff' for e in window)} backoffs)"
+                 if window else f"loss scale stayed at {self.scale:g}")
+        return (f"steps {first_step}-{last}: {n_skip}/{n} steps skipped ({n_skip / n:.0%} > "
+                f"diagnostics.skip_warn_rate={threshold:g}), first at step {first_skip}; {moved}")

@@ -1,0 +1,165 @@
+"""Numerics telemetry on real configs: attribution, scale events, underflow, the pitfall lab."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run_cli, settings
+
+from amp_lab.config import ConfigError
+from amp_lab.train import Trainer
+
+# smaller than FAST: CPU fp16 is slow, and these tests run many short trainings
+TINY = ["data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
+        "+model.kwargs.depth=1"]
+SYNCS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
+
+
+def _fit(tmp_path, *overrides: str) -> tuple[dict, list[dict]]:
+    summary = Trainer(settings(*TINY, *overrides), tmp_path).fit()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return summary, [r for r in rows if r["kind"] == "train"]
+
+
+def _batch(trainer: Trainer, n: int = 8):
+    images, labels = trainer.data.train.tensors
+    return images[:n], labels[:n]
+
+
+@pytest.mark.parametrize("extra", [[], ["fault.inf_grad_at_step=2"]])
+def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatch, extra):
+    """Count every host read of a tensor; only log steps (4, 8) may have any."""
+    trainer = Trainer(settings(*TINY, "precision=fp16", "trainer.log_every=4",
+                               "trainer.max_steps=8", *extra), tmp_path)
+    assert trainer.settings.diagnostics.mode == "light"  # the default
+    current, calls = {"step": 0}, {}
+    for name in SYNCS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.setdefault(current["step"], []).append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    step_call = type(trainer.train_step).__call__
+
+    def step(self, micro_batches):
+        current["step"] += 1
+        return step_call(self, micro_batches)
+
+    monkeypatch.setattr(type(trainer.train_step), "__call__", step)
+    summary = trainer.fit()
+    monkeypatch.undo()
+    assert summary["steps"] == 8 and calls.get(4) and calls.get(8)  # the counting works
+    assert {s: c for s, c in calls.items() if s not in (0, 4, 8)} == {}
+    if extra:  # the arming path ran too: the fault was seen, exactly at its step
+        assert summary["diagnostics"]["nonfinite"]["first_step"] == 2
+
+
+def test_inf_gradient_is_attributed_and_the_backoff_logged(tmp_path):
+    summary, train = _fit(tmp_path, "precision=fp16", "fault.inf_grad_at_step=3",
+                          "diagnostics=full", "trainer.log_every=2")
+    nonfinite = summary["diagnostics"]["nonfinite"]
+    assert nonfinite["first_step"] == 3 and nonfinite["attributed_step"] == 3
+    assert nonfinite["module"] == "head" and nonfinite["phase"] == "backward"
+    assert summary["diagnostics"]["scale_events"][0] == {
+        "step": 3, "kind": "backoff", "from": 65536.0, "to": 32768.0}
+    assert [r["amp/backoffs"] for r in train] == [0, 1, 0]
+    assert train[-1]["diag/first_nonfinite_step"] == 3
+    detail = [json.loads(x) for x in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
+    hist = detail[0]["grad_log2_hist"]
+    assert len(hist["counts"]) == hist["high"] - hist["low"] and sum(hist["counts"]) > 1000
+    assert all(v["max_abs"] < 65504 for v in detail[0]["activations"].values())
+    assert 0 <= train[0]["diag/grad_flush_share"] <= 1 and train[0]["diag/act_max"] > 0
+    assert summary["diagnostics"]["fp32_state_ok"] is True
+
+
+def test_overflowing_module_is_named_in_light_mode(tmp_path):
+    summary, _ = _fit(tmp_path, "precision=fp16", "fault.overflow_module=blocks.0.mlp.fc2",
+                      "fault.overflow_factor=1e6")
+    nonfinite = summary["diagnostics"]["nonfinite"]
+    assert nonfinite["forward"]["module"] == "blocks.0.mlp.fc2"
+    assert nonfinite["forward"]["dtype"] == "float16"
+    assert nonfinite["forward"]["max_abs"] == float("inf")
+    assert nonfinite["first_step"] == 1  # exact even though light mode attributes later
+    assert summary["skipped_steps"] == summary["steps"]
+
+
+def test_skip_warning_and_no_scaler_update_signature(tmp_path):
+    common = ["precision=fp16", "scaler.init_scale=1e12", "trainer.log_every=4",
+              "trainer.max_steps=4"]
+    right, _ = _fit(tmp_path / "right", *common)
+    wrong, _ = _fit(tmp_path / "wrong", *common, "pitfall=no_scaler_update")
+    assert right["final_loss_scale"] == pytest.approx(1e12 / 16)  # backs off on each overflow
+    assert "steps 1-4: 4/4 steps skipped" in right["diagnostics"]["warnings"][0]
+    assert "no_scaler_update" not in right["diagnostics"]["signatures"]
+    assert wrong["final_loss_scale"] == pytest.approx(1e12)  # never moves
+    assert wrong["skipped_steps"] == 4
+    assert "no_scaler_update" in wrong["diagnostics"]["signatures"]
+
+
+def test_update_every_microbatch_is_named(tmp_path):
+    summary, _ = _fit(tmp_path, "precision=fp16", "pitfall=update_every_microbatch",
+                      "trainer.grad_accum=4", "scaler.init_scale=256",
+                      "scaler.growth_interval=2", "trainer.max_steps=2")
+    assert "update_every_microbatch" in summary["diagnostics"]["signatures"]
+    assert summary["final_loss_scale"] > 256 * 2  # grew faster than once per step allows
+
+
+def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
+    common = ["optim=sgd", "optim.momentum=0", "optim.weight_decay=0", "lr.base=1.0",
+              "lr.schedule=constant", "trainer.clip_grad=0.05", "diagnostics.every=1"]
+    moves = {}
+    for name, extra in [("ref", []), ("wrong", ["pitfall=clip_before_unscale"])]:
+        trainer = Trainer(settings(*TINY, "precision=fp16", *common, *extra), tmp_path / name)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.train_step([_batch(trainer)])
+        moves[name] = torch.sqrt(sum(((a - p.detach()) ** 2).sum() for a, p in
+                                     zip(before, trainer.model.parameters()))).item()
+        (tmp_path / name).mkdir()
+        trainer.diagnostics.read(1)
+        signatures = trainer.diagnostics.signatures
+        assert ("clip_before_unscale" in signatures) == (name == "wrong")
+    assert moves["ref"] == pytest.approx(0.05, rel=1e-3)
+    assert moves["wrong"] / moves["ref"] == pytest.approx(1 / 65536, rel=0.05)
+
+
+def test_half_model_fires_the_fp32_state_check(tmp_path):
+    summary, _ = _fit(tmp_path, "precision=fp16", "pitfall=half_model", "trainer.max_steps=2")
+    diag = summary["diagnostics"]
+    assert diag["fp32_state_ok"] is False and "half_model" in diag["signatures"]
+    assert "float16" in diag["signatures"]["half_model"]
+    assert diag["warnings"][0].startswith("fp32-state check")
+
+
+def test_loss_in_low_precision_overflows_the_scaled_loss(tmp_path):
+    summary, train = _fit(tmp_path, "precision=fp16", "pitfall=loss_in_low_precision",
+                          "trainer.max_steps=4", "trainer.log_every=4")
+    assert "loss_in_low_precision" in summary["diagnostics"]["signatures"]
+    # the backward enters the fp16 loss with the scale, 65536 > 65504: the first step overflows
+    assert summary["diagnostics"]["scale_events"][0]["step"] == 1
+    assert summary["diagnostics"]["nonfinite"]["first_step"] == 1
+
+
+def test_fp32_modules_run_in_fp32_under_autocast(tmp_path):
+    trainer = Trainer(settings(*TINY, "precision=fp16", "precision.fp32_modules=[head,*norm1]"),
+                      tmp_path)
+    dtypes = {}
+    for name, module in trainer.model.named_modules():
+        module.register_forward_hook(
+            lambda m, a, out, name=name: dtypes.__setitem__(name, out.dtype))
+    trainer.train_step([_batch(trainer)])
+    assert dtypes["head"] == dtypes["blocks.0.norm1"] == torch.float32
+    assert dtypes["blocks.0.mlp.fc1"] == torch.float16  # the rest stays in autocast
+    with pytest.raises(ConfigError, match=r"fp32_modules: 'haed' matches no module.*head"):
+        Trainer(settings(*TINY, "precision.fp32_modules=[haed]"), tmp_path / "bad")
+
+
+def test_fp32_modules_from_the_command_line(tmp_path):
+    bad = run_cli("model=test_vit", *TINY, "trainer.device=cpu", "hydra.run.dir=run",
+                  "precision.fp32_modules=[nothing_like_this]", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        "amp_lab: error: precision.fp32_modules: 'nothing_like_this' matches no module")

@@ -1,0 +1,77 @@
+"""`python -m amp_lab.doctor` on pitfalls and faults: each signature found, named, and fixed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from amp_lab.doctor import main
+
+TINY = ["model=test_vit", "data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
+        "+model.kwargs.depth=1", "trainer.device=cpu"]
+
+
+def _doctor(tmp_path, capsys, *args: str) -> tuple[dict, str]:
+    assert main([*TINY, *args, "--out", str(tmp_path)]) == 0
+    return json.loads((tmp_path / "doctor.json").read_text()), capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_underflow_without_scaler_stalls_and_the_scaler_is_recommended(tmp_path, capsys):
+    report, out = _doctor(tmp_path, capsys, "precision=fp16_noscale", "lr.base=1e-2",
+                          "fault.loss_multiplier=1e-6", "--steps", "12")
+    probes = report["probes"]
+    assert probes["autocast"]["zero_grad_share"] > 0.9  # most gradients flushed to zero
+    assert probes["autocast"]["verdict"] == "stalls"
+    assert probes["autocast+scaler"]["verdict"] == "ok"  # fp16 with the scaler trains
+    losses = probes["autocast+scaler"]["losses"]
+    assert sum(losses[-4:]) < 0.95 * sum(losses[:4])
+    top = report["recommendations"][0]
+    assert top["problem"] == "gradients underflow without loss scaling"
+    assert top["override"] == "precision=fp16"
+    assert "lr.base=1e-2 fault.loss_multiplier=1e-6 precision=fp16\n" in out  # the user's line
+    assert "amp_lab doctor: probes vs the fp32 baseline" in out
+
+
+@pytest.mark.slow
+def test_overflowing_module_is_named_and_the_fp32_search_proposes_it(tmp_path, capsys):
+    culprit = "blocks.0.mlp.fc2"
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", f"fault.overflow_module={culprit}",
+                          "--steps", "4", "--search-fp32")
+    nonfinite = report["probes"]["autocast+scaler"]["summary"]["diagnostics"]["nonfinite"]
+    assert nonfinite["module"] == culprit and nonfinite["phase"] == "forward"
+    assert nonfinite["first_step"] == 1
+    search = report["search_fp32"]
+    assert search["verified"] is True and search["fp32_modules"] == [culprit]
+    assert search["tried"][-1] == {"fp32_modules": [culprit], "clean": True,
+                                   "forward_nonfinite": None}  # the verification rerun
+    assert report["recommendations"][0]["override"] == f"precision.fp32_modules=[{culprit}]"
+    assert f"precision.fp32_modules=[{culprit}]" in out
+    assert report["probes"]["bf16"]["verdict"] == "ok"
+
+
+@pytest.mark.slow
+def test_clip_before_unscale_is_named_with_the_fix(tmp_path, capsys):
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", "pitfall=clip_before_unscale",
+                          "trainer.clip_grad=1.0", "--steps", "4")
+    top = report["recommendations"][0]
+    assert top["problem"] == "gradients are clipped while still scaled"
+    assert top["fix"].startswith("unscale before clipping")
+    assert "clip_before_unscale" in report["probes"]["autocast+scaler"]["summary"][
+        "diagnostics"]["signatures"]
+    assert "clip_before_unscale" not in report["probes"]["fp32"]["summary"]["diagnostics"][
+        "signatures"]  # the baseline runs the correct step
+    assert "unscale before clipping" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["precision=fp99"], "amp_lab: error: "),
+    (["trainer.no_such_key=1"], "amp_lab: error: "),
+    (["--steps", "2"], "amp_lab: error: --steps=2 is too short"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, args, message):
+    assert main([*TINY, *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message)
+    assert not (tmp_path / "out").exists()  # nothing written
