@@ -94,6 +94,7 @@ class Trainer:
         t = settings.trainer
         seed_everything(t.seed)
         self.device = resolve_device(t.device)
+        torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device)
         self.data = build_data(settings.data, t.seed, self.device)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
