@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--compile", choices=["off", "on", "both"], help="torch.compile in the throughput table "
         "(default: off on CPU, both on CUDA)")
     add("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add("--threads", type=int, help="torch CPU threads (default: torch's); on a shared CPU, 1 "
+        "spares the two loops from fighting other processes for cores")
     add("--override", nargs="+", default=[], metavar="KEY=VALUE",
         help="extra config overrides for every run, e.g. trainer.log_every=5")
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
@@ -154,6 +156,7 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
     rows: list[ThroughputRow] = []
     errors: list[dict[str, Any]] = []
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    flops: dict[str, int] = {}  # per model: counted once, the same in every precision
     for model in args.models:
         for compiled in compiles:
             for precision in args.precisions:
@@ -162,7 +165,9 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
                     f"trainer.max_steps={args.warmup + 2 * args.steps}"))
                 trainer = Trainer(settings, args.out / "runs" / "throughput")
                 try:
-                    rows.append(measure_throughput(trainer, args.warmup, args.steps))
+                    rows.append(measure_throughput(trainer, args.warmup, args.steps,
+                                                   flops.get(model)))
+                    flops[model] = rows[-1].flops_per_step
                     outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
                 except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
                     outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
@@ -179,6 +184,8 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     register()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         device = resolve_device(args.device)
         for key, value in DEFAULTS[device.type].items():
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [p for p in args.precisions if p not in PRECISION_MODES]
         if unknown:
             raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
-        env = environment(device)
+        env = environment(device, sys.argv[1:] if argv is None else argv)
         state: dict[str, Any] = {"overhead": [], "rows": [], "errors": []}
 
         def report(**update: Any) -> None:

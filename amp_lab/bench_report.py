@@ -7,7 +7,6 @@ import math
 import os
 import platform
 import shlex
-import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,11 +20,11 @@ from amp_lab.bench_throughput import ThroughputRow
 from amp_lab.flops import device_name
 
 
-def environment(device: torch.device) -> dict[str, Any]:
-    """Date, machine and versions: what a reader needs to trust or repeat a figure."""
+def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:
+    """Date, machine, versions and the exact command: what a reader needs to trust a figure."""
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python -m amp_lab.bench", *map(shlex.quote, sys.argv[1:])]),
+        "command": " ".join(["python -m amp_lab.bench", *map(shlex.quote, argv)]),
         "device": device_name(device),
         "device_type": device.type,
         "cpu_count": os.cpu_count(),

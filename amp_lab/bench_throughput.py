@@ -84,8 +84,10 @@ def phase_times(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> 
     return [total / steps for total in totals]
 
 
-def measure_throughput(trainer: Trainer, warmup: int, steps: int) -> ThroughputRow:
-    """Warm up, time `steps` real steps, then the phase split, peak memory and FLOPs."""
+def measure_throughput(trainer: Trainer, warmup: int, steps: int,
+                       flops: int | None = None) -> ThroughputRow:
+    """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
+    as they do not depend on the precision) the FLOPs of a step."""
     stream = batch_stream(trainer)
     for _ in range(warmup):
         trainer.train_step(next(stream))
@@ -99,8 +101,10 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int) -> ThroughputR
     step_s = (time.perf_counter() - start) / steps
     forward_s, backward_s, optimizer_s = phase_times(trainer, stream, max(2, steps // 4))
     memory = peak_memory_mb(trainer.device)
-    images, labels = next(stream)[0]
-    flops = train_step_flops(trainer.model, images, labels) * trainer.settings.trainer.grad_accum
+    if flops is None:
+        images, labels = next(stream)[0]
+        flops = train_step_flops(trainer.model, images, labels)
+        flops *= trainer.settings.trainer.grad_accum
     s = trainer.settings
     peak = peak_flops(trainer.device, compute_dtype(trainer.policy.mode))
     return ThroughputRow(
