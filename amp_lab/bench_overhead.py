@@ -74,46 +74,59 @@ class BareLoop:
             self.scaler.update()
 
 
+def _clocks(device: torch.device) -> tuple[float, float]:
+    """Wall time and this process's CPU time, after the device has finished its work."""
+    synchronize(device)
+    return time.perf_counter(), time.process_time()
+
+
 class AlternatingSink(Sink):
-    """Closes an amp_lab round at every `steps`-th train record, then times one bare round."""
+    """Closes an amp_lab round at every `steps`-th train record, then times one bare round.
+
+    Each round is timed on the wall clock and in process CPU time. On a CPU device the CPU time
+    is the steadier measure when other processes share the cores: it counts only this process's
+    work. On a GPU the wall clock is the one that matters.
+    """
 
     def __init__(self, bare: BareLoop, steps: int, device: torch.device) -> None:
         self.bare, self.steps, self.device = bare, steps, device
-        self.amp_s: list[float] = []
-        self.bare_s: list[float] = []
-        self.mark = 0.0
+        self.amp: list[tuple[float, float]] = []  # (wall s, CPU s) per round
+        self.bare_rounds: list[tuple[float, float]] = []
+        self.mark = (0.0, 0.0)
 
     def start(self, info: dict[str, Any]) -> None:
         self.bare.run(self.steps)  # the bare loop's own warm-up (allocator, autotuning, compile)
-        synchronize(self.device)
-        self.mark = time.perf_counter()
+        self.mark = _clocks(self.device)
 
     def log(self, record: dict[str, Any]) -> None:
         if record.get("kind") != "train" or record["step"] % self.steps:
             return
-        synchronize(self.device)
-        now = time.perf_counter()
-        self.amp_s.append(now - self.mark)
+        now = _clocks(self.device)
+        self.amp.append((now[0] - self.mark[0], now[1] - self.mark[1]))
         self.bare.run(self.steps)
-        synchronize(self.device)
-        self.mark = time.perf_counter()
-        self.bare_s.append(self.mark - now)
+        self.mark = _clocks(self.device)
+        self.bare_rounds.append((self.mark[0] - now[0], self.mark[1] - now[1]))
 
 
 @dataclass
 class OverheadResult:
-    """Per-round wall times of both loops and the median of their ratios."""
+    """Per-round times of both loops and the medians of their ratios."""
 
     variant: str
     precision: str
     steps_per_round: int
-    amp_lab_ms: list[float] = field(default_factory=list)  # mean step time per timed round
+    amp_lab_ms: list[float] = field(default_factory=list)  # wall ms per step, per timed round
     bare_ms: list[float] = field(default_factory=list)
-    ratios: list[float] = field(default_factory=list)  # amp_lab / bare, round by round
+    ratios: list[float] = field(default_factory=list)  # amp_lab / bare wall time, per round
+    cpu_ratios: list[float] = field(default_factory=list)  # the same in process CPU time
 
     @property
     def median_ratio(self) -> float:
         return statistics.median(self.ratios)
+
+    @property
+    def median_cpu_ratio(self) -> float:
+        return statistics.median(self.cpu_ratios)
 
 
 def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
@@ -121,10 +134,12 @@ def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
     """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
     trainer.fit()
     result = OverheadResult(variant, trainer.policy.mode.name, sink.steps)
-    for amp_s, bare_s in list(zip(sink.amp_s, sink.bare_s))[warmup_rounds:]:
+    for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, sink.bare_rounds))[
+            warmup_rounds:]:
         result.amp_lab_ms.append(1000 * amp_s / sink.steps)
         result.bare_ms.append(1000 * bare_s / sink.steps)
         result.ratios.append(amp_s / bare_s)
+        result.cpu_ratios.append(amp_cpu / bare_cpu)
     if not result.ratios:
         raise RuntimeError(f"overhead run {variant}/{result.precision} timed no round")
     return result

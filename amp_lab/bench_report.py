@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,12 +51,11 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def overhead_table(results: list[OverheadResult]) -> str:
     lines = ["| variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
-             "min | max | rounds |", "|---|---|---|---|---|---|---|---|"]
+             "min | max | CPU-time ratio | rounds |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        amp_ms = sorted(r.amp_lab_ms)[len(r.amp_lab_ms) // 2]
-        bare_ms = sorted(r.bare_ms)[len(r.bare_ms) // 2]
-        lines.append(f"| {r.variant} | {r.precision} | {amp_ms:.2f} | {bare_ms:.2f} | "
-                     f"**{r.median_ratio:.3f}** | {min(r.ratios):.3f} | {max(r.ratios):.3f} | "
+        lines.append(f"| {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
+                     f"{statistics.median(r.bare_ms):.2f} | **{r.median_ratio:.3f}** | "
+                     f"{min(r.ratios):.3f} | {max(r.ratios):.3f} | {r.median_cpu_ratio:.3f} | "
                      f"{len(r.ratios)} |")
     return "\n".join(lines)
 
@@ -83,7 +83,8 @@ def write_report(out_dir: Path, env: dict[str, Any], overhead: list[OverheadResu
     """Write bench.json and bench.md (atomically, so a reader never sees half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"environment": env,
-            "overhead": [{**asdict(r), "median_ratio": r.median_ratio} for r in overhead],
+            "overhead": [{**asdict(r), "median_ratio": r.median_ratio,
+                          "median_cpu_ratio": r.median_cpu_ratio} for r in overhead],
             "throughput": [asdict(r) for r in rows], "throughput_errors": errors}
     header = [f"# amp_lab benchmark — {env['date']}", "",
               f"- device: {env['device']} ({env['device_type']}), torch {env['torch']}, "
@@ -93,7 +94,8 @@ def write_report(out_dir: Path, env: dict[str, Any], overhead: list[OverheadResu
               f"- command: `{env['command']}`", ""]
     parts = header
     if overhead:
-        parts += ["## Overhead: amp_lab step / bare loop (median of rounds)", "",
+        parts += ["## Overhead: amp_lab step / bare loop (median of rounds; wall time, and "
+                  "process CPU time)", "",
                   overhead_table(overhead), ""]
     if rows or errors:
         parts += ["## Throughput", "", throughput_table(rows, errors), ""]

@@ -57,7 +57,8 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     for row in overhead:
         assert len(row["ratios"]) == 1 and all(map(_positive, row["ratios"]))
         assert all(map(_positive, row["amp_lab_ms"] + row["bare_ms"]))
-        assert _positive(row["median_ratio"])
+        assert all(map(_positive, row["cpu_ratios"])) and len(row["cpu_ratios"]) == 1
+        assert _positive(row["median_ratio"]) and _positive(row["median_cpu_ratio"])
     rows = data["throughput"]
     assert [(r["model"], r["precision"], r["compile"]) for r in rows] == [
         ("test_vit", "fp32", False), ("test_vit", "bf16", False)]
@@ -76,7 +77,8 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     md = (out / "bench.md").read_text()
     env = json.loads((out / "bench.json").read_text())["environment"]
     assert env["date"] in md and env["device"] in md and f"`{env['command']}`" in md
-    assert "| variant | precision | amp_lab ms/step | bare ms/step | median ratio |" in md
+    assert ("| variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | max "
+            "| CPU-time ratio | rounds |") in md
     assert "| trainer.clip_grad=1.0 | bf16 |" in md
     assert "| model | precision | compile | channels_last | batch | samples/s |" in md
     assert "| test_vit | bf16 | off | off | 8 |" in md
