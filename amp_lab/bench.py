@@ -115,9 +115,10 @@ def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str
             "trainer.progress=false", *extra, *args.override]
 
 
-def _release(device: torch.device) -> None:
+def _release(device: torch.device, compiled: bool) -> None:
     gc.collect()
-    torch._dynamo.reset()  # compiled graphs of the last configuration are not reused
+    if compiled:
+        torch._dynamo.reset()  # the next configuration compiles afresh, within dynamo's limits
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -130,9 +131,11 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
     for variant in args.variants:
         for precision in args.precisions:
             extra = [] if variant == "default" else variant.split()
+            # evaluation only after the end; a constant LR, as the bare loop has (the schedule
+            # still steps every step), so both loops take the same optimizer steps
             settings = compose_settings(_overrides(
                 args, args.models[0], precision, f"trainer.max_steps={total}",
-                f"trainer.eval_every={total + 1}", *extra))  # evaluation only after the end
+                f"trainer.eval_every={total + 1}", "lr.schedule=constant", *extra))
             if args.steps % settings.trainer.log_every:
                 raise ConfigError(f"--steps {args.steps} must be a multiple of "
                                   f"trainer.log_every={settings.trainer.log_every}")
@@ -146,7 +149,7 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
             print(f"overhead {variant} {precision}: median ratio "
                   f"{results[-1].median_ratio:.3f}", file=sys.stderr)
             del trainer, sink
-            _release(device)
+            _release(device, settings.trainer.compile)
             report(overhead=results)
     return results
 
@@ -174,7 +177,7 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
                     errors.append({"model": model, "precision": precision, "compile": compiled,
                                    "error": outcome})
                 del trainer
-                _release(device)
+                _release(device, compiled)
                 fill_speedups(rows)
                 report(rows=rows, errors=errors)
                 print(f"throughput {model} {precision} compile={compiled}: {outcome}",

@@ -83,6 +83,10 @@ def _clocks(device: torch.device) -> tuple[float, float]:
 class AlternatingSink(Sink):
     """Closes an amp_lab round at every `steps`-th train record, then times one bare round.
 
+    Bare rounds bracket every amp_lab round (one more runs before the first), so each amp_lab
+    round is compared with the mean of the bare rounds just before and just after it: a load
+    that drifts during the pair cancels out.
+
     Each round is timed on the wall clock and in process CPU time. On a CPU device the CPU time
     is the steadier measure when other processes share the cores: it counts only this process's
     work. On a GPU the wall clock is the one that matters.
@@ -96,7 +100,10 @@ class AlternatingSink(Sink):
 
     def start(self, info: dict[str, Any]) -> None:
         self.bare.run(self.steps)  # the bare loop's own warm-up (allocator, autotuning, compile)
+        before = _clocks(self.device)
+        self.bare.run(self.steps)  # the bare round before the first amp_lab round
         self.mark = _clocks(self.device)
+        self.bare_rounds.append((self.mark[0] - before[0], self.mark[1] - before[1]))
 
     def log(self, record: dict[str, Any]) -> None:
         if record.get("kind") != "train" or record["step"] % self.steps:
@@ -116,7 +123,7 @@ class OverheadResult:
     precision: str
     steps_per_round: int
     amp_lab_ms: list[float] = field(default_factory=list)  # wall ms per step, per timed round
-    bare_ms: list[float] = field(default_factory=list)
+    bare_ms: list[float] = field(default_factory=list)  # mean of the two bare rounds around it
     ratios: list[float] = field(default_factory=list)  # amp_lab / bare wall time, per round
     cpu_ratios: list[float] = field(default_factory=list)  # the same in process CPU time
 
@@ -134,8 +141,9 @@ def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
     """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
     trainer.fit()
     result = OverheadResult(variant, trainer.policy.mode.name, sink.steps)
-    for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, sink.bare_rounds))[
-            warmup_rounds:]:
+    around = [((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
+              for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])]
+    for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, around))[warmup_rounds:]:
         result.amp_lab_ms.append(1000 * amp_s / sink.steps)
         result.bare_ms.append(1000 * bare_s / sink.steps)
         result.ratios.append(amp_s / bare_s)
