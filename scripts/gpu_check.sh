@@ -62,7 +62,7 @@ done
   echo '```'
   cat "$OUT_DIR/status.txt"
   echo '```'
-  grep -E "passed|failed|error" "$OUT_DIR/no_sync.log" | tail -n 1 | sed 's/^/no-sync check: /'
+  grep -E "passed|failed|error|skipped" "$OUT_DIR/no_sync.log" | tail -n 1 | sed 's/^/no-sync check: /'
   for md in "$OUT_DIR"/*/bench.md; do
     [ -f "$md" ] && { echo; sed 's/^# /## /; s/^## \([A-Z]\)/### \1/' "$md"; }
   done
