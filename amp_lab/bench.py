@@ -130,6 +130,10 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
     total = (WARMUP_ROUNDS + args.rounds) * args.steps
     for variant in args.variants:
         for precision in args.precisions:
+            if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
+                print(f"overhead {variant} {precision}: skipped, the bare recipe (autocast over "
+                      "fp32 weights) has no pure 16-bit weights", file=sys.stderr)
+                continue
             extra = [] if variant == "default" else variant.split()
             # evaluation only after the end; a constant LR, as the bare loop has (the schedule
             # still steps every step), so both loops take the same optimizer steps

@@ -106,7 +106,10 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
         flops = train_step_flops(trainer.model, images, labels)
         flops *= trainer.settings.trainer.grad_accum
     s = trainer.settings
-    peak = peak_flops(trainer.device, compute_dtype(trainer.policy.mode))
+    mode = trainer.policy.mode
+    # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
+    peak = peak_flops(trainer.device, compute_dtype(mode)) if getattr(
+        mode, "reports_mfu", True) else None
     return ThroughputRow(
         model=s.model.name, precision=trainer.policy.mode.name, compile=s.trainer.compile,
         channels_last=s.model.channels_last, batch_size=trainer.global_batch,

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from amp_lab import bench, flops
-from amp_lab.precision import PRECISION_MODES
+from amp_lab.config import ConfigError
+from amp_lab.precision import PRECISION_MODES, resolve_precision
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -106,9 +107,14 @@ def test_diagnostics_variants_join_the_defaults_when_the_group_exists(tmp_path, 
     assert bench.default_variants() == ["default", "diagnostics=light", "diagnostics=full"]
 
 
-def test_cpu_runs_every_mode_but_tf32():
-    assert bench.runnable_precisions(torch.device("cpu")) == [
-        name for name in PRECISION_MODES if name != "tf32"]
+def test_runnable_precisions_follow_the_mode_table():
+    cpu = torch.device("cpu")
+    runnable = bench.runnable_precisions(cpu)
+    assert runnable == [name for name in PRECISION_MODES if name in runnable]  # table order
+    assert {"fp32", "fp16", "fp16_noscale", "bf16"} <= set(runnable) and "tf32" not in runnable
+    for name in set(PRECISION_MODES) - set(runnable):  # left out only when the device refuses
+        with pytest.raises(ConfigError):
+            resolve_precision(name, cpu)
 
 
 def test_train_step_flops_count_forward_and_backward_matmuls():
