@@ -21,6 +21,9 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 run: $(VENV)/.installed  ## the default experiment (test_convnext on digits, fp32, CPU is fine)
 	$(PY) -m amp_lab $(ARGS)
 
+bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python -m amp_lab.bench)
+	$(PY) -m amp_lab.bench $(ARGS)
+
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
 	$(PY) -m pytest $(ARGS)
 

@@ -81,7 +81,9 @@ class DataSource:
         if isinstance(dataset, TensorDataset):  # in memory: index the tensors, no collation
             images, labels = dataset.tensors
             for indices in batch_order:
-                idx = torch.as_tensor(indices, device=images.device)
+                idx = torch.as_tensor(indices)
+                if images.device.type == "cuda":  # a blocking copy would wait for the GPU
+                    idx = idx.pin_memory().to(images.device, non_blocking=True)
                 yield self._to_device(images[idx], labels[idx])
             return
         key = id(dataset)
@@ -204,4 +206,6 @@ def build_data(cfg: DataConfig, seed: int, device: torch.device) -> DataSource:
         train, val, spec = _cifar(cfg)
     else:
         train, val, spec = _imagefolder(cfg, seed)
+    if isinstance(train, TensorDataset):  # in memory: put it on the device once, not per batch
+        train, val = (TensorDataset(*(t.to(device) for t in ds.tensors)) for ds in (train, val))
     return DataSource(train, val, spec, cfg, device)

@@ -107,6 +107,7 @@ class Trainer:
         self.extra_sinks = sinks or []
         seed_everything(t.seed)
         self.device = resolve_device(self.dist.device(t.device))
+        torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
         self.data = build_data(settings.data, t.seed, self.device)
         self.model = build_model(settings.model, self.data.spec).to(self.device)

@@ -1,0 +1,227 @@
+"""`python -m amp_lab.bench`: the runner's overhead, and throughput per model x precision mode.
+
+Every run is built from the real Hydra configs (`data=synthetic`, so the data lives on the device)
+plus the options below; results go to OUT/bench.json and OUT/bench.md, rewritten after every
+measurement so an interrupted benchmark keeps what it measured.
+
+  python -m amp_lab.bench                                  # the defaults for this machine
+  python -m amp_lab.bench --parts overhead --models test_vit --precisions fp32 bf16
+  python -m amp_lab.bench --variants default diagnostics=light diagnostics=full
+  python -m amp_lab.bench --models resnet50 vit_base_patch16_224 --compile both
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from amp_lab.bench_overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
+from amp_lab.bench_report import environment, write_report
+from amp_lab.bench_throughput import ThroughputRow, fill_speedups, measure_throughput
+from amp_lab.config import AmpLabConfig, ConfigError, register, validate
+from amp_lab.precision import PRECISION_MODES, resolve_device, resolve_precision
+from amp_lab.train import Trainer
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# Per device kind: models, batch size, image size, compile settings when not given.
+DEFAULTS = {
+    "cpu": {"models": ["test_vit", "test_convnext"], "batch_size": 32, "img_size": 32,
+            "compile": "off"},  # torch.compile on a small CPU costs minutes per model
+    "cuda": {"models": ["resnet50", "vit_base_patch16_224"], "batch_size": 128, "img_size": 224,
+             "compile": "both"},
+}
+WARMUP_ROUNDS = 1  # overhead rounds left out: allocator growth, autotuning, compilation
+Report = Callable[..., None]  # rewrites bench.json/bench.md with the results so far
+
+
+def default_variants() -> list[str]:
+    """Default telemetry, plus diagnostics=light and =full wherever that config group exists."""
+    return ["default"] + [f"diagnostics={name}" for name in ("light", "full")
+                          if (CONF_DIR / "diagnostics" / f"{name}.yaml").is_file()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m amp_lab.bench", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--parts", nargs="+", choices=["overhead", "throughput"],
+        default=["overhead", "throughput"], help="what to measure (default: both)")
+    add("--models", nargs="+", help="conf/model presets (default: test_vit test_convnext on "
+        "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead uses the first")
+    add("--precisions", nargs="+", help="modes from PRECISION_MODES (default: every mode "
+        "this device can run)")
+    add("--variants", nargs="+", default=None, help="overhead variants: 'default' or "
+        "space-separated config overrides, e.g. 'diagnostics=light' (default: default, plus "
+        "diagnostics=light and full when conf/diagnostics exists)")
+    add("--batch-size", type=int, help="per step (default: 32 on CPU, 128 on CUDA)")
+    add("--img-size", type=int, help="synthetic image size (default: 32 on CPU, 224 on CUDA)")
+    add("--steps", type=int, default=20, help="timed steps per throughput row and per overhead "
+        "round (a multiple of trainer.log_every; default 20)")
+    add("--warmup", type=int, default=5, help="throughput warm-up steps (default 5)")
+    add("--rounds", type=int, default=5, help="timed overhead rounds, after one warm-up round")
+    add("--compile", choices=["off", "on", "both"], help="torch.compile in the throughput table "
+        "(default: off on CPU, both on CUDA)")
+    add("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add("--threads", type=int, help="torch CPU threads (default: torch's); on a shared CPU, 1 "
+        "spares the two loops from fighting other processes for cores")
+    add("--override", nargs="+", default=[], metavar="KEY=VALUE",
+        help="extra config overrides for every run, e.g. trainer.log_every=5")
+    add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
+    args = parser.parse_args(argv)
+    if min(args.steps, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--steps and --rounds must be >= 1, --warmup >= 0")
+    return args
+
+
+def compose_settings(overrides: list[str]) -> AmpLabConfig:
+    """The validated config, exactly as `python -m amp_lab <overrides>` would build it."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return validate(compose(config_name="config", overrides=overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"{str(err).splitlines()[0]} (overrides: {' '.join(overrides)})") \
+            from err
+
+
+def runnable_precisions(device: torch.device) -> list[str]:
+    """Every mode in PRECISION_MODES that this device can run, in table order."""
+    names = []
+    for name in PRECISION_MODES:
+        try:
+            resolve_precision(name, device)
+        except ConfigError:
+            continue
+        names.append(name)
+    return names
+
+
+def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
+    # 10 batches of synthetic samples (8 for training): distinct batches, little device memory.
+    return [f"model={model}", f"precision={precision}", "data=synthetic",
+            f"data.img_size={args.img_size}", f"data.num_samples={10 * args.batch_size}",
+            f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}",
+            "trainer.progress=false", *extra, *args.override]
+
+
+def _release(device: torch.device, compiled: bool) -> None:
+    gc.collect()
+    if compiled:
+        torch._dynamo.reset()  # the next configuration compiles afresh, within dynamo's limits
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_overhead(args: argparse.Namespace, device: torch.device,
+                 report: Report) -> list[OverheadResult]:
+    """The amp_lab loop against the bare loop, per variant and precision."""
+    results: list[OverheadResult] = []
+    total = (WARMUP_ROUNDS + args.rounds) * args.steps
+    for variant in args.variants:
+        for precision in args.precisions:
+            if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
+                print(f"overhead {variant} {precision}: skipped, the bare recipe (autocast over "
+                      "fp32 weights) has no pure 16-bit weights", file=sys.stderr)
+                continue
+            extra = [] if variant == "default" else variant.split()
+            # evaluation only after the end; a constant LR, as the bare loop has (the schedule
+            # still steps every step), so both loops take the same optimizer steps
+            settings = compose_settings(_overrides(
+                args, args.models[0], precision, f"trainer.max_steps={total}",
+                f"trainer.eval_every={total + 1}", "lr.schedule=constant", *extra))
+            if args.steps % settings.trainer.log_every:
+                raise ConfigError(f"--steps {args.steps} must be a multiple of "
+                                  f"trainer.log_every={settings.trainer.log_every}")
+            run_dir = args.out / "runs" / f"overhead_{variant.replace(' ', '_')}_{precision}"
+            trainer = Trainer(settings, run_dir)
+            sink = AlternatingSink(BareLoop(trainer), args.steps, device)
+            trainer.extra_sinks.append(sink)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
+                results.append(measure_overhead(trainer, sink, variant, WARMUP_ROUNDS))
+            print(f"overhead {variant} {precision}: median ratio "
+                  f"{results[-1].median_ratio:.3f}", file=sys.stderr)
+            del trainer, sink
+            _release(device, settings.trainer.compile)
+            report(overhead=results)
+    return results
+
+
+def run_throughput(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """One row per model x compile setting x precision; a failing row is recorded, not fatal."""
+    rows: list[ThroughputRow] = []
+    errors: list[dict[str, Any]] = []
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    flops: dict[str, int] = {}  # per model: counted once, the same in every precision
+    for model in args.models:
+        for compiled in compiles:
+            for precision in args.precisions:
+                settings = compose_settings(_overrides(
+                    args, model, precision, f"trainer.compile={str(compiled).lower()}",
+                    f"trainer.max_steps={args.warmup + 2 * args.steps}"))
+                trainer = Trainer(settings, args.out / "runs" / "throughput")
+                try:
+                    rows.append(measure_throughput(trainer, args.warmup, args.steps,
+                                                   flops.get(model)))
+                    flops[model] = rows[-1].flops_per_step
+                    outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
+                except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
+                    outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                    errors.append({"model": model, "precision": precision, "compile": compiled,
+                                   "error": outcome})
+                del trainer
+                _release(device, compiled)
+                fill_speedups(rows)
+                report(rows=rows, errors=errors)
+                print(f"throughput {model} {precision} compile={compiled}: {outcome}",
+                      file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    register()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = resolve_device(args.device)
+        for key, value in DEFAULTS[device.type].items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        args.precisions = args.precisions or runnable_precisions(device)
+        args.variants = args.variants or default_variants()
+        args.out = args.out or Path("outputs/bench") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        unknown = [p for p in args.precisions if p not in PRECISION_MODES]
+        if unknown:
+            raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
+        env = environment(device, sys.argv[1:] if argv is None else argv)
+        state: dict[str, Any] = {"overhead": [], "rows": [], "errors": []}
+
+        def report(**update: Any) -> None:
+            state.update(update)
+            write_report(args.out, env, state["overhead"], state["rows"], state["errors"])
+
+        if "overhead" in args.parts:
+            run_overhead(args, device, report)
+        if "throughput" in args.parts:
+            run_throughput(args, device, report)
+    except ConfigError as err:
+        print(f"amp_lab.bench: error: {err}", file=sys.stderr)
+        return 2
+    print((args.out / "bench.md").read_text(encoding="utf-8"))
+    print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

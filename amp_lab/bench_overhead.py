@@ -1,0 +1,153 @@
+"""The runner's overhead: the real training loop against a bare hand-written loop, alternating.
+
+The amp_lab side is `Trainer.fit()` itself, with its default sinks and telemetry, built from the
+real config. One extra sink, called at the end of every round of amp_lab steps, times that round
+and then runs one round of the bare loop — autocast, GradScaler, AdamW, nothing else — on a copy
+of the same model, the same on-device data, batch size and precision. So the two alternate in one
+process, under the same machine load, and whatever the runner does per step (counters, meters,
+log records, sinks, diagnostics hooks) is inside the amp_lab rounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.amp import GradScaler
+from torch.utils.data import TensorDataset
+
+from amp_lab.config import ConfigError
+from amp_lab.metrics import synchronize
+from amp_lab.sinks import Sink
+from amp_lab.train import Trainer
+
+
+class BareLoop:
+    """The hand-written baseline: a copy of the trainer's model, its data, batch and precision."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        if not isinstance(trainer.data.train, TensorDataset):
+            raise ConfigError("the overhead bench needs in-memory data (data=synthetic or digits)")
+        t, mode = trainer.settings.trainer, trainer.policy.mode
+        self.device = trainer.device
+        self.model = copy.deepcopy(trainer.model)  # same architecture and initial weights
+        self.forward = torch.compile(self.model) if t.compile else self.model
+        fused = bool(trainer.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer.peak_lr,
+                                           weight_decay=trainer.settings.optim.weight_decay,
+                                           fused=fused or None)
+        self.scaler = GradScaler(self.device.type, init_scale=trainer.settings.scaler.init_scale,
+                                 enabled=mode.dynamic_scaling)
+        self.dtype = mode.autocast_dtype
+        self.channels_last = trainer.settings.model.channels_last
+        self.images, self.labels = trainer.data.train.tensors
+        self.batch_size, self.position = t.batch_size, len(self.labels)  # shuffle on first use
+        self.order = torch.empty(0, dtype=torch.long, device=self.images.device)
+
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.position + self.batch_size > len(self.labels):  # a new epoch, shuffled on device
+            self.order = torch.randperm(len(self.labels), device=self.images.device)
+            self.position = 0
+        idx = self.order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        images, labels = self.images[idx], self.labels[idx]  # the data already lives on device
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels
+
+    def run(self, steps: int) -> None:
+        """`steps` optimizer steps of the textbook AMP recipe."""
+        for _ in range(steps):
+            images, labels = self._batch()
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(self.device.type, dtype=self.dtype or torch.bfloat16,
+                                enabled=self.dtype is not None):
+                logits = self.forward(images)
+            loss = F.cross_entropy(logits.float(), labels)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+
+
+def _clocks(device: torch.device) -> tuple[float, float]:
+    """Wall time and this process's CPU time, after the device has finished its work."""
+    synchronize(device)
+    return time.perf_counter(), time.process_time()
+
+
+class AlternatingSink(Sink):
+    """Closes an amp_lab round at every `steps`-th train record, then times one bare round.
+
+    Bare rounds bracket every amp_lab round (one more runs before the first), so each amp_lab
+    round is compared with the mean of the bare rounds just before and just after it: a load
+    that drifts during the pair cancels out.
+
+    Each round is timed on the wall clock and in process CPU time. On a CPU device the CPU time
+    is the steadier measure when other processes share the cores: it counts only this process's
+    work. On a GPU the wall clock is the one that matters.
+    """
+
+    def __init__(self, bare: BareLoop, steps: int, device: torch.device) -> None:
+        self.bare, self.steps, self.device = bare, steps, device
+        self.amp: list[tuple[float, float]] = []  # (wall s, CPU s) per round
+        self.bare_rounds: list[tuple[float, float]] = []
+        self.mark = (0.0, 0.0)
+
+    def start(self, info: dict[str, Any]) -> None:
+        self.bare.run(self.steps)  # the bare loop's own warm-up (allocator, autotuning, compile)
+        before = _clocks(self.device)
+        self.bare.run(self.steps)  # the bare round before the first amp_lab round
+        self.mark = _clocks(self.device)
+        self.bare_rounds.append((self.mark[0] - before[0], self.mark[1] - before[1]))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if record.get("kind") != "train" or record["step"] % self.steps:
+            return
+        now = _clocks(self.device)
+        self.amp.append((now[0] - self.mark[0], now[1] - self.mark[1]))
+        self.bare.run(self.steps)
+        self.mark = _clocks(self.device)
+        self.bare_rounds.append((self.mark[0] - now[0], self.mark[1] - now[1]))
+
+
+@dataclass
+class OverheadResult:
+    """Per-round times of both loops and the medians of their ratios."""
+
+    variant: str
+    precision: str
+    steps_per_round: int
+    amp_lab_ms: list[float] = field(default_factory=list)  # wall ms per step, per timed round
+    bare_ms: list[float] = field(default_factory=list)  # mean of the two bare rounds around it
+    ratios: list[float] = field(default_factory=list)  # amp_lab / bare wall time, per round
+    cpu_ratios: list[float] = field(default_factory=list)  # the same in process CPU time
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def median_cpu_ratio(self) -> float:
+        return statistics.median(self.cpu_ratios)
+
+
+def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
+                     warmup_rounds: int) -> OverheadResult:
+    """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
+    trainer.fit()
+    result = OverheadResult(variant, trainer.policy.mode.name, sink.steps)
+    around = [((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
+              for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])]
+    for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, around))[warmup_rounds:]:
+        result.amp_lab_ms.append(1000 * amp_s / sink.steps)
+        result.bare_ms.append(1000 * bare_s / sink.steps)
+        result.ratios.append(amp_s / bare_s)
+        result.cpu_ratios.append(amp_cpu / bare_cpu)
+    if not result.ratios:
+        raise RuntimeError(f"overhead run {variant}/{result.precision} timed no round")
+    return result

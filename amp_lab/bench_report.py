@@ -1,0 +1,107 @@
+"""The benchmark's record: environment, exact command, results, as JSON and a markdown table."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+
+from amp_lab.bench_overhead import OverheadResult
+from amp_lab.bench_throughput import ThroughputRow
+from amp_lab.flops import device_name
+
+
+def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:
+    """Date, machine, versions and the exact command: what a reader needs to trust a figure."""
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m amp_lab.bench", *map(shlex.quote, argv)]),
+        "device": device_name(device),
+        "device_type": device.type,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": os.getloadavg()[0],  # a shared machine skews CPU figures
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+    }
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.{digits}g}"
+    return str(value)
+
+
+def overhead_table(results: list[OverheadResult]) -> str:
+    lines = ["| variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
+             "min | max | CPU-time ratio | rounds |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
+                     f"{statistics.median(r.bare_ms):.2f} | **{r.median_ratio:.3f}** | "
+                     f"{min(r.ratios):.3f} | {max(r.ratios):.3f} | {r.median_cpu_ratio:.3f} | "
+                     f"{len(r.ratios)} |")
+    return "\n".join(lines)
+
+
+def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) -> str:
+    lines = ["| model | precision | compile | channels_last | batch | samples/s | step ms | "
+             "fwd ms | bwd ms | opt ms | peak MB | TFLOP/s | MFU | vs fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"
+        speedup = f"{r.speedup_vs_fp32:.2f}×" if r.speedup_vs_fp32 is not None else "—"
+        lines.append(
+            f"| {r.model} | {r.precision} | {_fmt(r.compile)} | {_fmt(r.channels_last)} | "
+            f"{r.batch_size} | {r.samples_per_s:.1f} | {r.step_ms:.2f} | {r.forward_ms:.2f} | "
+            f"{r.backward_ms:.2f} | {r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | "
+            f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} |")
+    for e in errors:
+        lines.append(f"| {e['model']} | {e['precision']} | {_fmt(e['compile'])} | "
+                     f"failed: {e['error']} |" + " |" * 10)
+    return "\n".join(lines)
+
+
+def write_report(out_dir: Path, env: dict[str, Any], overhead: list[OverheadResult],
+                 rows: list[ThroughputRow], errors: list[dict[str, Any]]) -> str:
+    """Write bench.json and bench.md (atomically, so a reader never sees half a file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"environment": env,
+            "overhead": [{**asdict(r), "median_ratio": r.median_ratio,
+                          "median_cpu_ratio": r.median_cpu_ratio} for r in overhead],
+            "throughput": [asdict(r) for r in rows], "throughput_errors": errors}
+    header = [f"# amp_lab benchmark — {env['date']}", "",
+              f"- device: {env['device']} ({env['device_type']}), torch {env['torch']}, "
+              f"timm {env['timm']}, CUDA {env['cuda']}, Python {env['python']}",
+              f"- CPU: {env['cpu_count']} cores, {env['torch_threads']} torch threads, "
+              f"load average {env['load_average_1m']:.2f} at the start",
+              f"- command: `{env['command']}`", ""]
+    parts = header
+    if overhead:
+        parts += ["## Overhead: amp_lab step / bare loop (median of rounds; wall time, and "
+                  "process CPU time)", "",
+                  overhead_table(overhead), ""]
+    if rows or errors:
+        parts += ["## Throughput", "", throughput_table(rows, errors), ""]
+    markdown = "\n".join(parts)
+    for name, text in [("bench.json", json.dumps(data, indent=2)), ("bench.md", markdown)]:
+        tmp = out_dir / f"{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out_dir / name)
+    return markdown

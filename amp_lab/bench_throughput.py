@@ -1,0 +1,128 @@
+"""Throughput of one configuration: samples/s, the step split into phases, memory and MFU.
+
+Measured as timm's benchmark.py does: warm-up steps left out, the device synchronised only at the
+timing boundaries of the run of real `TrainStep` calls (the runner's own step, on its own
+on-device data). The forward / backward / optimizer split comes from extra steps that
+synchronise between the phases; their sum is close to, not exactly, the unsynchronised step time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from amp_lab.flops import compute_dtype, mfu, peak_flops, train_step_flops
+from amp_lab.metrics import peak_memory_mb, synchronize
+from amp_lab.step import Batch, loss_fn, take
+from amp_lab.train import Trainer
+
+
+@dataclass
+class ThroughputRow:
+    """One model x precision x compile configuration."""
+
+    model: str
+    precision: str
+    compile: bool
+    channels_last: bool
+    batch_size: int  # global batch per optimizer step
+    img_size: int
+    samples_per_s: float
+    step_ms: float  # unsynchronised real steps
+    forward_ms: float  # forward + loss, from the phase-synchronised steps
+    backward_ms: float
+    optimizer_ms: float  # unscale, grad norm, clip, optimizer step, scaler update, schedule
+    peak_memory_mb: float  # CUDA: peak allocated in the timed steps; CPU: process peak RSS
+    flops_per_step: int  # forward + backward, counted by torch.utils.flop_counter
+    achieved_tflops: float
+    mfu: float | None  # None on a CPU or a GPU missing from amp_lab.flops.PEAK_TFLOPS
+    speedup_vs_fp32: float | None = None  # filled in once the fp32 row of the same group exists
+
+
+def batch_stream(trainer: Trainer) -> Iterator[list[Batch]]:
+    """Micro-batches for one optimizer step at a time, from the runner's own data, endlessly."""
+    epoch = 0
+    while True:
+        trainer.sampler.set_epoch(epoch)
+        batches = trainer.data.train_batches(trainer.sampler)
+        for _ in range(trainer.steps_per_epoch):
+            yield take(batches, trainer.settings.trainer.grad_accum)
+        epoch += 1
+
+
+def phase_times(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> list[float]:
+    """Mean seconds of forward, backward and optimizer phases over `steps` synchronised steps."""
+    ts, device = trainer.train_step, trainer.device
+    totals = [0.0, 0.0, 0.0]
+    for _ in range(steps):
+        micro_batches = next(stream)
+        synchronize(device)
+        mark = time.perf_counter()
+        ts.optimizer.zero_grad(set_to_none=True)
+        for images, labels in micro_batches:  # the same calls as TrainStep.__call__
+            if ts.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with ts.policy.autocast():
+                logits = ts.model(images)
+            loss = loss_fn(logits, labels) / len(micro_batches)
+            synchronize(device)
+            now = time.perf_counter()
+            totals[0], mark = totals[0] + now - mark, now
+            ts.scaler.scale(loss).backward()
+            synchronize(device)
+            now = time.perf_counter()
+            totals[1], mark = totals[1] + now - mark, now
+        ts.unscale_and_clip()
+        ts.scaler.step(ts.optimizer)
+        ts.scaler.update()
+        ts.scheduler.step()
+        synchronize(device)
+        totals[2] += time.perf_counter() - mark
+    return [total / steps for total in totals]
+
+
+def measure_throughput(trainer: Trainer, warmup: int, steps: int,
+                       flops: int | None = None) -> ThroughputRow:
+    """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
+    as they do not depend on the precision) the FLOPs of a step."""
+    stream = batch_stream(trainer)
+    for _ in range(warmup):
+        trainer.train_step(next(stream))
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+    synchronize(trainer.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(next(stream))
+    synchronize(trainer.device)
+    step_s = (time.perf_counter() - start) / steps
+    forward_s, backward_s, optimizer_s = phase_times(trainer, stream, max(2, steps // 4))
+    memory = peak_memory_mb(trainer.device)
+    if flops is None:
+        images, labels = next(stream)[0]
+        flops = train_step_flops(trainer.model, images, labels)
+        flops *= trainer.settings.trainer.grad_accum
+    s = trainer.settings
+    mode = trainer.policy.mode
+    # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
+    peak = peak_flops(trainer.device, compute_dtype(mode)) if getattr(
+        mode, "reports_mfu", True) else None
+    return ThroughputRow(
+        model=s.model.name, precision=trainer.policy.mode.name, compile=s.trainer.compile,
+        channels_last=s.model.channels_last, batch_size=trainer.global_batch,
+        img_size=s.data.img_size, samples_per_s=trainer.global_batch / step_s,
+        step_ms=1000 * step_s, forward_ms=1000 * forward_s, backward_ms=1000 * backward_s,
+        optimizer_ms=1000 * optimizer_s, peak_memory_mb=memory, flops_per_step=flops,
+        achieved_tflops=flops / step_s / 1e12, mfu=mfu(flops, step_s, peak))
+
+
+def fill_speedups(rows: list[ThroughputRow]) -> None:
+    """samples/s over the fp32 row with the same model, compile setting and batch."""
+    baseline = {(r.model, r.compile, r.batch_size): r.samples_per_s
+                for r in rows if r.precision == "fp32"}
+    for row in rows:
+        fp32 = baseline.get((row.model, row.compile, row.batch_size))
+        row.speedup_vs_fp32 = row.samples_per_s / fp32 if fp32 else None

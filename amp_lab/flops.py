@@ -1,0 +1,79 @@
+"""FLOPs of a training step (torch.utils.flop_counter) and the device peaks that turn them into MFU.
+
+MFU (model FLOPs utilisation) = FLOPs of one step x steps per second / the device's dense peak for
+the dtype the matmuls run in. FLOPs are counted per op from shapes (matmuls, convolutions and
+fused attention, forward and backward); element-wise ops and the optimizer are not counted, as in
+the usual MFU definition. The peaks are datasheet figures for dense tensor-core math (no 2:4
+sparsity). A CPU, or a GPU missing from the table, has no MFU.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from amp_lab.precision import PrecisionMode
+from amp_lab.step import loss_fn
+
+TFLOPS = 1e12
+
+# Dense peak TFLOP/s per device and compute dtype, from NVIDIA's datasheets (SXM parts unless the
+# name says PCIe). The first pattern that matches torch.cuda.get_device_name() wins, so specific
+# names come first; `\bL4\b` keeps the L40 out of the L4 row.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    (r"H200", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
+    (r"H100.*PCIe", {"fp32": 51.2, "tf32": 378.0, "fp16": 756.5, "bf16": 756.5}),
+    (r"H100", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
+    (r"A100", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
+    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
+]
+
+
+def compute_dtype(mode: PrecisionMode) -> str:
+    """The dtype the matmuls of a mode run in: its autocast dtype, else tf32 or fp32."""
+    if mode.autocast_dtype is not None:
+        return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
+            mode.autocast_dtype, str(mode.autocast_dtype).replace("torch.", ""))
+    return "tf32" if mode.tf32 else "fp32"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's marketing name, or the CPU's model name when there is no GPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def peak_flops(device: torch.device, dtype: str) -> float | None:
+    """Dense peak FLOP/s of this device for `dtype` (fp32 | tf32 | fp16 | bf16), or None."""
+    if device.type != "cuda":
+        return None  # no meaningful tensor-core peak on a CPU
+    name = torch.cuda.get_device_name(device)
+    for pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, name):
+            return peaks[dtype] * TFLOPS if dtype in peaks else None
+    return None
+
+
+def train_step_flops(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> int:
+    """FLOPs of one forward + backward pass on this batch; the gradients are cleared after."""
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(images), labels).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def mfu(flops_per_step: int, step_s: float, peak: float | None) -> float | None:
+    """Achieved FLOP/s over the peak, or None without a peak."""
+    if peak is None or step_s <= 0:
+        return None
+    return flops_per_step / step_s / peak

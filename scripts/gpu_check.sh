@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The performance check for one H100/H200-class GPU, in about 8 minutes:
+#   1. the no-sync check: pytest -m gpu (a real Trainer loop under
+#      torch.cuda.set_sync_debug_mode("error") between log steps, fp32/fp16/bf16);
+#   2. the overhead check: amp_lab step / bare loop, resnet50, every GPU mode;
+#   3. the throughput table: resnet50 and vit_base_patch16_224 x fp32, tf32, fp16, bf16,
+#      torch.compile off, then on (one model per step, so both get their turn).
+# Each part has a time limit; the benchmark rewrites its bench.json/bench.md after every
+# measurement, so a part cut short keeps what it measured. Everything lands in OUT_DIR:
+# status.txt (exit code and elapsed time per part), one .log per part, one folder per benchmark
+# and gpu_check.md (all tables, with date and device) at the end.
+#
+# Usage: scripts/gpu_check.sh [OUT_DIR]   (default: $OUT, else outputs/gpu_check/DATE_TIME)
+#        PYTHON=/path/to/python scripts/gpu_check.sh   (default: .venv/bin/python, else python3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+OUT_DIR=${1:-${OUT:-outputs/gpu_check/$(date -u +%Y-%m-%d_%H-%M-%S)}}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's amp_lab
+START=$SECONDS
+
+part() {  # part NAME LIMIT_S COMMAND...: run with a time limit, log it, record the exit code
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc after $((SECONDS - START))s" | tee -a "$OUT_DIR/status.txt"
+  tail -n 3 "$OUT_DIR/$name.log"
+}
+
+if ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+  echo "gpu_check: error: $PYTHON cannot import torch or sees no CUDA GPU;" \
+    "run this on a GPU machine, or set PYTHON" >&2
+  exit 2
+fi
+nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
+
+BENCH=("$PYTHON" -m amp_lab.bench --device cuda --batch-size 128 --img-size 224)
+part no_sync 75 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py -q -p no:cacheprovider
+part overhead 95 "${BENCH[@]}" --parts overhead --models resnet50 \
+  --precisions fp32 tf32 fp16 bf16 --steps 10 --rounds 5 --out "$OUT_DIR/overhead"
+part throughput_eager 100 "${BENCH[@]}" --parts throughput \
+  --models resnet50 vit_base_patch16_224 --precisions fp32 tf32 fp16 bf16 --compile off \
+  --steps 20 --warmup 5 --out "$OUT_DIR/throughput_eager"
+# compiled: bf16 and the fp32 baseline first, so the key rows exist if time runs out
+for model in resnet50 vit_base_patch16_224; do
+  part "throughput_compiled_$model" 95 "${BENCH[@]}" --parts throughput --models "$model" \
+    --precisions bf16 fp32 fp16 tf32 --compile on --steps 20 --warmup 5 \
+    --out "$OUT_DIR/throughput_compiled_$model"
+done
+
+{
+  echo "# amp_lab GPU check — $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo
+  echo "- device: $("$PYTHON" -c "import torch; print(torch.cuda.get_device_name())")"
+  echo "- command: \`scripts/gpu_check.sh $*\` ($((SECONDS - START))s)"
+  echo
+  echo '```'
+  cat "$OUT_DIR/status.txt"
+  echo '```'
+  grep -E "passed|failed|error|skipped" "$OUT_DIR/no_sync.log" | tail -n 1 | sed 's/^/no-sync check: /'
+  for md in "$OUT_DIR"/*/bench.md; do
+    [ -f "$md" ] && { echo; sed 's/^# /## /; s/^## \([A-Z]\)/### \1/' "$md"; }
+  done
+} > "$OUT_DIR/gpu_check.md"
+echo "written: $OUT_DIR/gpu_check.md ($((SECONDS - START))s)"

@@ -1,0 +1,145 @@
+"""`python -m amp_lab.bench` end to end on a tiny model, and the FLOPs/peak arithmetic behind MFU.
+
+Structure and sanity only: speed targets are measured by the benchmark, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from amp_lab import bench, flops
+from amp_lab.config import ConfigError
+from amp_lab.precision import PRECISION_MODES, resolve_precision
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core machine two
+    spinning OpenMP threads run several times slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TINY = ["--models", "test_vit", "--precisions", "fp32", "bf16", "--img-size", "16",
+        "--batch-size", "8", "--steps", "2", "--rounds", "1", "--warmup", "1",
+        "--override", "trainer.log_every=2", "data.num_classes=10", "--device", "cpu"]
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    code = bench.main([*TINY, "--variants", "default", "trainer.clip_grad=1.0", "--out",
+                       str(out)])
+    return code, out
+
+
+def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
+    code, out = tiny_bench
+    assert code == 0
+    data = json.loads((out / "bench.json").read_text())
+    env = data["environment"]
+    assert env["device_type"] == "cpu" and env["torch"] == torch.__version__
+    assert env["command"].startswith("python -m amp_lab.bench --models test_vit")
+    assert env["date"] and env["device"]
+    overhead = data["overhead"]  # one row per variant x precision, in order
+    assert [(o["variant"], o["precision"]) for o in overhead] == [
+        ("default", "fp32"), ("default", "bf16"),
+        ("trainer.clip_grad=1.0", "fp32"), ("trainer.clip_grad=1.0", "bf16")]
+    for row in overhead:
+        assert len(row["ratios"]) == 1 and all(map(_positive, row["ratios"]))
+        assert all(map(_positive, row["amp_lab_ms"] + row["bare_ms"]))
+        assert all(map(_positive, row["cpu_ratios"])) and len(row["cpu_ratios"]) == 1
+        assert _positive(row["median_ratio"]) and _positive(row["median_cpu_ratio"])
+    rows = data["throughput"]
+    assert [(r["model"], r["precision"], r["compile"]) for r in rows] == [
+        ("test_vit", "fp32", False), ("test_vit", "bf16", False)]
+    for row in rows:
+        for key in ["samples_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
+                    "peak_memory_mb", "flops_per_step", "achieved_tflops", "speedup_vs_fp32"]:
+            assert _positive(row[key]), key
+        assert row["mfu"] is None  # no peak FLOPs on a CPU
+        assert row["batch_size"] == 8 and row["img_size"] == 16
+    assert rows[0]["speedup_vs_fp32"] == 1.0
+    assert data["throughput_errors"] == []
+
+
+def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
+    _, out = tiny_bench
+    md = (out / "bench.md").read_text()
+    env = json.loads((out / "bench.json").read_text())["environment"]
+    assert env["date"] in md and env["device"] in md and f"`{env['command']}`" in md
+    assert ("| variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | max "
+            "| CPU-time ratio | rounds |") in md
+    assert "| trainer.clip_grad=1.0 | bf16 |" in md
+    assert "| model | precision | compile | channels_last | batch | samples/s |" in md
+    assert "| test_vit | bf16 | off | off | 8 |" in md
+    # the real runs behind the overhead rows are ordinary run directories
+    assert (out / "runs" / "overhead_default_fp32" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--variants", "diagnostics=nope"], "diagnostics"),
+    (["--steps", "3"], "multiple of trainer.log_every=2"),
+    (["--precisions", "fp64"], "fp64"),
+])
+def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
+    code = bench.main([*TINY, "--parts", "overhead", *args, "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("amp_lab.bench: error:") and message in err[-1]
+
+
+def test_diagnostics_variants_join_the_defaults_when_the_group_exists(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "CONF_DIR", tmp_path)
+    assert bench.default_variants() == ["default"]
+    (tmp_path / "diagnostics").mkdir()
+    for name in ["off", "light", "full"]:
+        (tmp_path / "diagnostics" / f"{name}.yaml").write_text("level: x\n")
+    assert bench.default_variants() == ["default", "diagnostics=light", "diagnostics=full"]
+
+
+def test_runnable_precisions_follow_the_mode_table():
+    cpu = torch.device("cpu")
+    runnable = bench.runnable_precisions(cpu)
+    assert runnable == [name for name in PRECISION_MODES if name in runnable]  # table order
+    assert {"fp32", "fp16", "fp16_noscale", "bf16"} <= set(runnable) and "tf32" not in runnable
+    for name in set(PRECISION_MODES) - set(runnable):  # left out only when the device refuses
+        with pytest.raises(ConfigError):
+            resolve_precision(name, cpu)
+
+
+def test_train_step_flops_count_forward_and_backward_matmuls():
+    """A 2-layer MLP: fwd 2BIH + 2BHO; bwd 2BIH (no input grad) + 4BHO (weight + input grad)."""
+    b, i, h, o = 4, 8, 16, 3
+    model = torch.nn.Sequential(torch.nn.Linear(i, h), torch.nn.ReLU(), torch.nn.Linear(h, o))
+    counted = flops.train_step_flops(model, torch.randn(b, i), torch.randint(0, o, (b,)))
+    assert counted == 2 * b * i * h + 2 * b * h * o + 2 * b * i * h + 4 * b * h * o
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("gpu, dtype, tflops", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "tf32", 378.0),
+    ("NVIDIA H200", "fp16", 989.4), ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
+    ("NVIDIA L4", "bf16", 121.0), ("NVIDIA L40S", "bf16", None), ("NVIDIA H100", "fp8", None)])
+def test_peak_flops_per_device_and_dtype(monkeypatch, gpu, dtype, tflops):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    peak = flops.peak_flops(torch.device("cuda"), dtype)
+    assert peak == (tflops * 1e12 if tflops else None)
+    assert flops.peak_flops(torch.device("cpu"), dtype) is None
+
+
+def test_mfu_and_compute_dtype_of_each_mode():
+    assert flops.mfu(10**12, 0.5, 4e12) == pytest.approx(0.5)
+    assert flops.mfu(10**12, 0.5, None) is None
+    dtypes = {name: flops.compute_dtype(mode) for name, mode in PRECISION_MODES.items()}
+    assert {k: dtypes[k] for k in ["fp32", "tf32", "fp16", "fp16_noscale", "bf16"]} == {
+        "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "fp16_noscale": "fp16", "bf16": "bf16"}

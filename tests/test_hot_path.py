@@ -1,0 +1,183 @@
+"""The hot path: no host-device sync on steps that don't log, and the speed settings in place.
+
+On CPU a sync cannot be observed, so the test counts the calls that would be one on a GPU
+(`Tensor.item`, `float(t)`, `int(t)`, `bool(t)`, `.tolist()`, `.cpu()`, `.numpy()`) while a real
+Trainer loop runs, outside its log records. On CUDA the same loop runs under
+torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import traceback
+
+import pytest
+import torch
+from conftest import settings
+
+from amp_lab.data import EpochBatchSampler
+from amp_lab.metrics import ThroughputMeter
+from amp_lab.train import DeviceCounters, Trainer
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core machine two
+    spinning OpenMP threads run several times slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+HOST_READS = ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"]
+
+# Loops that cover every branch of the step: each precision, gradient accumulation, both clip
+# modes, in-memory digits and on-device synthetic data, a CNN in channels_last.
+CASES = {
+    "fp32-clip-norm": ["precision=fp32", "trainer.clip_grad=1.0"],
+    "fp16-accum-clip-value": ["precision=fp16", "trainer.grad_accum=2", "trainer.batch_size=8",
+                              "trainer.clip_grad=0.5", "trainer.clip_mode=value"],
+    "bf16-synthetic-cnn-channels-last": [
+        "precision=bf16", "data=synthetic", "data.img_size=32", "data.num_samples=160",
+        "data.num_classes=10", "model=test_convnext", "model.channels_last=true"],
+}
+# Logs at steps 2, 4 and 5 (the last); warm-up ends at step 1. A small val set: eval is not
+# under test, and fp16 on CPU is slow.
+LOOP = ["trainer.max_steps=5", "trainer.log_every=2", "trainer.timing_warmup=1",
+        "data.val_fraction=0.05"]
+
+
+class HostReadWatch:
+    """Armed while the loop runs; disarmed inside log records, where reading values is the job."""
+
+    def __init__(self, on_cuda: bool) -> None:
+        self.on_cuda, self.depth, self.armed = on_cuda, 0, False
+        self.calls: list[str] = []
+
+    @contextlib.contextmanager
+    def arm(self):
+        self.armed = True
+        self._set_debug_mode()
+        try:
+            yield
+        finally:
+            self.armed = False
+            self._set_debug_mode()
+
+    @contextlib.contextmanager
+    def pause(self):
+        self.depth += 1
+        self._set_debug_mode()
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            self._set_debug_mode()
+
+    def _set_debug_mode(self) -> None:
+        if self.on_cuda:
+            active = self.armed and self.depth == 0
+            torch.cuda.set_sync_debug_mode("error" if active else "default")
+
+    def count(self, name: str) -> None:
+        caller = sys._getframe(2).f_code
+        if caller is EpochBatchSampler.__iter__.__code__:
+            return  # the epoch's order: a host tensor from a CPU generator, never a device sync
+        if self.armed and self.depth == 0:
+            where = "".join(traceback.format_stack(limit=6)[:-2])
+            self.calls.append(f"Tensor.{name} during a non-logging step:\n{where}")
+
+
+def _wrap(watch: HostReadWatch, name: str, original):
+    @functools.wraps(original)
+    def counting(self, *args, **kwargs):
+        watch.count(name)
+        return original(self, *args, **kwargs)
+    return counting
+
+
+def _paused(watch: HostReadWatch, original):
+    @functools.wraps(original)
+    def paused(*args, **kwargs):
+        with watch.pause():
+            return original(*args, **kwargs)
+    return paused
+
+
+def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
+    """Run trainer.fit() with host reads counted (and, on CUDA, syncs raising) between logs."""
+    watch = HostReadWatch(trainer.device.type == "cuda")
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, _wrap(watch, name, getattr(torch.Tensor, name)))
+    for cls, name in [(Trainer, "_train_record"), (Trainer, "_eval_record"),
+                      (ThroughputMeter, "_open")]:  # _open: the one timing boundary, at warm-up
+        monkeypatch.setattr(cls, name, _paused(watch, getattr(cls, name)))
+    loop = Trainer._loop
+
+    def armed_loop(self, *args, **kwargs):
+        with watch.arm():
+            return loop(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_loop", armed_loop)
+    trainer.fit()
+    return watch
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_no_host_reads_between_log_steps_on_cpu(monkeypatch, tmp_path, case):
+    trainer = Trainer(settings(*CASES[case], *LOOP), tmp_path)
+    watch = watched_fit(monkeypatch, trainer)
+    assert watch.calls == [], watch.calls[0]
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len([r for r in rows if '"kind": "train"' in r]) == 3  # steps 2, 4 and the last, 5
+
+
+def test_the_watch_catches_a_host_read_in_the_step(monkeypatch, tmp_path):
+    """The check can fail: one `.item()` slipped into the per-step counters is reported."""
+    add = DeviceCounters.add
+
+    def add_and_read(self, result):
+        add(self, result)
+        result.loss.item()
+
+    monkeypatch.setattr(DeviceCounters, "add", add_and_read)
+    trainer = Trainer(settings(*LOOP), tmp_path)
+    watch = watched_fit(monkeypatch, trainer)
+    assert len(watch.calls) == 5 and "add_and_read" in watch.calls[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", list(CASES))
+def test_no_sync_between_log_steps_on_cuda(monkeypatch, tmp_path, case):
+    trainer = Trainer(settings(*CASES[case], *LOOP, "trainer.device=cuda"), tmp_path)
+    watch = watched_fit(monkeypatch, trainer)  # any sync outside the log records raises
+    assert watch.calls == [], watch.calls[0]
+    assert torch.backends.cudnn.benchmark
+
+
+def test_speed_settings_are_on_by_default(tmp_path):
+    """Fused optimizers (adamw and sgd), on-device in-memory data, CNN presets in NHWC."""
+    for optim in ["adamw", "sgd"]:
+        trainer = Trainer(settings(f"optim={optim}", "trainer.max_steps=1"), tmp_path)
+        assert trainer.optimizer.defaults["fused"] is True, optim
+    for preset in ["resnet18", "resnet50", "convnext_tiny", "efficientnet_b0"]:
+        assert settings(f"model={preset}").model.channels_last, preset
+    data = settings("data=cifar10").data
+    assert data.num_workers > 0 and data.persistent_workers and data.prefetch_factor >= 2
+    assert data.pin_memory
+
+
+def test_on_disk_loader_takes_workers_and_pinning_from_config(tmp_path):
+    from amp_lab.data import DataSource
+
+    cfg = settings("data.num_workers=3", "data.prefetch_factor=5",
+                   "data.persistent_workers=false").data
+    source = DataSource(None, None, None, cfg, torch.device("cpu"))
+    assert source._loader_options() == {"num_workers": 3, "pin_memory": False,
+                                        "persistent_workers": False, "prefetch_factor": 5}
+    cuda = DataSource(None, None, None, cfg, torch.device("cuda"))
+    assert cuda._loader_options()["pin_memory"] is True  # pinned: non_blocking copies overlap
