@@ -10,7 +10,8 @@ from conftest import CONF_DIR, compose_cfg, run_cli, settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.train import Trainer
 
-GROUPS = ["model", "data", "precision", "scaler", "lr", "optim", "trainer"]
+GROUPS = ["model", "data", "precision", "scaler", "lr", "optim", "trainer", "logger", "checkpoint",
+          "diagnostics", "pitfall"]
 
 
 def _options(group: str) -> list[str]:
