@@ -137,14 +137,9 @@ class ClipBeforeUnscale(LabStep):
     about 1/scale of the intended one, and training crawls."""
 
     def unscale_and_clip(self) -> torch.Tensor:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        if self.clip_grad > 0 and self.clip_mode == "norm":
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
-        elif self.clip_grad > 0:
-            torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
+        norm = self.norm_and_clip()  # on the scaled gradients: the mistake
         self.scaler.unscale_(self.optimizer)
-        return norm.float()  # the scaled norm, which is what such a loop logs
+        return norm  # the scaled norm, which is what such a loop logs
 
 
 class HalfModel(LabStep):

@@ -107,6 +107,10 @@ class TrainStep:
         """Unscale first, so the norm and the clip threshold see the true gradients."""
         self.before_unscale()
         self.scaler.unscale_(self.optimizer)
+        return self.norm_and_clip()
+
+    def norm_and_clip(self) -> torch.Tensor:
+        """The total gradient norm (before clipping), then clip by norm or value if asked."""
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
         if self.clip_grad > 0 and self.clip_mode == "norm":

@@ -15,17 +15,6 @@ from amp_lab import bench, flops
 from amp_lab.config import ConfigError
 from amp_lab.precision import PRECISION_MODES, resolve_precision
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine two
-    spinning OpenMP threads run several times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 TINY = ["--models", "test_vit", "--precisions", "fp32", "bf16", "--img-size", "16",
         "--batch-size", "8", "--steps", "2", "--rounds", "1", "--warmup", "1",
         "--override", "trainer.log_every=2", "data.num_classes=10", "--device", "cpu"]

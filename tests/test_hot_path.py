@@ -21,17 +21,6 @@ from amp_lab.data import EpochBatchSampler
 from amp_lab.metrics import ThroughputMeter
 from amp_lab.train import DeviceCounters, Trainer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine two
-    spinning OpenMP threads run several times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 HOST_READS = ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"]
 
 # Loops that cover every branch of the step: each precision, gradient accumulation, both clip
