@@ -126,3 +126,30 @@ def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
     assert summary["lr"]["global_batch"] == 16 and summary["steps"] == 4
     assert [json.loads(r)["step"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()
             if '"kind": "train"' in r] == [2, 4]  # rank 0 alone wrote, once per log step
+
+
+def _resume_worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    trainer = Trainer(settings("precision=fp16", "trainer.strategy=ddp", "trainer.batch_size=8",
+                               "trainer.max_steps=6", "trainer.log_every=1",
+                               "checkpoint.every_steps=3", "checkpoint.every_minutes=0"), out_dir)
+    with open(os.path.join(out_dir, f"start_rank{rank}.txt"), "a") as f:
+        f.write(f"{trainer.state.step} {trainer.scaler.get_scale()}\n")  # where each rank starts
+    trainer.fit()
+
+
+@pytest.mark.slow
+def test_ddp_run_resumes_on_every_rank_from_rank_0s_checkpoint(tmp_path):
+    """Rank 0 writes the checkpoint; a rerun in the same directory resumes every rank from it."""
+    mp.spawn(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    first = _losses(tmp_path)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000000003.pt"]
+    mp.spawn(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert _losses(tmp_path) == first  # steps 4-6 retrained from the step-3 state: identical
+    starts = [(tmp_path / f"start_rank{r}.txt").read_text().split("\n")[:2] for r in range(2)]
+    assert [s[0].split()[0] for s in starts] == ["0", "0"]  # the first run starts fresh
+    assert [s[1].split()[0] for s in starts] == ["3", "3"]  # the rerun: both ranks at step 3
+    assert starts[0][1] == starts[1][1]  # with the same loss scale
