@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from amp_lab.config import ConfigError
+from amp_lab.precision import resolve_device
 
 
 def _slurm_master_addr() -> str:
@@ -117,15 +117,11 @@ def setup(strategy: str, requested_device: str) -> DistContext:
         return DistContext()
     world = world_from_environment()
     ctx = DistContext(world["rank"], world["local_rank"], world["world_size"])
-    if not ctx.active:
-        return ctx
-    if dist.is_initialized():
+    if not ctx.active or dist.is_initialized():
         return ctx
     os.environ.setdefault("MASTER_ADDR", world["master_addr"])
     os.environ.setdefault("MASTER_PORT", str(world["master_port"]))
-    cuda = requested_device in ("auto", "cuda") and torch.cuda.is_available()
-    if requested_device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu")
+    cuda = resolve_device(requested_device).type == "cuda"  # the runner's one device check
     dist.init_process_group("nccl" if cuda else "gloo", rank=ctx.rank,
                             world_size=ctx.world_size, timeout=timedelta(minutes=30))
     return ctx

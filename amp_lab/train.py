@@ -302,6 +302,7 @@ class Trainer:
         st = self.state
         st.elapsed_s = wall_time_s
         meter = getattr(self, "meter", None)
+        local_rate = meter.mean_samples_per_s() if meter else None
         return {
             "status": status or ("diverged" if st.diverged else "completed"),
             "diverged": st.diverged,
@@ -314,8 +315,7 @@ class Trainer:
             "steps_to_target": st.steps_to_target,
             "time_to_target_s": st.time_to_target_s,
             # ranks step in lockstep (each step waits for the gradient all-reduce): total = x world
-            "mean_samples_per_s": meter.mean_samples_per_s() * self.dist.world_size
-            if meter and meter.mean_samples_per_s() else None,
+            "mean_samples_per_s": local_rate * self.dist.world_size if local_rate else None,
             "skipped_steps": getattr(self, "skipped_total", 0),
             "final_loss_scale": self.scaler.get_scale(),
             "peak_memory_mb": peak_memory_mb(self.device),
