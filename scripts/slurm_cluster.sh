@@ -17,7 +17,8 @@
 set -euo pipefail
 
 DIR=${SLURM_CLUSTER_DIR:-/tmp/amp_lab_slurm}
-CPUS=${SLURM_CLUSTER_CPUS:-$(nproc)}
+# GNU nproc obeys OMP_NUM_THREADS (the tests set it to 1): count the machine's cores without it
+CPUS=${SLURM_CLUSTER_CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 PORT=${SLURM_CLUSTER_PORT:-6817}
 HOST=$(hostname -s)
 CONF=$DIR/slurm.conf
