@@ -46,9 +46,17 @@ Report = Callable[..., None]  # rewrites bench.json/bench.md with the results so
 
 
 def default_variants() -> list[str]:
-    """Default telemetry, plus diagnostics=light and =full wherever that config group exists."""
-    return ["default"] + [f"diagnostics={name}" for name in ("light", "full")
-                          if (CONF_DIR / "diagnostics" / f"{name}.yaml").is_file()]
+    """Default telemetry, then each diagnostics mode (light, full) that the default is not."""
+    default = compose_settings([]).diagnostics.mode
+    return ["default"] + [f"diagnostics={name}" for name in ("light", "full") if name != default]
+
+
+def variant_label(variant: str, settings: AmpLabConfig) -> str:
+    """'default' names what the default telemetry is, e.g. 'default (diagnostics=light, W&B
+    offline)', so a table read later says what was measured."""
+    if variant != "default":
+        return variant
+    return (f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,8 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--precisions", nargs="+", help="modes from PRECISION_MODES (default: every mode "
         "this device can run)")
     add("--variants", nargs="+", default=None, help="overhead variants: 'default' or "
-        "space-separated config overrides, e.g. 'diagnostics=light' (default: default, plus "
-        "diagnostics=light and full when conf/diagnostics exists)")
+        "space-separated config overrides, e.g. 'diagnostics=off' (default: default, plus "
+        "each of diagnostics=light and full that is not the default)")
     add("--batch-size", type=int, help="per step (default: 32 on CPU, 128 on CUDA)")
     add("--img-size", type=int, help="synthetic image size (default: 32 on CPU, 224 on CUDA)")
     add("--steps", type=int, default=20, help="timed steps per throughput row and per overhead "
@@ -149,8 +157,9 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
             trainer.extra_sinks.append(sink)
             run_dir.mkdir(parents=True, exist_ok=True)
             with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-                results.append(measure_overhead(trainer, sink, variant, WARMUP_ROUNDS))
-            print(f"overhead {variant} {precision}: median ratio "
+                results.append(measure_overhead(trainer, sink, variant_label(variant, settings),
+                                                WARMUP_ROUNDS))
+            print(f"overhead {results[-1].variant} {precision}: median ratio "
                   f"{results[-1].median_ratio:.3f}", file=sys.stderr)
             del trainer, sink
             _release(device, settings.trainer.compile)

@@ -18,6 +18,7 @@ from amp_lab.precision import PRECISION_MODES, resolve_precision
 TINY = ["--models", "test_vit", "--precisions", "fp32", "bf16", "--img-size", "16",
         "--batch-size", "8", "--steps", "2", "--rounds", "1", "--warmup", "1",
         "--override", "trainer.log_every=2", "data.num_classes=10", "--device", "cpu"]
+DEFAULT = "default (diagnostics=light, W&B offline)"  # the 'default' variant, as labelled
 
 
 def _positive(value) -> bool:
@@ -42,7 +43,7 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     assert env["date"] and env["device"]
     overhead = data["overhead"]  # one row per variant x precision, in order
     assert [(o["variant"], o["precision"]) for o in overhead] == [
-        ("default", "fp32"), ("default", "bf16"),
+        (DEFAULT, "fp32"), (DEFAULT, "bf16"),
         ("trainer.clip_grad=1.0", "fp32"), ("trainer.clip_grad=1.0", "bf16")]
     for row in overhead:
         assert len(row["ratios"]) == 1 and all(map(_positive, row["ratios"]))
@@ -87,13 +88,9 @@ def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
     assert code == 2 and err[-1].startswith("amp_lab.bench: error:") and message in err[-1]
 
 
-def test_diagnostics_variants_join_the_defaults_when_the_group_exists(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "CONF_DIR", tmp_path)
-    assert bench.default_variants() == ["default"]
-    (tmp_path / "diagnostics").mkdir()
-    for name in ["off", "light", "full"]:
-        (tmp_path / "diagnostics" / f"{name}.yaml").write_text("level: x\n")
-    assert bench.default_variants() == ["default", "diagnostics=light", "diagnostics=full"]
+def test_default_variants_add_the_diagnostics_modes_the_default_is_not():
+    # light is the default telemetry: measuring it twice would only cost time on a GPU lease
+    assert bench.default_variants() == ["default", "diagnostics=full"]
 
 
 def test_runnable_precisions_follow_the_mode_table():
