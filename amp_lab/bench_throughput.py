@@ -75,7 +75,7 @@ def phase_times(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> 
             synchronize(device)
             now = time.perf_counter()
             totals[1], mark = totals[1] + now - mark, now
-        ts.unscale_and_clip()
+        ts.unscale_and_clip(measure_norm=False)  # as on the loop's steps between log steps
         ts.scaler.step(ts.optimizer)
         ts.scaler.update()
         ts.scheduler.step()
@@ -90,13 +90,13 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
     as they do not depend on the precision) the FLOPs of a step."""
     stream = batch_stream(trainer)
     for _ in range(warmup):
-        trainer.train_step(next(stream))
+        trainer.train_step(next(stream), measure_norm=False)
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     synchronize(trainer.device)
     start = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step(next(stream))
+    for _ in range(steps):  # steps between log steps: no gradient norm unless clipping
+        trainer.train_step(next(stream), measure_norm=False)
     synchronize(trainer.device)
     step_s = (time.perf_counter() - start) / steps
     forward_s, backward_s, optimizer_s = phase_times(trainer, stream, max(2, steps // 4))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from amp_lab.config import ConfigError, FaultConfig
+from amp_lab.scaling import skipped_update
 from amp_lab.step import Batch, StepResult, TrainStep, loss_fn
 
 
@@ -56,7 +57,7 @@ class LabStep(TrainStep):
 
     fault: FaultConfig = field(default_factory=FaultConfig)
 
-    def __call__(self, micro_batches: Sequence[Batch]) -> StepResult:
+    def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True) -> StepResult:
         self.diagnostics.begin_step()
         step = self.scheduler.last_epoch + 1  # this optimizer step, 1-based, known on the host
         self.optimizer.zero_grad(set_to_none=True)
@@ -78,7 +79,7 @@ class LabStep(TrainStep):
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             correct += (logits.detach().argmax(-1) == labels).sum()
             samples += labels.shape[0]
-        grad_norm = self.unscale_and_clip()
+        grad_norm = self.unscale_and_clip(measure_norm)
         self.diagnostics.before_optimizer_step()
         found_inf = self.optimizer_step(grad_norm)
         self.update_scale()
@@ -96,9 +97,9 @@ class LabStep(TrainStep):
     def after_micro_batch(self, last: bool) -> None:
         """Nothing between micro-batches: the scaler acts once, at the boundary."""
 
-    def optimizer_step(self, grad_norm: torch.Tensor) -> torch.Tensor:
+    def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
         self.scaler.step(self.optimizer)  # skips the update when the gradients hold inf/nan
-        return (~torch.isfinite(grad_norm)).float()
+        return skipped_update(self.scaler, self.optimizer)
 
     def update_scale(self) -> None:
         self.scaler.update()
@@ -136,8 +137,8 @@ class ClipBeforeUnscale(LabStep):
     """The clip threshold is applied to scaled gradients, then they are unscaled: the update is
     about 1/scale of the intended one, and training crawls."""
 
-    def unscale_and_clip(self) -> torch.Tensor:
-        norm = self.norm_and_clip()  # on the scaled gradients: the mistake
+    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
+        norm = self.norm_and_clip(measure_norm)  # on the scaled gradients: the mistake
         self.scaler.unscale_(self.optimizer)
         return norm  # the scaled norm, which is what such a loop logs
 
@@ -150,7 +151,8 @@ class HalfModel(LabStep):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def unscale_and_clip(self) -> torch.Tensor:
+    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor:
+        """The norm on every step: without a scaler it is the only inf/nan check."""
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
         if self.clip_grad > 0:

@@ -4,7 +4,9 @@ Order per optimizer step (../shared/AMP_PITFALLS.md §2):
 zero_grad(set_to_none) -> for each micro-batch: autocast forward -> fp32 loss / grad_accum ->
 scale(loss).backward() -> at the boundary only: unscale_ -> gradient norm -> clip -> scaler.step
 -> scaler.update (once per optimizer step) -> schedule step.
-Nothing here reads a value back to the host: the results are device tensors.
+Nothing here reads a value back to the host: the results are device tensors. The gradient norm
+is computed only when something uses it (a log step, clipping by norm): every op the step
+launches costs host time, and a short GPU step waits on the host.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from torch.amp import GradScaler
 
 from amp_lab.precision import PrecisionPolicy
+from amp_lab.scaling import skipped_update
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -34,7 +37,8 @@ class StepResult:
     loss: torch.Tensor  # mean fp32 loss over the micro-batches
     correct: torch.Tensor  # correctly classified samples
     samples: int
-    grad_norm: torch.Tensor  # total L2 norm of the unscaled gradients, before clipping
+    grad_norm: torch.Tensor | None  # L2 norm of the unscaled gradients before clipping; None
+    # when the step was asked for no norm and did not clip by norm
     found_inf: torch.Tensor  # 1.0 when the gradients held inf/nan and the update was skipped
 
 
@@ -75,7 +79,9 @@ class TrainStep:
         # the tensors the optimizer steps: the model's, or their fp32 masters in the pure modes
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def __call__(self, micro_batches: Sequence[Batch]) -> StepResult:
+    def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True) -> StepResult:
+        """One optimizer step; `measure_norm=False` skips the gradient norm unless clipping by
+        norm needs it (the loop asks for it on log steps only)."""
         self.diagnostics.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.policy.device)
@@ -93,31 +99,35 @@ class TrainStep:
             loss_sum += loss.detach()
             correct += (logits.detach().argmax(-1) == labels).sum()
             samples += labels.shape[0]
-        grad_norm = self.unscale_and_clip()
+        grad_norm = self.unscale_and_clip(measure_norm)
         self.diagnostics.before_optimizer_step()
         self.scaler.step(self.optimizer)
+        found_inf = skipped_update(self.scaler, self.optimizer)  # before update() clears it
         self.scaler.update()
         self.scheduler.step()
-        found_inf = (~torch.isfinite(grad_norm)).float()
         result = StepResult(loss_sum, correct, samples, grad_norm, found_inf)
         self.diagnostics.end_step(result)
         return result
 
-    def unscale_and_clip(self) -> torch.Tensor:
+    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
         """Unscale first, so the norm and the clip threshold see the true gradients."""
         self.before_unscale()
         self.scaler.unscale_(self.optimizer)
-        return self.norm_and_clip()
+        return self.norm_and_clip(measure_norm)
 
-    def norm_and_clip(self) -> torch.Tensor:
-        """The total gradient norm (before clipping), then clip by norm or value if asked."""
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        if self.clip_grad > 0 and self.clip_mode == "norm":
+    def norm_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
+        """The total gradient norm (before clipping) when asked or clipping by norm, then clip
+        by norm or value if asked."""
+        clip_norm = self.clip_grad > 0 and self.clip_mode == "norm"
+        norm = None
+        if measure_norm or clip_norm:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        if clip_norm:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
         elif self.clip_grad > 0:
             torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
-        return norm.float()
+        return None if norm is None else norm.float()
 
 
 @torch.no_grad()

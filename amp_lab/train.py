@@ -69,18 +69,20 @@ class DeviceCounters:
     def __init__(self, device: torch.device) -> None:
         self.values = torch.zeros(len(self.NAMES), device=device, dtype=torch.float64)
         self.index = {name: i for i, name in enumerate(self.NAMES)}
+        # 0-d views into `values`: updating them in place costs one op each, no indexing
+        self.views = dict(zip(self.NAMES, self.values.unbind()))
+        self.sums = [self.views[name] for name in
+                     ("loss_sum", "loss_count", "correct", "skipped", "window_skipped")]
 
     def add(self, result: StepResult) -> None:
-        v, i = self.values, self.index
+        """A handful of device ops per step (each op costs host time; a short GPU step feels it)."""
         finite = torch.isfinite(result.loss)
-        v[i["loss_sum"]] += torch.where(finite, result.loss, 0.0)  # a nan loss is counted apart
-        v[i["loss_count"]] += finite
-        v[i["correct"]] += result.correct
-        v[i["samples"]] += result.samples
-        v[i["skipped"]] += result.found_inf
-        v[i["window_skipped"]] += result.found_inf
-        v[i["streak"]] = (v[i["streak"]] + 1) * result.found_inf  # consecutive bad steps
-        v[i["worst_streak"]] = torch.maximum(v[i["worst_streak"]], v[i["streak"]])
+        skip = result.found_inf
+        torch._foreach_add_(self.sums, [torch.where(finite, result.loss, 0.0),  # nan counted apart
+                                        finite, result.correct, skip, skip])
+        self.views["samples"].add_(result.samples)
+        streak = self.views["streak"].add_(1).mul_(skip)  # consecutive bad steps
+        torch.maximum(self.views["worst_streak"], streak, out=self.views["worst_streak"])
 
     def reduce(self, dist) -> None:
         """Sum the per-rank counters (the first four). The skip counters are already equal on
@@ -215,13 +217,14 @@ class Trainer:
                 fetch_start = time.perf_counter()
                 micro_batches = take(batches, t.grad_accum)
                 data_s = time.perf_counter() - fetch_start
-                result = self.train_step(micro_batches)
+                last = st.step + 1 >= self.total_steps
+                log_step = (st.step + 1) % t.log_every == 0 or last
+                result = self.train_step(micro_batches, measure_norm=log_step)
                 counters.add(result)
                 st.step += 1
                 st.batch_in_epoch += 1
                 meter.step_done(st.step, result.samples, data_s)
-                last = st.step >= self.total_steps
-                if st.step % t.log_every == 0 or last:
+                if log_step:
                     sinks.log(self._train_record(counters, result, meter, started))
                 epoch_end = st.batch_in_epoch == self.steps_per_epoch
                 if self.dist.is_main and ((t.eval_every and st.step % t.eval_every == 0) or (

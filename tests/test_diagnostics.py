@@ -45,9 +45,9 @@ def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatc
         monkeypatch.setattr(torch.Tensor, name, counted)
     step_call = type(trainer.train_step).__call__
 
-    def step(self, micro_batches):
+    def step(self, micro_batches, **kwargs):
         current["step"] += 1
-        return step_call(self, micro_batches)
+        return step_call(self, micro_batches, **kwargs)
 
     monkeypatch.setattr(type(trainer.train_step), "__call__", step)
     summary = trainer.fit()

@@ -75,6 +75,20 @@ def test_modes_without_scaler_still_skip_non_finite_steps(tmp_path, precision):
     assert trainer.scaler.get_scale() == 1.0  # nothing is scaled in these modes
 
 
+def test_steps_between_log_steps_skip_the_norm_but_not_the_inf_check(tmp_path):
+    """measure_norm=False (the loop's non-log steps): no gradient norm is computed, yet an inf
+    gradient is still caught, from the scaler's own check, and the update skipped."""
+    trainer = _trainer(tmp_path, "precision=bf16")
+    before = _weights(trainer)
+    _inject_inf_once(trainer)
+    result = trainer.train_step([_batch(trainer, 16)], measure_norm=False)
+    assert result.grad_norm is None and result.found_inf.item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(trainer)))
+    clipped = _trainer(tmp_path / "clip", "trainer.clip_grad=1.0")
+    norm = clipped.train_step([_batch(clipped, 16)], measure_norm=False).grad_norm
+    assert norm is not None and torch.isfinite(norm)  # clipping by norm needs it anyway
+
+
 def test_clipping_sees_unscaled_gradients(tmp_path):
     """fp16 with a 65536 scale: the logged norm matches fp32, and the clip acts on true grads."""
     common = ["optim=sgd", "optim.momentum=0", "optim.weight_decay=0", "lr.base=1.0",

@@ -28,6 +28,7 @@ def test_every_precision_mode_trains(precision, tmp_path):
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == [10, 20, 30]
     assert all(TRAIN_KEYS <= r.keys() for r in train)
+    assert all(r["train/grad_norm"] > 0 for r in train)  # measured on every log step
     assert train[-1]["train/loss"] < train[0]["train/loss"]  # it learns
     assert summary["status"] == "completed" and summary["diverged"] is False
     assert summary["final_val_acc"] > 0.3  # 10 classes: chance is 0.1
