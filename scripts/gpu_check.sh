@@ -2,9 +2,10 @@
 # The performance check for one H100/H200-class GPU, in about 8 minutes:
 #   1. the no-sync check: pytest -m gpu (a real Trainer loop under
 #      torch.cuda.set_sync_debug_mode("error") between log steps, fp32/fp16/bf16);
-#   2. the overhead check: amp_lab step / bare loop, resnet50, every GPU mode;
-#   3. the throughput table: resnet50 and vit_base_patch16_224 x fp32, tf32, fp16, bf16,
-#      torch.compile off, then on (one model per step, so both get their turn).
+#   2. the overhead check: amp_lab step / bare loop, resnet50, every GPU mode with the default
+#      telemetry, then bf16 with diagnostics=full;
+#   3. the throughput table: resnet50 and vit_base_patch16_224 x bf16, fp32, fp16, tf32,
+#      torch.compile off, then on (one model per part, so both get their turn).
 # Each part has a time limit; the benchmark rewrites its bench.json/bench.md after every
 # measurement, so a part cut short keeps what it measured. Everything lands in OUT_DIR:
 # status.txt (exit code and elapsed time per part), one .log per part, one folder per benchmark
@@ -52,18 +53,25 @@ if ! "$PYTHON" -c "import wandb" 2> /dev/null; then  # the default telemetry log
   BENCH+=(--override logger.mode=disabled)
   NOTE="wandb is not installed here: every run used logger.mode=disabled"
 fi
-part no_sync 60 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py -q -p no:cacheprovider
-part overhead 110 "${BENCH[@]}" --parts overhead --models resnet50 \
-  --precisions fp32 tf32 fp16 bf16 --steps 10 --rounds 5 --out "$OUT_DIR/overhead"
-part throughput_eager 75 "${BENCH[@]}" --parts throughput \
-  --models resnet50 vit_base_patch16_224 --precisions fp32 tf32 fp16 bf16 --compile off \
+# Limits from the H200 run of 2026-11-30 (docs/gpu_check): the key modes first in every part,
+# so a part cut short still has them. The whole table (16 rows, both overhead variants) needs
+# about 15 minutes there: compiling resnet50 takes about 100 s per precision.
+part no_sync 50 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py -q -p no:cacheprovider
+part overhead 130 "${BENCH[@]}" --parts overhead --models resnet50 --variants default \
+  --precisions bf16 fp16 fp32 tf32 --steps 10 --rounds 4 --out "$OUT_DIR/overhead"
+part overhead_full 40 "${BENCH[@]}" --parts overhead --models resnet50 \
+  --variants diagnostics=full --precisions bf16 --steps 10 --rounds 4 \
+  --out "$OUT_DIR/overhead_full"
+part throughput_eager 90 "${BENCH[@]}" --parts throughput \
+  --models resnet50 vit_base_patch16_224 --precisions bf16 fp32 fp16 tf32 --compile off \
   --steps 20 --warmup 5 --out "$OUT_DIR/throughput_eager"
 # compiled: bf16 and the fp32 baseline first, so the key rows exist if time runs out
-for model in resnet50 vit_base_patch16_224; do
-  part "throughput_compiled_$model" 120 "${BENCH[@]}" --parts throughput --models "$model" \
-    --precisions bf16 fp32 fp16 tf32 --compile on --steps 20 --warmup 5 \
-    --out "$OUT_DIR/throughput_compiled_$model"
-done
+part throughput_compiled_vit_base_patch16_224 50 "${BENCH[@]}" --parts throughput \
+  --models vit_base_patch16_224 --precisions bf16 fp32 fp16 tf32 --compile on --steps 20 \
+  --warmup 5 --out "$OUT_DIR/throughput_compiled_vit_base_patch16_224"
+part throughput_compiled_resnet50 120 "${BENCH[@]}" --parts throughput --models resnet50 \
+  --precisions bf16 fp32 fp16 tf32 --compile on --steps 20 --warmup 5 \
+  --out "$OUT_DIR/throughput_compiled_resnet50"
 
 {
   echo "# amp_lab GPU check — $(date -u +%Y-%m-%dT%H:%M:%SZ)"
