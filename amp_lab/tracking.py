@@ -134,9 +134,13 @@ class WandbSink(Sink):
             self.run = None
 
     def finish(self, summary: Record) -> None:
-        if self.run is not None:
+        if self.run is None:
+            return
+        try:
             self.run.summary.update(summary)
             self.summary_logged = True
+        except Exception as err:  # noqa: BLE001 - summary.json keeps the summary anyway
+            log.warning("W&B summary failed (%s)", redact(str(err)))
 
     def close(self) -> None:
         """Finish the W&B run; after a crash, the crashed summary.json is its summary."""
@@ -144,9 +148,9 @@ class WandbSink(Sink):
             return
         run, self.run = self.run, None
         path = self.out_dir / "summary.json"
-        if not self.summary_logged and path.exists():
-            run.summary.update(json.loads(path.read_text()))
-        try:
+        try:  # on a requeue, SLURM's SIGTERM may have ended the W&B service already
+            if not self.summary_logged and path.exists():
+                run.summary.update(json.loads(path.read_text()))
             run.finish(exit_code=0 if self.summary_logged else 1)
             import wandb
 

@@ -12,7 +12,7 @@ from wandb_records import offline_runs, read_run
 
 from amp_lab.config import ConfigError
 from amp_lab.sinks import Sink
-from amp_lab.tracking import RUN_ID_FILE, build_tracking_sinks, resolve_mode
+from amp_lab.tracking import RUN_ID_FILE, WandbSink, build_tracking_sinks, resolve_mode
 from amp_lab.train import Trainer
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, like a real key
@@ -116,3 +116,26 @@ def test_modes_and_environment(tmp_path, monkeypatch):
     assert not (tmp_path / "wandb").exists() and (tmp_path / "summary.json").exists()
     with pytest.raises(ConfigError, match="logger.mode='onlin' is unknown"):
         settings("logger.mode=onlin")
+
+
+def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog):
+    """On a SLURM requeue, SIGTERM can end the W&B service before the run closes its sink: the
+    failure is a warning, so the requeue's SystemExit is what leaves the job."""
+    class DeadService:
+        def __getattr__(self, name):
+            raise ConnectionResetError("Connection lost")
+
+    class DeadRun:
+        summary = DeadService()
+
+        def finish(self, exit_code):
+            raise ConnectionResetError("Connection lost")
+
+    (tmp_path / "summary.json").write_text('{"status": "crashed: Interrupted"}')
+    sink = WandbSink(settings(), tmp_path, "offline")
+    sink.run = DeadRun()
+    sink.finish({"status": "completed"})
+    sink.close()  # raises nothing
+    assert sink.run is None
+    assert [r.message for r in caplog.records if "W&B" in r.message] == [
+        "W&B summary failed (Connection lost)", "W&B finish failed (Connection lost)"]
