@@ -56,7 +56,7 @@ def variant_label(variant: str, settings: AmpLabConfig) -> str:
     offline)', so a table read later says what was measured."""
     if variant != "default":
         return variant
-    return (f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})")
+    return f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

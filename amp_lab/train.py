@@ -68,7 +68,6 @@ class DeviceCounters:
 
     def __init__(self, device: torch.device) -> None:
         self.values = torch.zeros(len(self.NAMES), device=device, dtype=torch.float64)
-        self.index = {name: i for i, name in enumerate(self.NAMES)}
         # 0-d views into `values`: updating them in place costs one op each, no indexing
         self.views = dict(zip(self.NAMES, self.values.unbind()))
         self.sums = [self.views[name] for name in
@@ -94,7 +93,7 @@ class DeviceCounters:
         values = dict(zip(self.NAMES, self.values.tolist()))
         for name in ("loss_sum", "loss_count", "correct", "samples", "window_skipped",
                      "worst_streak"):
-            self.values[self.index[name]] = 0.0
+            self.views[name].zero_()
         return values
 
 
