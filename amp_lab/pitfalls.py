@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from amp_lab.config import ConfigError, FaultConfig
 from amp_lab.scaling import skipped_update
-from amp_lab.step import Batch, StepResult, TrainStep, loss_fn
+from amp_lab.step import Batch, StepResult, TrainStep, count_correct, loss_fn
 
 
 def _scale_output(factor: float):
@@ -77,7 +77,7 @@ class LabStep(TrainStep):
                 self.backward(loss)
             self.after_micro_batch(last)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            correct += (logits.detach().argmax(-1) == labels).sum()
+            correct += count_correct(logits, labels)
             samples += labels.shape[0]
         grad_norm = self.unscale_and_clip(measure_norm)
         self.diagnostics.before_optimizer_step()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import pytest
 import torch
 from conftest import settings
 
+from amp_lab.step import count_correct
 from amp_lab.train import Trainer
 
 
@@ -135,6 +137,26 @@ def test_loss_is_computed_in_fp32_under_autocast(tmp_path):
     trainer = _trainer(tmp_path, "precision=bf16")
     result = trainer.train_step([_batch(trainer, 16)])
     assert result.loss.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_accuracy_counts_the_first_maximum_like_argmax(dtype):
+    logits = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.5], [0.0, 0.0, 0.0]]).to(dtype)
+    assert torch.equal(logits.argmax(-1), torch.tensor([1, 0, 0]))
+    assert count_correct(logits, torch.tensor([1, 0, 0])).item() == 3
+    assert count_correct(logits, torch.tensor([2, 1, 2])).item() == 0  # ties go to the first
+
+
+def test_a_step_holds_only_the_last_outputs_until_the_next_forward(tmp_path):
+    """The previous step's logits and loss stay alive into the next step (as a hand-written
+    loop's variables do) and are released there: memory never grows with the step count."""
+    trainer = _trainer(tmp_path, "precision=bf16")
+    trainer.train_step([_batch(trainer, 16)])
+    first = [weakref.ref(t) for t in trainer.train_step.held]
+    trainer.train_step([_batch(trainer, 16, 16)])
+    assert all(ref() is None for ref in first)
+    logits, loss = trainer.train_step.held
+    assert logits.shape == (16, trainer.settings.data.num_classes) and loss.dim() == 0
 
 
 def test_optimizer_is_fused_so_the_scaler_skips_on_device(tmp_path):
