@@ -59,6 +59,7 @@ class LabStep(TrainStep):
 
     def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True) -> StepResult:
         self.diagnostics.begin_step()
+        model = self.diagnostics.forward_module(self.model)
         step = self.scheduler.last_epoch + 1  # this optimizer step, 1-based, known on the host
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = None  # keeps the loss's own dtype (fp16 for loss_in_low_precision)
@@ -70,7 +71,7 @@ class LabStep(TrainStep):
                 images = images.contiguous(memory_format=torch.channels_last)
             with self.micro_batch_context(last):
                 with self.policy.autocast():
-                    logits = self.model(images)
+                    logits = model(images)
                 loss = self.compute_loss(logits, labels) / len(micro_batches)
                 if last and step == self.fault.inf_grad_at_step:
                     logits.register_hook(lambda g: g * math.inf)  # the injected inf gradient

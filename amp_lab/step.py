@@ -48,6 +48,10 @@ class StepObserver:
     def begin_step(self) -> None:
         """Before the forward pass."""
 
+    def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module this step's forward passes run through: `model` unless told otherwise."""
+        return model
+
     def before_optimizer_step(self) -> None:
         """Gradients unscaled and clipped, weights not yet updated."""
 
@@ -90,6 +94,7 @@ class TrainStep:
         """One optimizer step; `measure_norm=False` skips the gradient norm unless clipping by
         norm needs it (the loop asks for it on log steps only)."""
         self.diagnostics.begin_step()
+        model = self.diagnostics.forward_module(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.policy.device)
         correct = torch.zeros((), device=self.policy.device, dtype=torch.long)
@@ -99,7 +104,7 @@ class TrainStep:
                 images = images.contiguous(memory_format=torch.channels_last)
             with self.micro_batch_context(i == len(micro_batches) - 1):
                 with self.policy.autocast():
-                    logits = self.model(images)
+                    logits = model(images)
                 # dividing by the number of micro-batches makes accumulation an average
                 loss = loss_fn(logits, labels) / len(micro_batches)
                 # The previous logits and loss (with its spent graph) are freed here, as a

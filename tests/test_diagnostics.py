@@ -76,6 +76,23 @@ def test_inf_gradient_is_attributed_and_the_backoff_logged(tmp_path):
     assert summary["diagnostics"]["fp32_state_ok"] is True
 
 
+@pytest.mark.slow
+def test_probes_see_a_compiled_model(tmp_path):
+    """torch.compile ignores module hooks added after compiling, so probe steps run the eager
+    module inside it: the compiled run reports the same activations as an eager one."""
+    common = ["precision=bf16", "diagnostics.every=2", "trainer.log_every=2", "trainer.max_steps=4"]
+    _, eager = _fit(tmp_path / "eager", *common)
+    _, compiled = _fit(tmp_path / "compiled", *common, "trainer.compile=true")
+    assert [r["diag/act_max_module"] for r in compiled] == [r["diag/act_max_module"] for r in eager]
+    for c, e in zip(compiled, eager):
+        assert c["diag/act_max"] == pytest.approx(e["diag/act_max"], rel=1e-2)
+
+
+def test_full_mode_on_a_compiled_model_says_it_runs_eager(tmp_path, caplog):
+    Trainer(settings(*TINY, "diagnostics=full", "trainer.compile=true"), tmp_path)
+    assert "every step runs eager" in caplog.text
+
+
 def test_overflowing_module_is_named_in_light_mode(tmp_path):
     summary, _ = _fit(tmp_path, "precision=fp16", "fault.overflow_module=blocks.0.mlp.fc2",
                       "fault.overflow_factor=1e6")
