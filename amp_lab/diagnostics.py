@@ -52,9 +52,8 @@ class Diagnostics(StepObserver):
         self.cfg, self.step_fn, self.out_dir = cfg, step, out_dir
         self.device = step.policy.device
         self.every = cfg.every or log_every
-        self.compiled = hasattr(step.model, "_orig_mod")  # torch.compile wraps the model
-        model = getattr(step.model, "_orig_mod", step.model)
-        if self.compiled and cfg.mode == "full":
+        model = getattr(step.model, "_orig_mod", step.model)  # torch.compile wraps the model
+        if model is not step.model and cfg.mode == "full":
             log.warning("diagnostics=full hooks every module on every step, which a compiled "
                         "model cannot run: every step runs eager. Use diagnostics=light with "
                         "trainer.compile=true, or trainer.compile=false")
@@ -83,7 +82,7 @@ class Diagnostics(StepObserver):
     def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
         # A compiled model ignores hooks added after it was compiled (dynamo does not guard
         # on module hooks), so steps with the probe attached run the eager module it wraps.
-        return model._orig_mod if self.compiled and self.probe.attached else model
+        return getattr(model, "_orig_mod", model) if self.probe.attached else model
 
     def before_optimizer_step(self) -> None:
         pairs = [(n, p) for n, p in self.named if p.grad is not None] if self.probing else []
