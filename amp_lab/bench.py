@@ -8,6 +8,7 @@ measurement so an interrupted benchmark keeps what it measured.
   python -m amp_lab.bench --parts overhead --models test_vit --precisions fp32 bf16
   python -m amp_lab.bench --variants default diagnostics=light diagnostics=full
   python -m amp_lab.bench --models resnet50 vit_base_patch16_224 --compile both
+  python -m amp_lab.bench --parts compile_cache throughput --compile on --jobs 8   # GPU
 """
 
 from __future__ import annotations
@@ -22,18 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 
+from amp_lab.bench_compile_cache import CompileRecord, fill_compile_caches
 from amp_lab.bench_overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
 from amp_lab.bench_report import environment, write_report
 from amp_lab.bench_throughput import ThroughputRow, fill_speedups, measure_throughput
-from amp_lab.config import AmpLabConfig, ConfigError, register, validate
+from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
 from amp_lab.precision import PRECISION_MODES, resolve_device, resolve_precision
 from amp_lab.train import Trainer
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # Per device kind: models, batch size, image size, compile settings when not given.
 DEFAULTS = {
     "cpu": {"models": ["test_vit", "test_convnext"], "batch_size": 32, "img_size": 32,
@@ -64,8 +62,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m amp_lab.bench", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--parts", nargs="+", choices=["overhead", "throughput"],
-        default=["overhead", "throughput"], help="what to measure (default: both)")
+    add("--parts", nargs="+", choices=["compile_cache", "overhead", "throughput"],
+        default=["overhead", "throughput"], help="what to run, in this order (default: "
+        "overhead throughput); compile_cache compiles every models x precisions "
+        "configuration once in --jobs parallel processes and records its first step, so "
+        "the compiled throughput rows then load their kernels from torch's on-disk caches")
     add("--models", nargs="+", help="conf/model presets (default: test_vit test_convnext on "
         "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead uses the first")
     add("--precisions", nargs="+", help="modes from PRECISION_MODES (default: every mode "
@@ -81,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--rounds", type=int, default=5, help="timed overhead rounds, after one warm-up round")
     add("--compile", choices=["off", "on", "both"], help="torch.compile in the throughput table "
         "(default: off on CPU, both on CUDA)")
+    add("--jobs", type=int, default=1, help="compile_cache processes at a time (default 1); "
+        "each runs its configuration's steps, so they share the device's memory")
     add("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add("--threads", type=int, help="torch CPU threads (default: torch's); on a shared CPU, 1 "
         "spares the two loops from fighting other processes for cores")
@@ -88,19 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra config overrides for every run, e.g. trainer.log_every=5")
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
     args = parser.parse_args(argv)
-    if min(args.steps, args.rounds) < 1 or args.warmup < 0:
-        parser.error("--steps and --rounds must be >= 1, --warmup >= 0")
+    if min(args.steps, args.rounds, args.jobs) < 1 or args.warmup < 0:
+        parser.error("--steps, --rounds and --jobs must be >= 1, --warmup >= 0")
     return args
-
-
-def compose_settings(overrides: list[str]) -> AmpLabConfig:
-    """The validated config, exactly as `python -m amp_lab <overrides>` would build it."""
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return validate(compose(config_name="config", overrides=overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"{str(err).splitlines()[0]} (overrides: {' '.join(overrides)})") \
-            from err
 
 
 def runnable_precisions(device: torch.device) -> list[str]:
@@ -167,6 +160,28 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
     return results
 
 
+def throughput_overrides(args: argparse.Namespace, model: str, precision: str,
+                         compiled: bool) -> list[str]:
+    """One throughput row's config; compile_cache compiles exactly these, so the caches hit."""
+    return _overrides(args, model, precision, f"trainer.compile={str(compiled).lower()}",
+                      f"trainer.max_steps={args.warmup + 2 * args.steps}")
+
+
+def run_compile_cache(args: argparse.Namespace, report: Report) -> None:
+    """Every compiled throughput row's configuration built once, --jobs processes at a time."""
+    configs = [(model, precision, throughput_overrides(args, model, precision, True))
+               for model in args.models for precision in args.precisions]
+    for _, _, overrides in configs:
+        compose_settings(overrides)  # a bad config fails here, in one line, before any compile
+    records: list[CompileRecord] = []
+    for record in fill_compile_caches(configs, args.out / "runs", max(1, args.warmup),
+                                      args.jobs, args.threads):
+        records.append(record)
+        report(compile_cache=records)
+        outcome = record.error or f"first step {record.first_step_s:.1f} s"
+        print(f"compile_cache {record.model} {record.precision}: {outcome}", file=sys.stderr)
+
+
 def run_throughput(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """One row per model x compile setting x precision; a failing row is recorded, not fatal."""
     rows: list[ThroughputRow] = []
@@ -176,9 +191,8 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
     for model in args.models:
         for compiled in compiles:
             for precision in args.precisions:
-                settings = compose_settings(_overrides(
-                    args, model, precision, f"trainer.compile={str(compiled).lower()}",
-                    f"trainer.max_steps={args.warmup + 2 * args.steps}"))
+                settings = compose_settings(throughput_overrides(args, model, precision,
+                                                                 compiled))
                 trainer = Trainer(settings, args.out / "runs" / "throughput")
                 try:
                     rows.append(measure_throughput(trainer, args.warmup, args.steps,
@@ -199,7 +213,6 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    register()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -214,12 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
         env = environment(device, sys.argv[1:] if argv is None else argv)
-        state: dict[str, Any] = {"overhead": [], "rows": [], "errors": []}
+        state: dict[str, Any] = {"compile_cache": [], "overhead": [], "rows": [], "errors": []}
 
         def report(**update: Any) -> None:
             state.update(update)
-            write_report(args.out, env, state["overhead"], state["rows"], state["errors"])
+            write_report(args.out, env, **state)
 
+        if "compile_cache" in args.parts:
+            run_compile_cache(args, report)
         if "overhead" in args.parts:
             run_overhead(args, device, report)
         if "throughput" in args.parts:

@@ -16,6 +16,7 @@ from typing import Any
 import timm
 import torch
 
+from amp_lab.bench_compile_cache import CompileRecord
 from amp_lab.bench_overhead import OverheadResult
 from amp_lab.bench_throughput import ThroughputRow
 from amp_lab.flops import device_name
@@ -49,6 +50,14 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def compile_cache_table(records: list[CompileRecord]) -> str:
+    lines = ["| model | precision | first step s |", "|---|---|---|"]
+    for r in records:
+        first = f"{r.first_step_s:.1f}" if r.first_step_s is not None else f"failed: {r.error}"
+        lines.append(f"| {r.model} | {r.precision} | {first} |")
+    return "\n".join(lines)
+
+
 def overhead_table(results: list[OverheadResult]) -> str:
     lines = ["| variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
              "min | max | CPU-time ratio | rounds |", "|---|---|---|---|---|---|---|---|---|"]
@@ -61,28 +70,30 @@ def overhead_table(results: list[OverheadResult]) -> str:
 
 
 def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) -> str:
-    lines = ["| model | precision | compile | channels_last | batch | samples/s | step ms | "
-             "fwd ms | bwd ms | opt ms | peak MB | TFLOP/s | MFU | vs fp32 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | precision | compile | channels_last | batch | first step s | samples/s | "
+             "step ms | fwd ms | bwd ms | opt ms | peak MB | TFLOP/s | MFU | vs fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"
         speedup = f"{r.speedup_vs_fp32:.2f}×" if r.speedup_vs_fp32 is not None else "—"
         lines.append(
             f"| {r.model} | {r.precision} | {_fmt(r.compile)} | {_fmt(r.channels_last)} | "
-            f"{r.batch_size} | {r.samples_per_s:.1f} | {r.step_ms:.2f} | {r.forward_ms:.2f} | "
-            f"{r.backward_ms:.2f} | {r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | "
+            f"{r.batch_size} | {_fmt(r.first_step_s)} | {r.samples_per_s:.1f} | "
+            f"{r.step_ms:.2f} | {r.forward_ms:.2f} | {r.backward_ms:.2f} | "
+            f"{r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | "
             f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} |")
     for e in errors:
         lines.append(f"| {e['model']} | {e['precision']} | {_fmt(e['compile'])} | "
-                     f"failed: {e['error']} |" + " |" * 10)
+                     f"failed: {e['error']} |" + " |" * 11)
     return "\n".join(lines)
 
 
-def write_report(out_dir: Path, env: dict[str, Any], overhead: list[OverheadResult],
-                 rows: list[ThroughputRow], errors: list[dict[str, Any]]) -> str:
+def write_report(out_dir: Path, env: dict[str, Any], compile_cache: list[CompileRecord],
+                 overhead: list[OverheadResult], rows: list[ThroughputRow],
+                 errors: list[dict[str, Any]]) -> str:
     """Write bench.json and bench.md (atomically, so a reader never sees half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = {"environment": env,
+    data = {"environment": env, "compile_cache": [asdict(r) for r in compile_cache],
             "overhead": [{**asdict(r), "median_ratio": r.median_ratio,
                           "median_cpu_ratio": r.median_cpu_ratio} for r in overhead],
             "throughput": [asdict(r) for r in rows], "throughput_errors": errors}
@@ -93,6 +104,10 @@ def write_report(out_dir: Path, env: dict[str, Any], overhead: list[OverheadResu
               f"load average {env['load_average_1m']:.2f} at the start",
               f"- command: `{env['command']}`", ""]
     parts = header
+    if compile_cache:
+        parts += ["## torch.compile caches filled (each configuration's first step, with "
+                  "compilation, run in parallel processes)", "",
+                  compile_cache_table(compile_cache), ""]
     if overhead:
         parts += ["## Overhead: amp_lab step / bare loop (median of rounds; wall time, and "
                   "process CPU time)", "",

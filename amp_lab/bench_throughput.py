@@ -30,6 +30,7 @@ class ThroughputRow:
     channels_last: bool
     batch_size: int  # global batch per optimizer step
     img_size: int
+    first_step_s: float | None  # the first warm-up step: compilation, autotuning, allocation
     samples_per_s: float
     step_ms: float  # unsynchronised real steps
     forward_ms: float  # forward + loss, from the phase-synchronised steps
@@ -89,8 +90,13 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
     """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
     as they do not depend on the precision) the FLOPs of a step."""
     stream = batch_stream(trainer)
-    for _ in range(warmup):
+    first_step_s = None
+    for step in range(warmup):
+        start = time.perf_counter()
         trainer.train_step(next(stream), measure_norm=False)
+        if step == 0:
+            synchronize(trainer.device)
+            first_step_s = time.perf_counter() - start
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     synchronize(trainer.device)
@@ -113,7 +119,8 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
     return ThroughputRow(
         model=s.model.name, precision=trainer.policy.mode.name, compile=s.trainer.compile,
         channels_last=s.model.channels_last, batch_size=trainer.global_batch,
-        img_size=s.data.img_size, samples_per_s=trainer.global_batch / step_s,
+        img_size=s.data.img_size, first_step_s=first_step_s,
+        samples_per_s=trainer.global_batch / step_s,
         step_ms=1000 * step_s, forward_ms=1000 * forward_s, backward_ms=1000 * backward_s,
         optimizer_ms=1000 * optimizer_s, peak_memory_mb=memory, flops_per_step=flops,
         achieved_tflops=flops / step_s / 1e12, mfu=mfu(flops, step_s, peak))

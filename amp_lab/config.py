@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 class ConfigError(ValueError):
@@ -305,3 +310,14 @@ def validate(cfg: DictConfig) -> AmpLabConfig:
         raise ConfigError(str(cause) if cause else str(err).splitlines()[0]) from err
     assert isinstance(settings, AmpLabConfig)
     return settings
+
+
+def compose_settings(overrides: list[str]) -> AmpLabConfig:
+    """The validated config `python -m amp_lab <overrides>` would run (ConfigError when bad)."""
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return validate(compose(config_name="config", overrides=overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"{str(err).strip().splitlines()[0]} (overrides: "
+                          f"{' '.join(overrides)})") from err

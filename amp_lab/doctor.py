@@ -20,17 +20,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from amp_lab.config import ConfigError, register, validate
+from amp_lab.config import ConfigError, compose_settings
 from amp_lab.verdict import Advice, Probe, recommend, verdict
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # keys the doctor sets itself; the user's values for them are replaced per probe
 PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
               "trainer.eval_every", "trainer.progress", "diagnostics", "diagnostics.mode",
@@ -40,16 +36,6 @@ log = logging.getLogger("amp_lab.doctor")
 
 def _key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
-
-
-def compose_settings(overrides: list[str]):
-    """The typed settings `python -m amp_lab <overrides>` would run (ConfigError when bad)."""
-    register()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return validate(compose(config_name="config", overrides=overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(str(err).strip().splitlines()[0]) from err
 
 
 class Doctor:

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import ROOT
 
 from amp_lab import bench, flops
 from amp_lab.config import ConfigError
@@ -54,8 +58,9 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     assert [(r["model"], r["precision"], r["compile"]) for r in rows] == [
         ("test_vit", "fp32", False), ("test_vit", "bf16", False)]
     for row in rows:
-        for key in ["samples_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                    "peak_memory_mb", "flops_per_step", "achieved_tflops", "speedup_vs_fp32"]:
+        for key in ["first_step_s", "samples_per_s", "step_ms", "forward_ms", "backward_ms",
+                    "optimizer_ms", "peak_memory_mb", "flops_per_step", "achieved_tflops",
+                    "speedup_vs_fp32"]:
             assert _positive(row[key]), key
         assert row["mfu"] is None  # no peak FLOPs on a CPU
         assert row["batch_size"] == 8 and row["img_size"] == 16
@@ -71,10 +76,54 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     assert ("| variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | max "
             "| CPU-time ratio | rounds |") in md
     assert "| trainer.clip_grad=1.0 | bf16 |" in md
-    assert "| model | precision | compile | channels_last | batch | samples/s |" in md
+    assert ("| model | precision | compile | channels_last | batch | first step s | samples/s "
+            "|") in md
     assert "| test_vit | bf16 | off | off | 8 |" in md
     # the real runs behind the overhead rows are ordinary run directories
     assert (out / "runs" / "overhead_default_fp32" / "summary.json").is_file()
+
+
+def _bench_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python -m amp_lab.bench ARGS` in its own process, as a user (or gpu_check.sh) runs it."""
+    return subprocess.run([sys.executable, "-m", "amp_lab.bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_compile_cache_builds_the_graphs_the_compiled_rows_then_load(tmp_path):
+    cache = tmp_path / "inductor"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    tiny = [*TINY[:TINY.index("--device")], "logger.mode=disabled", "--device", "cpu",
+            "--compile", "on"]
+    done = _bench_cli(*tiny, "--parts", "compile_cache", "--jobs", "2", "--out",
+                      str(tmp_path / "cache_run"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads((tmp_path / "cache_run" / "bench.json").read_text())["compile_cache"]
+    assert sorted((r["model"], r["precision"]) for r in records) == [
+        ("test_vit", "bf16"), ("test_vit", "fp32")]
+    assert all(_positive(r["first_step_s"]) and r["error"] is None for r in records)
+    assert "| test_vit | bf16 |" in (tmp_path / "cache_run" / "bench.md").read_text()
+    graphs = sorted(p.relative_to(cache) for p in cache.glob("fxgraph/**/*") if p.is_file())
+    assert len(graphs) >= 4  # a forward and a backward graph per configuration
+
+    done = _bench_cli(*tiny, "--parts", "throughput", "--out", str(tmp_path / "timed"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "timed" / "bench.json").read_text())["throughput"]
+    assert [(r["precision"], r["compile"]) for r in rows] == [("fp32", True), ("bf16", True)]
+    # every compiled row found its graphs in the cache: inductor built none of its own
+    assert sorted(p.relative_to(cache) for p in cache.glob("fxgraph/**/*") if p.is_file()) \
+        == graphs
+
+
+def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tmp_path):
+    # The config composes, but this machine has no CUDA device: the process fails at start-up.
+    code = bench.main([*TINY, "--parts", "compile_cache", "--override", "trainer.device=cuda",
+                       "--precisions", "fp32", "--out", str(tmp_path)])
+    assert code == 0
+    (record,) = json.loads((tmp_path / "bench.json").read_text())["compile_cache"]
+    assert record["first_step_s"] is None and "exit 1: amp_lab.bench_compile_cache: error:" \
+        in record["error"] and "cuda" in record["error"].lower()
+    assert "| test_vit | fp32 | failed: exit 1" in (tmp_path / "bench.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [
