@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The performance check for one H100/H200-class GPU, in about 8 minutes:
-#   1. the no-sync check: pytest -m gpu (a real Trainer loop under
+# The performance check for one H100/H200-class GPU, in at most 8 minutes:
+#   1. compile_cache, in the background: every compiled throughput row's configuration compiled
+#      once, in parallel processes, so the timed compiled rows load their kernels from torch's
+#      on-disk caches (cold, resnet50 took about 100 s per precision to compile on an H200);
+#   2. the no-sync check, meanwhile: pytest -m gpu (a real Trainer loop under
 #      torch.cuda.set_sync_debug_mode("error") between log steps, fp32/fp16/bf16);
-#   2. the overhead check: amp_lab step / bare loop, resnet50, every GPU mode with the default
-#      telemetry, then bf16 with diagnostics=full;
-#   3. the throughput table: resnet50 and vit_base_patch16_224 x bf16, fp32, fp16, tf32,
-#      torch.compile off, then on (one model per part, so both get their turn).
-# Each part has a time limit; the benchmark rewrites its bench.json/bench.md after every
-# measurement, so a part cut short keeps what it measured. Everything lands in OUT_DIR:
-# status.txt (exit code and elapsed time per part), one .log per part, one folder per benchmark
-# and gpu_check.md (all tables, with date and device) at the end.
+#   3. the overhead check: amp_lab step / bare loop, resnet50, every GPU mode with the default
+#      telemetry;
+#   4. the throughput table: resnet50 and vit_base_patch16_224 x bf16, fp32, fp16, tf32,
+#      torch.compile off, then on (one model per part, so both get their turn);
+#   5. the overhead of diagnostics=full (bf16), in the time that is left.
+# Each part has a time limit, cut to what is left of the 8 minutes (BUDGET_S, default 470 s);
+# the benchmark rewrites its bench.json/bench.md after every measurement, so a part cut short
+# keeps what it measured. Everything lands in OUT_DIR: status.txt (exit code and elapsed time
+# per part), one .log per part, one folder per benchmark and gpu_check.md (all tables, with date
+# and device) at the end.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (default: $OUT, else outputs/gpu_check/DATE_TIME)
 #        PYTHON=/path/to/python scripts/gpu_check.sh   (default: .venv/bin/python, else python3)
@@ -22,10 +27,17 @@ OUT_DIR=${1:-${OUT:-outputs/gpu_check/$(date -u +%Y-%m-%d_%H-%M-%S)}}
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's amp_lab
 START=$SECONDS
+BUDGET=${BUDGET_S:-470}  # seconds for all parts: 8 minutes, less the summary at the end
 
 part() {  # part NAME LIMIT_S COMMAND...: run with a time limit, log it, record the exit code
   local name=$1 limit=$2
   shift 2
+  local left=$((BUDGET - (SECONDS - START)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then
+    echo "$name: skipped, ${left}s of the ${BUDGET}s budget left" | tee -a "$OUT_DIR/status.txt"
+    return
+  fi
   echo "== $name (limit ${limit}s)"
   rm -rf "${OUT_DIR:?}/$name"  # a benchmark part's folder: no figures left from an earlier run
   timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
@@ -53,25 +65,31 @@ if ! "$PYTHON" -c "import wandb" 2> /dev/null; then  # the default telemetry log
   BENCH+=(--override logger.mode=disabled)
   NOTE="wandb is not installed here: every run used logger.mode=disabled"
 fi
-# Limits from the H200 run of 2026-11-30 (docs/gpu_check): the key modes first in every part,
-# so a part cut short still has them. The whole table (16 rows, both overhead variants) needs
-# about 15 minutes there: compiling resnet50 takes about 100 s per precision.
-part no_sync 50 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py -q -p no:cacheprovider
-part overhead 130 "${BENCH[@]}" --parts overhead --models resnet50 --variants default \
-  --precisions bf16 fp16 fp32 tf32 --steps 10 --rounds 4 --out "$OUT_DIR/overhead"
+# One compile process per 16 GiB of GPU memory, at most one per configuration: each runs its
+# configuration's steps at batch 128 (peaks of 7-17 GB on the H200).
+JOBS=$("$PYTHON" -c "import torch
+print(max(1, min(8, torch.cuda.get_device_properties(0).total_memory // (16 << 30))))")
+MODELS=(resnet50 vit_base_patch16_224)
+MODES=(bf16 fp32 fp16 tf32)  # the key modes first in every part: a part cut short has them
+TIMED=(--steps 20 --warmup 5)  # the same in compile_cache and the compiled rows: same graphs
+# Limits from the H200 run of 2026-11-30 (docs/gpu_check), where the compiled rows still
+# compiled cold and the whole table needed about 15 minutes.
+part compile_cache 180 "${BENCH[@]}" --parts compile_cache --models "${MODELS[@]}" \
+  --precisions "${MODES[@]}" "${TIMED[@]}" --jobs "$JOBS" --out "$OUT_DIR/compile_cache" &
+part no_sync 120 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py -q -p no:cacheprovider
+wait  # nothing timed runs next to the compile processes
+part overhead 110 "${BENCH[@]}" --parts overhead --models resnet50 --variants default \
+  --precisions "${MODES[@]}" --steps 10 --rounds 4 --out "$OUT_DIR/overhead"
+part throughput_eager 80 "${BENCH[@]}" --parts throughput --models "${MODELS[@]}" \
+  --precisions "${MODES[@]}" --compile off "${TIMED[@]}" --out "$OUT_DIR/throughput_eager"
+for model in vit_base_patch16_224 resnet50; do
+  part "throughput_compiled_$model" 60 "${BENCH[@]}" --parts throughput --models "$model" \
+    --precisions "${MODES[@]}" --compile on "${TIMED[@]}" \
+    --out "$OUT_DIR/throughput_compiled_$model"
+done
 part overhead_full 40 "${BENCH[@]}" --parts overhead --models resnet50 \
   --variants diagnostics=full --precisions bf16 --steps 10 --rounds 4 \
   --out "$OUT_DIR/overhead_full"
-part throughput_eager 90 "${BENCH[@]}" --parts throughput \
-  --models resnet50 vit_base_patch16_224 --precisions bf16 fp32 fp16 tf32 --compile off \
-  --steps 20 --warmup 5 --out "$OUT_DIR/throughput_eager"
-# compiled: bf16 and the fp32 baseline first, so the key rows exist if time runs out
-part throughput_compiled_vit_base_patch16_224 50 "${BENCH[@]}" --parts throughput \
-  --models vit_base_patch16_224 --precisions bf16 fp32 fp16 tf32 --compile on --steps 20 \
-  --warmup 5 --out "$OUT_DIR/throughput_compiled_vit_base_patch16_224"
-part throughput_compiled_resnet50 120 "${BENCH[@]}" --parts throughput --models resnet50 \
-  --precisions bf16 fp32 fp16 tf32 --compile on --steps 20 --warmup 5 \
-  --out "$OUT_DIR/throughput_compiled_resnet50"
 
 {
   echo "# amp_lab GPU check — $(date -u +%Y-%m-%dT%H:%M:%SZ)"
