@@ -63,10 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--parts", nargs="+", choices=["compile_cache", "overhead", "throughput"],
-        default=["overhead", "throughput"], help="what to run, in this order (default: "
-        "overhead throughput); compile_cache compiles every models x precisions "
-        "configuration once in --jobs parallel processes and records its first step, so "
-        "the compiled throughput rows then load their kernels from torch's on-disk caches")
+        default=["overhead", "throughput"], help="what to run, always in the order "
+        "compile_cache, overhead, throughput (default: overhead throughput); compile_cache "
+        "compiles every models x precisions configuration once in --jobs parallel processes "
+        "and records its first step, so the compiled throughput rows then load their kernels "
+        "from torch's on-disk caches")
     add("--models", nargs="+", help="conf/model presets (default: test_vit test_convnext on "
         "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead uses the first")
     add("--precisions", nargs="+", help="modes from PRECISION_MODES (default: every mode "
