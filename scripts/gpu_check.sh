@@ -103,7 +103,7 @@ part overhead_full 40 "${BENCH[@]}" --parts overhead --models resnet50 \
   echo '```'
   grep -E "passed|failed|error|skipped" "$OUT_DIR/no_sync.log" | tail -n 1 | sed 's/^/no-sync check: /'
   for md in "$OUT_DIR"/*/bench.md; do
-    [ -f "$md" ] && { echo; sed 's/^# /## /; s/^## \([A-Z]\)/### \1/' "$md"; }
+    [ -f "$md" ] && { echo; sed 's/^#/##/' "$md"; }  # each heading one level down
   done
 } > "$OUT_DIR/gpu_check.md"
 echo "written: $OUT_DIR/gpu_check.md ($((SECONDS - START))s)"
