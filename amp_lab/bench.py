@@ -169,9 +169,11 @@ def throughput_overrides(args: argparse.Namespace, model: str, precision: str,
 
 
 def run_compile_cache(args: argparse.Namespace, report: Report) -> None:
-    """Every compiled throughput row's configuration built once, --jobs processes at a time."""
+    """Every compiled throughput row's configuration built once, --jobs processes at a time,
+    precision by precision: a mode whose kernels an earlier one shares (tf32 compiles the same
+    graph as fp32) starts after it, and loads what it finds built."""
     configs = [(model, precision, throughput_overrides(args, model, precision, True))
-               for model in args.models for precision in args.precisions]
+               for precision in args.precisions for model in args.models]
     for _, _, overrides in configs:
         compose_settings(overrides)  # a bad config fails here, in one line, before any compile
     records: list[CompileRecord] = []
