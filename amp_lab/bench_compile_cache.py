@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from amp_lab.bench_throughput import batch_stream
+from amp_lab.bench_throughput import batch_stream, warm_up
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
 from amp_lab.metrics import synchronize
 from amp_lab.train import Trainer
@@ -51,15 +50,9 @@ def first_steps(settings: AmpLabConfig, run_dir: Path, steps: int) -> float:
     """`steps` steps of the runner's compiled step, as the timed row's warm-up runs them (so
     every graph it needs gets built); returns the seconds of the first."""
     trainer = Trainer(settings, run_dir)
-    stream = batch_stream(trainer)
-    start = time.perf_counter()
-    trainer.train_step(next(stream), measure_norm=False)
+    first_step_s = warm_up(trainer, batch_stream(trainer), steps)
     synchronize(trainer.device)
-    first = time.perf_counter() - start
-    for _ in range(steps - 1):
-        trainer.train_step(next(stream), measure_norm=False)
-    synchronize(trainer.device)
-    return first
+    return first_step_s
 
 
 def _compile_one(model: str, precision: str, overrides: list[str], run_dir: Path,

@@ -85,18 +85,26 @@ def phase_times(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> 
     return [total / steps for total in totals]
 
 
+def warm_up(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> float | None:
+    """`steps` steps as the timed ones run them; the seconds of the first (compilation,
+    autotuning, allocator growth), or None without warm-up."""
+    if steps < 1:
+        return None
+    start = time.perf_counter()
+    trainer.train_step(next(stream), measure_norm=False)
+    synchronize(trainer.device)
+    first_step_s = time.perf_counter() - start
+    for _ in range(steps - 1):
+        trainer.train_step(next(stream), measure_norm=False)
+    return first_step_s
+
+
 def measure_throughput(trainer: Trainer, warmup: int, steps: int,
                        flops: int | None = None) -> ThroughputRow:
     """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
     as they do not depend on the precision) the FLOPs of a step."""
     stream = batch_stream(trainer)
-    first_step_s = None
-    for step in range(warmup):
-        start = time.perf_counter()
-        trainer.train_step(next(stream), measure_norm=False)
-        if step == 0:
-            synchronize(trainer.device)
-            first_step_s = time.perf_counter() - start
+    first_step_s = warm_up(trainer, stream, warmup)
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     synchronize(trainer.device)
