@@ -2,13 +2,18 @@
 
 A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`) holds everything the next optimizer step
 depends on: model, optimizer, LR schedule, GradScaler (scale and growth tracker), the loop state
-(step, epoch, batch in the epoch: the data order position), the log-window counters, the RNG
-states (torch, CUDA, Python, NumPy, as plain data) and the W&B run id. Only tensors and plain
-Python data go in, so it loads with `torch.load(weights_only=True)`.
+(step, epoch, batch in the epoch: the data order position), the log-window counters, the
+diagnostics' history (scale events, signatures, the first non-finite step), the RNG states
+(torch, CUDA, Python, NumPy, as plain data) and the W&B run id. Only tensors and plain Python
+data go in, so it loads with `torch.load(weights_only=True)`. A run resumes only with the
+settings its checkpoint was written with, but for those that leave training unchanged
+(`_FREE_TO_CHANGE`): anything else is refused before a file is touched.
 
 A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGTERM) only sets a flag; the
 loop saves at the next step boundary and then hands the signal on to the handler that was there
-before (submitit's, which requeues the job), so a requeued job resumes where it stopped.
+before (submitit's, which requeues the job), so a requeued job resumes where it stopped. Under
+DDP the ranks agree on a stop at log steps (one all-reduce there, not on every step), so a stop
+waits up to trainer.log_every steps.
 """
 
 from __future__ import annotations
@@ -35,12 +40,18 @@ from amp_lab.distributed import DistContext
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bumped when the layout of the saved dict changes
+FORMAT = 2  # bumped when the layout of the saved dict changes (2: the diagnostics' state)
 CHECKPOINT_DIR = "checkpoints"
 WANDB_ID_FILE = "wandb_run_id"  # written by the W&B sink; a resumed run logs to the same W&B run
+RECORD_FILES = ("metrics.jsonl", "diagnostics.jsonl")  # cut back to the step a run resumes at
 _NAME = re.compile(r"^step_(\d+)\.pt$")
-# settings that may differ between the interrupted and the resumed run without a warning
-_FREE_TO_CHANGE = {"trainer.progress", "trainer.resume", "trainer.device", "checkpoint"}
+# Settings (a group, or one key) that may differ between the interrupted and the resumed run:
+# none changes the weights, the optimizer, the scaler, the LR schedule or the data order.
+_FREE_TO_CHANGE = {"checkpoint", "logger", "diagnostics", "trainer.progress", "trainer.resume",
+                   "trainer.device", "trainer.compile", "trainer.eval_every",
+                   "trainer.target_acc", "trainer.max_bad_steps", "trainer.timing_warmup",
+                   "data.root", "data.num_workers", "data.persistent_workers",
+                   "data.prefetch_factor", "data.pin_memory"}
 
 
 class Interrupted(SystemExit):
@@ -133,8 +144,11 @@ class Checkpointer:
         for path in self.checkpoints():
             try:
                 payload = torch.load(path, map_location="cpu", weights_only=True)
-                if not (isinstance(payload, dict) and payload.get("format") == FORMAT):
+                if not (isinstance(payload, dict) and "format" in payload):
                     raise ValueError("not an amp_lab checkpoint")
+                if payload["format"] != FORMAT:
+                    raise ValueError(f"written by another amp_lab version (format "
+                                     f"{payload['format']}; this one reads {FORMAT})")
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
                 reason = str(err).splitlines()[0] if str(err) else type(err).__name__
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", path,
@@ -147,21 +161,24 @@ class Checkpointer:
                 for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
                     if int(_NAME.match(bad.name).group(1)) > self.state.step:
                         bad.rename(bad.with_name(bad.name + ".corrupt"))
-                self._truncate_metrics(self.state.step)
+                self._truncate_records(self.state.step)
             return True
         if unreadable:
             raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
                               "move that folder away or set trainer.resume=false to start fresh")
         if self.dist.is_main:
-            self._truncate_metrics(0)  # an attempt that died before its first checkpoint
+            self._truncate_records(0)  # an attempt that died before its first checkpoint
         return False
 
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
-        changed = [k for k, v in _flat(self.settings).items()
+        changed = [f"{k} {payload['settings'][k]} -> {v}" for k, v in _flat(self.settings).items()
                    if payload["settings"].get(k, v) != v
                    and k.split(".")[0] not in _FREE_TO_CHANGE and k not in _FREE_TO_CHANGE]
         if changed:
-            log.warning("resuming %s with changed settings: %s", path, ", ".join(changed))
+            raise ConfigError(f"checkpoint {path} was written with other settings: "
+                              f"{', '.join(changed)}; resume with the settings it was written "
+                              "with, or set trainer.resume=false to start fresh (the old files "
+                              "are kept)")
         try:
             for name, part in self.parts.items():
                 if isinstance(part, torch.Tensor):
@@ -183,22 +200,25 @@ class Checkpointer:
                     "wandb_run_id"]:
                 wandb_file.write_text(payload["wandb_run_id"] + "\n")
 
-    def _truncate_metrics(self, step: int) -> None:
+    def _truncate_records(self, step: int) -> None:
         """Drop records past `step` (and a half-written last line), so nothing is logged twice."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line + "\n")
-        _write_atomic(path, lambda f: f.write("".join(kept).encode()))
+        for name in RECORD_FILES:
+            path = self.run_dir / name
+            if not path.exists():
+                continue
+            kept = []
+            for line in path.read_text(encoding="utf-8").splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    if json.loads(line).get("step", 0) <= step:
+                        kept.append(line + "\n")
+            _write_atomic(path, lambda f, kept=kept: f.write("".join(kept).encode()))
 
     def _set_aside(self) -> None:
-        """trainer.resume=false in a used run dir: keep the old files under a dated name."""
+        """trainer.resume=false in a used run dir: keep the old files under a dated name; the
+        new run gets a W&B run of its own."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for path in (self.dir, self.run_dir / "metrics.jsonl"):
+        for path in (self.dir, *(self.run_dir / name for name in
+                                 (*RECORD_FILES, "summary.json", WANDB_ID_FILE))):
             if path.exists():
                 aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")
                 path.rename(aside)
@@ -241,14 +261,18 @@ class Checkpointer:
         due = (every and step % every == 0) or (
             self.cfg.every_minutes and time.monotonic() - self.last_save
             >= 60 * self.cfg.every_minutes)
-        if self.dist.active and self.dist.any(self.stop_signal is not None, self.device):
-            self.stop_signal = self.stop_signal or signal.SIGUSR2  # a peer rank was signalled
-        if self.stop_signal is None and not due:
+        stop = self.stop_signal is not None
+        if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
+            stop = step % self.settings.trainer.log_every == 0 and self.dist.any(stop,
+                                                                                 self.device)
+            if stop:
+                self.stop_signal = self.stop_signal or signal.SIGUSR2  # a peer was signalled
+        if not stop and not due:
             return 0.0
         start = time.perf_counter()
         self.state.elapsed_s = elapsed_s
         path = self.save()
-        if self.stop_signal is not None:
+        if stop:
             self._hand_on(self.stop_signal, path)
         return time.perf_counter() - start
 
@@ -272,6 +296,7 @@ class Checkpointer:
                 raise Interrupted(exit_.code, f"{message}; handed on (requeue)") from exit_
             log.warning("the previous %s handler returned; training goes on", name)
         else:  # SIG_DFL (or a handler set outside Python): the default action ends the process
+            log.warning("%s; stopping", message)
             raise Interrupted(128 + signum, f"{message}; stopping")
 
     @contextlib.contextmanager

@@ -231,8 +231,10 @@ class CheckpointConfig:
                  f"checkpoint.every_minutes={self.every_minutes} must be >= 0")
         _require(self.keep >= 1, f"checkpoint.keep={self.keep} must be >= 1")
         for name in self.signals:
-            _require(name.startswith("SIG") and hasattr(signal, name),
+            _require(name in signal.Signals.__members__,
                      f"checkpoint.signals: {name!r} is not a signal name; use e.g. SIGUSR2")
+            _require(name not in ("SIGKILL", "SIGSTOP"),
+                     f"checkpoint.signals: {name} cannot be caught; use e.g. SIGUSR2 or SIGTERM")
 
 
 DIAGNOSTICS_MODES = ["off", "light", "full"]

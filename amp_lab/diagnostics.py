@@ -68,7 +68,6 @@ class Diagnostics(StepObserver):
         self.warnings: list[str] = []
         self.signatures: dict[str, str] = {}
         self.window: dict[str, Any] = {}
-        self.last: dict[str, Any] = {}
         self.state_checked = False
         self.reported: set[str] = set()  # phases whose attribution was logged
 
@@ -165,7 +164,6 @@ class Diagnostics(StepObserver):
         }
         detail = {"step": step, "scale_events": events, **self._read_probes(record)}
         self.window_first = step + 1
-        self.last.update(record)
         if self.out_dir is not None:  # None on DDP ranks other than 0
             with (self.out_dir / "diagnostics.jsonl").open("a", encoding="utf-8") as f:
                 f.write(json.dumps(detail) + "\n")
@@ -210,6 +208,43 @@ class Diagnostics(StepObserver):
             self.signatures[name] = evidence
             self._warn(f"pitfall signature {name}: {evidence}")
 
+    # -- resume: a checkpoint holds what the history so far says ------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The open log window's buffers and probe results, the scale history, the first
+        non-finite step and module, and what was already reported (tensors and plain data)."""
+        t = self.tracker
+        return {"scales": self.scales, "skips": self.skips, "first_bad": self.first_bad,
+                "window_first": self.window_first, "armed": self.armed,
+                "state_checked": self.state_checked, "window": self.window,
+                "tracker": {"scale": t.scale, "events": t.events, "signatures": t.signatures,
+                            "last_growth": t.last_growth},
+                "signatures": self.signatures, "warnings": self.warnings,
+                "reported": sorted(self.reported),
+                "first": {phase: f.state_dict() for phase, f in self.probe.first.items()},
+                "act_max": self.probe.act_max, "act_names": self.probe.act_names}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:  # written with diagnostics=off: the history starts at the resumed step
+            self.window_first = self.step_fn.scheduler.last_epoch + 1
+            self.tracker.scale = float(self.step_fn.scaler.get_scale())
+            return
+        self.scales.copy_(state["scales"])
+        self.skips.copy_(state["skips"])
+        self.first_bad.copy_(state["first_bad"])
+        self.window_first, self.armed = state["window_first"], state["armed"]
+        self.state_checked = state["state_checked"]
+        self.window = {k: v.to(self.device) if torch.is_tensor(v) else v
+                       for k, v in state["window"].items()}
+        for key, value in state["tracker"].items():
+            setattr(self.tracker, key, value)
+        self.signatures, self.warnings = state["signatures"], state["warnings"]
+        self.reported = set(state["reported"])
+        for phase, first in state["first"].items():
+            self.probe.first[phase].load_state_dict(first)
+        act_max = state["act_max"]
+        self.probe.act_max = None if act_max is None else act_max.to(self.device)
+        self.probe.act_names = [tuple(n) for n in state["act_names"]]
+
     def summary(self) -> dict[str, Any]:
         """First non-finite step and module, scale events, signatures and warnings (a sync)."""
         first_bad = int(self.first_bad)
@@ -237,6 +272,12 @@ class DiagnosticsOff(StepObserver):
 
     def read(self, step: int) -> dict[str, Any]:
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore: a run resumed with diagnostics=off keeps no history."""
 
     def summary(self) -> dict[str, Any]:
         return {"mode": "off"}

@@ -53,6 +53,15 @@ class FirstNonFinite:
         if not self.history or self.history[-1][1] != names:  # host lists, compared on host
             self.history.append((step, names))
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "index": self.index, "value": self.value,
+                "history": [[step, [list(n) for n in names]] for step, names in self.history]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.index, self.value = (state[k].to(self.device)
+                                             for k in ("step", "index", "value"))
+        self.history = [(step, [tuple(n) for n in names]) for step, names in state["history"]]
+
     def read(self) -> dict[str, Any] | None:
         """Host copy (a sync): the first call of that step whose value was inf/nan."""
         step = int(self.step)

@@ -60,6 +60,16 @@ class LoopState:
     diverged: bool = False
 
 
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run that ended (completed or diverged) in `run_dir`, else None."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if summary.get("status") in ("completed", "diverged") else None
+
+
 class DeviceCounters:
     """Running sums kept on the device; `read()` is the one host sync of a log step."""
 
@@ -147,8 +157,13 @@ class Trainer:
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
             "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
-            "scaler": self.scaler, "counters": self.counters.values}, self.dist)
-        self.checkpointer.restore()  # a run dir holding a checkpoint resumes from it
+            "scaler": self.scaler, "counters": self.counters.values,
+            "diagnostics": self.diagnostics}, self.dist)
+        # A run dir whose run finished keeps its results (a relaunched sweep trains only what
+        # did not finish); one holding a checkpoint resumes from it.
+        self.finished = finished_summary(self.out_dir) if t.resume else None
+        if self.finished is None:
+            self.checkpointer.restore()
 
     # -- reporting ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -174,6 +189,12 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         """Train to the end (or to divergence); write metrics.jsonl and summary.json."""
+        if self.finished is not None:
+            log.warning("%s already holds a finished run (%s after %d steps): nothing to train; "
+                        "trainer.resume=false trains it again", self.out_dir,
+                        self.finished["status"], self.finished["steps"])
+            self.dist.close()
+            return self.finished
         self.out_dir.mkdir(parents=True, exist_ok=True)
         t = self.settings.trainer
         info = self.describe()

@@ -55,6 +55,23 @@ def _curve(run_dir) -> list[tuple]:
             for r in _rows(run_dir)]
 
 
+class KillAt(Sink):
+    """Ends the run like a SIGKILL right after the records of `step` are written: no
+    checkpoint, no clean exit (the W&B-less run's summary says crashed)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def log(self, record: dict) -> None:
+        if record["step"] == self.step:
+            raise KeyboardInterrupt
+
+
+def _diagnostics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in
+            (run_dir / "diagnostics.jsonl").read_text().splitlines()]
+
+
 def _interrupt(run_dir, overrides, at_step, signum=signal.SIGUSR2) -> Interrupted:
     with pytest.raises(Interrupted) as stopped:
         Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()
@@ -91,12 +108,49 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
                     if r["kind"] == "train"}) > 1
 
 
-def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path):
-    _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)
+def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
+    """A kill between a mid-window checkpoint and the next one: the resumed run's scale events,
+    probe results and pitfall verdicts are those of an uninterrupted run (no invented events,
+    no false signature, no record twice)."""
+    overrides = [*RUN, *PRECISION["fp16"], "trainer.log_every=4", "diagnostics.every=2",
+                 "checkpoint.every_steps=3"]
+    whole = Trainer(settings(*overrides), tmp_path / "whole").fit()
+    with pytest.raises(KeyboardInterrupt):  # after step 8's records; the checkpoint is step 6
+        Trainer(settings(*overrides), tmp_path / "split", sinks=[KillAt(8)]).fit()
+    resumed = Trainer(settings(*overrides), tmp_path / "split")
+    assert resumed.state.step == 6
+    summary = resumed.fit()
+    assert _diagnostics(tmp_path / "split") == _diagnostics(tmp_path / "whole")
+    assert [r["step"] for r in _diagnostics(tmp_path / "split")] == [4, 8, 12]
+    assert summary["diagnostics"] == whole["diagnostics"]
+    assert whole["diagnostics"]["scale_events"] and not whole["diagnostics"]["signatures"]
+    assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
+
+
+def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_path, caplog):
+    _interrupt(tmp_path, RUN, at_step=5)
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for changed, named in [(["optim=sgd"], "optim.name \"adamw\" -> \"sgd\""),
+                           (["trainer.batch_size=8"], "trainer.batch_size 16 -> 8"),
+                           (["precision=fp16"], "precision.name \"fp32\" -> \"fp16\"")]:
+        with pytest.raises(ConfigError, match="written with other settings: ") as refused:
+            Trainer(settings(*RUN, *changed), tmp_path)
+        assert named in str(refused.value) and "trainer.resume=false" in str(refused.value)
+    assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    # settings that leave training unchanged may differ
+    resumed = Trainer(settings(*RUN, "diagnostics=full", "trainer.eval_every=6"), tmp_path)
+    assert resumed.state.step == 5
+
+
+def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint"):
+        _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)
+    assert "SIGTERM at step 3: checkpoint" in caplog.text and "; stopping" in caplog.text
     [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
     assert path.name == "step_000000003.pt"
     payload = torch.load(path, weights_only=True)
-    assert set(payload["parts"]) == {"model", "optimizer", "scheduler", "scaler", "counters"}
+    assert set(payload["parts"]) == {"model", "optimizer", "scheduler", "scaler", "counters",
+                                     "diagnostics"}
     assert payload["loop"]["step"] == 3 and payload["loop"]["epoch"] == 0
     assert payload["parts"]["scaler"]["_growth_tracker"] == 3  # fp16 default interval: 2000
     assert payload["parts"]["scheduler"]["last_epoch"] == 3
@@ -181,12 +235,26 @@ def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, m
 
 def test_resume_false_starts_fresh_and_keeps_the_old_files(tmp_path):
     _interrupt(tmp_path, RUN, at_step=5)
+    (tmp_path / "wandb_run_id").write_text("abc123\n")  # as the W&B sink leaves it
     trainer = Trainer(settings(*RUN, "trainer.resume=false"), tmp_path)
     assert trainer.state.step == 0
     trainer.fit()
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "train"] == list(range(1, 13))
-    assert len(list(tmp_path.glob("checkpoints.old-*"))) == 1
-    assert len(list(tmp_path.glob("metrics.old-*.jsonl"))) == 1
+    assert [r["step"] for r in _diagnostics(tmp_path)] == list(range(1, 13))
+    for old in ["checkpoints.old-*", "metrics.old-*.jsonl", "diagnostics.old-*.jsonl",
+                "summary.old-*.json", "wandb_run_id.old-*"]:
+        assert len(list(tmp_path.glob(old))) == 1, old
+    assert not (tmp_path / "wandb_run_id").exists()  # no W&B: a new run would get its own id
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
+    first = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with caplog.at_level(logging.WARNING, logger="amp_lab.train"):
+        again = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
+    assert again == first and "already holds a finished run (completed after 12 steps)" \
+        in caplog.text
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
 def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_path):
@@ -204,3 +272,5 @@ def test_bad_checkpoint_settings_are_one_line_errors():
         settings("checkpoint.keep=0")
     with pytest.raises(ConfigError, match="'USR2' is not a signal name"):
         settings("checkpoint.signals=[USR2]")
+    with pytest.raises(ConfigError, match="SIGKILL cannot be caught"):
+        settings("checkpoint.signals=[SIGKILL]")

@@ -145,6 +145,7 @@ def test_ddp_run_resumes_on_every_rank_from_rank_0s_checkpoint(tmp_path):
     mp.spawn(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     first = _losses(tmp_path)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000000003.pt"]
+    (tmp_path / "summary.json").unlink()  # as if killed before the end: not a finished run
     mp.spawn(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
