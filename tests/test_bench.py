@@ -83,36 +83,49 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     assert (out / "runs" / "overhead_default_fp32" / "summary.json").is_file()
 
 
-def _bench_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`python -m amp_lab.bench ARGS` in its own process, as a user (or gpu_check.sh) runs it."""
-    return subprocess.run([sys.executable, "-m", "amp_lab.bench", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.slow
-def test_compile_cache_builds_the_graphs_the_compiled_rows_then_load(tmp_path):
-    cache = tmp_path / "inductor"
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    tiny = [*TINY[:TINY.index("--device")], "logger.mode=disabled", "--device", "cpu",
-            "--compile", "on"]
-    done = _bench_cli(*tiny, "--parts", "compile_cache", "--jobs", "2", "--out",
-                      str(tmp_path / "cache_run"), env=env)
+def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
+    """DEVICE=cpu runs scripts/gpu_check.sh's own commands on a tiny ViT, as a dry run before
+    GPU time is spent: every part finishes, the compiled rows load what compile_cache built,
+    and gpu_check.md gathers every table."""
+    out = tmp_path / "check"
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MODELS": "test_vit",
+           "MODES": "fp32 bf16", "BATCH_SIZE": "4", "IMG_SIZE": "16",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    records = json.loads((tmp_path / "cache_run" / "bench.json").read_text())["compile_cache"]
-    assert sorted((r["model"], r["precision"]) for r in records) == [
-        ("test_vit", "bf16"), ("test_vit", "fp32")]
-    assert all(_positive(r["first_step_s"]) and r["error"] is None for r in records)
-    assert "| test_vit | bf16 |" in (tmp_path / "cache_run" / "bench.md").read_text()
-    graphs = sorted(p.relative_to(cache) for p in cache.glob("fxgraph/**/*") if p.is_file())
-    assert len(graphs) >= 4  # a forward and a backward graph per configuration
+    parts = ["compile_cache", "no_sync", "overhead", "throughput_eager",
+             "throughput_compiled_test_vit", "overhead_full"]
+    status = dict(line.split(": ", 1) for line in (out / "status.txt").read_text().splitlines())
+    assert sorted(status) == sorted(parts)
+    failed = {part: outcome for part, outcome in status.items() if not outcome.startswith("rc=0 ")}
+    assert not failed, f"{failed}; see the part's .log in {out}"
 
-    done = _bench_cli(*tiny, "--parts", "throughput", "--out", str(tmp_path / "timed"), env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "timed" / "bench.json").read_text())["throughput"]
-    assert [(r["precision"], r["compile"]) for r in rows] == [("fp32", True), ("bf16", True)]
-    # every compiled row found its graphs in the cache: inductor built none of its own
-    assert sorted(p.relative_to(cache) for p in cache.glob("fxgraph/**/*") if p.is_file()) \
-        == graphs
+    def table(part: str, key: str) -> list[dict]:
+        return json.loads((out / part / "bench.json").read_text())[key]
+
+    assert [(r["precision"], r["error"]) for r in table("compile_cache", "compile_cache")] == [
+        ("fp32", None), ("bf16", None)]
+    assert [(o["precision"], o["variant"]) for o in table("overhead", "overhead")] == [
+        ("fp32", DEFAULT), ("bf16", DEFAULT)]
+    assert [(o["precision"], o["variant"]) for o in table("overhead_full", "overhead")] == [
+        ("fp32", "diagnostics=full")]
+    for part, compiled in [("throughput_eager", False), ("throughput_compiled_test_vit", True)]:
+        rows = table(part, "throughput")
+        assert [(r["precision"], r["compile"], r["batch_size"]) for r in rows] == [
+            ("fp32", compiled, 4), ("bf16", compiled, 4)]
+    md = (out / "gpu_check.md").read_text()
+    assert "- device: CPU" in md and 'MODES="fp32 bf16"' in md
+    assert "no-sync check: 3 skipped" in md  # the CUDA-only tests, on this CPU
+    benchmarks = [part for part in parts if part != "no_sync"]
+    positions = [md.index(f"--out {out / part}`") for part in benchmarks]
+    assert positions == sorted(positions)  # each benchmark's own markdown, in the order it ran
+    # the compiled rows loaded what compile_cache built: inductor wrote no graph after it ended
+    graphs = [p.stat().st_mtime for p in (tmp_path / "inductor").glob("fxgraph/**/*")
+              if p.is_file()]
+    assert len(graphs) >= 4  # a forward and a backward graph per configuration
+    assert max(graphs) < (out / "compile_cache" / "bench.json").stat().st_mtime
 
 
 def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tmp_path):
