@@ -62,7 +62,9 @@ class Diagnostics(StepObserver):
         self.scales = torch.zeros(log_every, device=self.device)
         self.skips = torch.zeros(log_every, device=self.device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
-        self.tracker = ScaleTracker(scaler_cfg, dynamic, float(step.scaler.get_scale()))
+        # a step without a scaler runs at scale 1 (see _scale), and none of its skips backs off
+        self.tracker = ScaleTracker(scaler_cfg, dynamic and step.uses_scaler,
+                                    float(step.scaler.get_scale()) if step.uses_scaler else 1.0)
         self.window_first, self.armed, self.probing = 1, False, False
         self.step = 0
         self.warnings: list[str] = []
@@ -116,7 +118,8 @@ class Diagnostics(StepObserver):
                 self.probe.detach()
         if not self.state_checked:  # optimizer state exists after the first step
             self.state_checked = True
-            self._check_state()
+            if self.step_fn.policy.mode.param_dtype == torch.float32:  # pure modes: 16-bit weights
+                self._check_state()
 
     def _scale(self) -> torch.Tensor:
         scale = self.step_fn.scaler._get_scale_async()  # the device tensor: reading it is no sync
@@ -217,7 +220,7 @@ class Diagnostics(StepObserver):
                 "window_first": self.window_first, "armed": self.armed,
                 "state_checked": self.state_checked, "window": self.window,
                 "tracker": {"scale": t.scale, "events": t.events, "signatures": t.signatures,
-                            "last_growth": t.last_growth},
+                            "last_growth": t.last_growth, "held": t.held},
                 "signatures": self.signatures, "warnings": self.warnings,
                 "reported": sorted(self.reported),
                 "first": {phase: f.state_dict() for phase, f in self.probe.first.items()},

@@ -29,8 +29,8 @@ from amp_lab.verdict import Advice, Probe, recommend, verdict
 
 # keys the doctor sets itself; the user's values for them are replaced per probe
 PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
-              "trainer.eval_every", "trainer.progress", "diagnostics", "diagnostics.mode",
-              "diagnostics.every", "hydra.run.dir")
+              "trainer.eval_every", "trainer.progress", "trainer.resume", "checkpoint.enabled",
+              "diagnostics", "diagnostics.mode", "diagnostics.every", "hydra.run.dir")
 log = logging.getLogger("amp_lab.doctor")
 
 
@@ -44,14 +44,21 @@ class Doctor:
     def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
         self.user, self.steps, self.out = overrides, steps, out
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
-        from amp_lab.train import Trainer  # torch and timm load only after the config parsed
+        import torch  # torch and timm load only after the config parsed
 
-        Trainer(self.settings, out)  # builds (no files written): the user's own config is valid
-        self.low = "bf16" if self.settings.precision.name == "bf16" else "fp16"
+        from amp_lab.precision import PRECISION_MODES
+        from amp_lab.train import Trainer
+
         kept = [o for o in overrides if _key(o) not in PROBE_KEYS]
+        # every probe starts afresh (an earlier doctor's files in --out are set aside)
         self.common = [*kept, f"trainer.max_steps={steps}", "trainer.log_every=1",
                        "trainer.eval_every=0", "trainer.progress=false", "diagnostics=full",
-                       "diagnostics.every=1"]
+                       "diagnostics.every=1", "trainer.resume=false", "checkpoint.enabled=false"]
+        # builds, writes nothing: the user's own config is valid on this machine
+        Trainer(compose_settings([*overrides, *self.common[len(kept):]]), out / "probes" / "fp32")
+        # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
+        dtype = PRECISION_MODES[self.settings.precision.name].autocast_dtype
+        self.low = "bf16" if dtype == torch.bfloat16 else "fp16"
 
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
@@ -74,8 +81,17 @@ class Doctor:
                 raise
             probe.unavailable = str(err)  # bf16 only where the device has it
             return probe
-        with contextlib.redirect_stderr(io.StringIO()):  # the probe's own progress and table
-            probe.summary = trainer.fit()
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # the probe's own progress, table
+                probe.summary = trainer.fit()
+        except Exception as err:  # noqa: BLE001 - a probe that crashes is a finding, not the end
+            probe.crashed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if name == "fp32":
+                raise ConfigError(f"the fp32 baseline crashed ({probe.crashed}); fix that first: "
+                                  f"python -m amp_lab {' '.join(self.user)} precision=fp32 "
+                                  "shows the traceback") from err
+            log.warning("probe %s crashed: %s", name, probe.crashed)
+            return probe
         rows = [json.loads(line) for line in
                 (trainer.out_dir / "metrics.jsonl").read_text().splitlines()]
         probe.records = [r for r in rows if r["kind"] == "train"]
@@ -121,8 +137,8 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
                    "skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"]:
         table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
     for name, p in probes.items():
-        if p.unavailable:
-            table.add_row(name, "unavailable", escape(p.unavailable), *[""] * 7)
+        if p.unavailable or p.crashed:
+            table.add_row(name, verdict(p, base), escape(p.unavailable or p.crashed), *[""] * 7)
             continue
         nf = (p.diag.get("nonfinite") or {})
         where = (f"step {nf['first_step']}: {nf.get('module') or '?'} ({nf.get('phase')})"
@@ -202,7 +218,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     print_report(console, probes, recs, search, args.overrides)
     report = {"overrides": args.overrides, "steps": args.steps, "output_dir": str(out),
               "probes": {n: {"overrides": p.overrides, "verdict": verdict(p, probes["fp32"]),
-                             "unavailable": p.unavailable, "losses": p.losses,
+                             "unavailable": p.unavailable, "crashed": p.crashed,
+                             "losses": p.losses,
                              "deviation_from_fp32": p.deviation(probes["fp32"])
                              if p.losses else None, "zero_grad_share": p.flushed,
                              "fp16_flush_share_at_scale": p.would_flush,

@@ -149,6 +149,8 @@ class HalfModel(LabStep):
     like a user who hit that error, this loop drops the scaler: small updates round away
     against fp16 weights, and inf/nan gradients are written into the weights."""
 
+    uses_scaler = False
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 

@@ -3,8 +3,9 @@
 The step records the scale after each optimizer step and whether it skipped, on the device;
 at a log step these host lists are turned into events. Two signatures of GradScaler misuse
 (../shared/AMP_PITFALLS.md §2) show up here: a skipped step without a backoff (update() never
-called) and a scale that moves by more than one factor per optimizer step, or grows sooner than
-growth_interval allows (update() called per micro-batch).
+called; the hysteresis scaler holds its scale through `scaler.hysteresis - 1` consecutive
+overflows on purpose) and a scale that moves by more than one factor per optimizer step, or
+grows sooner than growth_interval allows (update() called per micro-batch).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ class ScaleTracker:
     events: list[dict] = field(default_factory=list)  # every backoff and growth
     signatures: dict[str, str] = field(default_factory=dict)  # misuse name -> evidence
     last_growth: int | None = None
+    held: int = 0  # consecutive skipped steps that kept the scale
+
+    @property
+    def allowed_holds(self) -> int:
+        """Skipped steps in a row that may keep the scale: 0, or the hysteresis scaler's."""
+        return self.cfg.hysteresis - 1 if self.cfg.kind == "hysteresis" else 0
 
     def _ratio_ok(self, ratio: float) -> bool:
         allowed = (1.0, self.cfg.growth_factor, self.cfg.backoff_factor)
@@ -55,7 +62,8 @@ class ScaleTracker:
                     self.signatures.setdefault(MULTI_UPDATE, (
                         f"step {step}: the scale went {old:g} -> {scale:g} in one optimizer "
                         "step, more than one growth_factor/backoff_factor"))
-            if self.dynamic and skip and scale == old:
+            self.held = self.held + 1 if skip and scale == old else 0
+            if self.dynamic and self.held > self.allowed_holds:
                 self.signatures.setdefault(NO_UPDATE, (
                     f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}"))
         self.events += window

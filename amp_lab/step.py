@@ -85,6 +85,8 @@ class TrainStep:
     before_unscale: Callable[[], None] = lambda: None  # pure modes: grads into the fp32 masters
     diagnostics: StepObserver = field(default_factory=StepObserver)  # numerics telemetry
 
+    uses_scaler = True  # pitfalls.HalfModel drops the scaler: its scale then means nothing
+
     def __post_init__(self) -> None:
         # the tensors the optimizer steps: the model's, or their fp32 masters in the pure modes
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]

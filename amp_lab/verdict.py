@@ -29,6 +29,7 @@ class Probe:
     summary: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     unavailable: str | None = None  # why the device cannot run it
+    crashed: str | None = None  # the error that ended it
 
     def mean(self, key: str) -> float | None:
         values = [r[key] for r in self.records if r.get(key) is not None
@@ -71,9 +72,11 @@ class Probe:
 
 
 def verdict(probe: Probe, base: Probe) -> str:
-    """ok | diverged | skips | stalls | deviates | unavailable, compared with the baseline."""
+    """ok | diverged | skips | stalls | deviates | unavailable | crashed, against the baseline."""
     if probe.unavailable:
         return "unavailable"
+    if probe.crashed:
+        return "crashed"
     drop = probe.drop()
     if probe.summary.get("diverged") or math.isnan(drop):
         return "diverged"
@@ -134,8 +137,11 @@ def recommend(probes: dict[str, Probe], advice: Advice,
     """Ranked recommendations, most urgent first, each with the override or fix to try."""
     base, noscale, scaled = probes["fp32"], probes["autocast"], probes["autocast+scaler"]
     bf16 = probes.get("bf16")
-    low = [p for p in (scaled, noscale) if not p.unavailable]
-    recs: list[dict[str, Any]] = []
+    low = [p for p in (scaled, noscale) if not p.unavailable and not p.crashed]
+    recs: list[dict[str, Any]] = [
+        _rec(75, f"the {p.name} probe crashed", p.crashed, None,
+             f"see the traceback: python -m amp_lab <your overrides> {' '.join(p.overrides[-2:])}")
+        for p in probes.values() if p.crashed]
     warm = max(1, advice.steps // 5)
     if verdict(base, base) != "ok":
         recs.append(_rec(100, "the fp32 baseline itself does not converge",
@@ -163,11 +169,12 @@ def recommend(probes: dict[str, Probe], advice: Advice,
                          f"{_pct(base.flushed)}; fp16 at scale 1 would flush "
                          f"{_pct(base.would_flush)} of them), loss {_curve(noscale)}; with the "
                          f"scaler: loss {_curve(scaled)}",
-                         "scaler.enabled=true" if advice.low_dtype == "bf16" else
-                         "precision=fp16"))
-    if not culprit:  # a forward overflow explains the skips by itself
+                         f"precision={advice.low_dtype} scaler.enabled=true"))
+    # A forward overflow explains the skips by itself; a misused scaler (a signature) makes its
+    # scale meaningless and is the fix to make first.
+    if not culprit and not seen:
         recs += _scaler_recs(scaled, base, advice)
-    if bf16 and not bf16.unavailable and verdict(bf16, base) == "ok" and (
+    if bf16 and not seen and not bf16.unavailable and verdict(bf16, base) == "ok" and (
             any(verdict(p, base) != "ok" for p in low) or culprit):
         recs.append(_rec(70, "fp16's range is the problem; bf16 has fp32's exponent range",
                          f"bf16 loss {_curve(bf16)} tracks fp32 ({_curve(base)})",
@@ -184,17 +191,22 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
     events = scaled.diag.get("scale_events", [])
     backoffs = [e for e in events if e["kind"] == "backoff"]
     final = scaled.summary.get("final_loss_scale") or advice.init_scale
-    if scaled.skip_rate > 0.25 or final < 1.0:
+    leading = next((i for i, e in enumerate(backoffs) if e["step"] != i + 1), len(backoffs))
+    skipped = scaled.summary.get("skipped_steps", 0)
+    # backoffs from step 1 on and no skip after them, or a scale still above 2**16 after every
+    # step skipped: the scale started too high, the gradients themselves are fine
+    if leading >= 3 and (leading == skipped or final > 2.0**16):
+        recs.append(_rec(72 if scaled.skip_rate > 0.25 else 40,  # before "use bf16" (70)
+                         "the initial loss scale is too high",
+                         f"{leading} backoffs from step 1: {advice.init_scale:g} -> {final:g}",
+                         f"scaler.init_scale={min(final, 2.0**16):g}"))
+    elif scaled.skip_rate > 0.25 or final < 1.0:
         recs.append(_rec(60, "the loss scale keeps backing off (unstable gradients)",
                          f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, scale "
                          f"{advice.init_scale:g} -> {final:g}",
                          f"lr.scale={advice.lr_scale * 0.5:g} "
                          f"lr.warmup_steps={max(advice.warmup_steps * 2, advice.steps // 5)} "
                          f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}"))
-    elif len(backoffs) >= 3 and backoffs[0]["step"] <= 3:
-        recs.append(_rec(40, "the initial loss scale is too high",
-                         f"{len(backoffs)} backoffs in the first steps: {advice.init_scale:g} "
-                         f"-> {final:g}", f"scaler.init_scale={final:g}"))
     elif verdict(scaled, base) == "deviates":
         recs.append(_rec(50, "the mixed-precision loss drifts from fp32",
                          f"{scaled.name}: mean |loss - fp32| / fp32 = "

@@ -144,9 +144,11 @@ def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
 
 
 def test_half_model_fires_the_fp32_state_check(tmp_path):
-    summary, _ = _fit(tmp_path, "precision=fp16", "pitfall=half_model", "trainer.max_steps=2")
+    summary, _ = _fit(tmp_path, "precision=fp16", "pitfall=half_model", "trainer.max_steps=2",
+                      "fault.inf_grad_at_step=1")
     diag = summary["diagnostics"]
-    assert diag["fp32_state_ok"] is False and "half_model" in diag["signatures"]
+    # its own signature only: the loop has no scaler, so a skip without backoff is no misuse
+    assert diag["fp32_state_ok"] is False and list(diag["signatures"]) == ["half_model"]
     assert "float16" in diag["signatures"]["half_model"]
     assert diag["warnings"][0].startswith("fp32-state check")
 
@@ -180,3 +182,24 @@ def test_fp32_modules_from_the_command_line(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith(
         "amp_lab: error: precision.fp32_modules: 'nothing_like_this' matches no module")
+
+
+@pytest.mark.parametrize("mode", [["precision=bf16_pure"], ["precision=fp16_pure"],
+                                  ["precision=bf16_pure", "precision.master_weights=false"]])
+def test_pure_modes_are_not_the_half_model_pitfall(tmp_path, mode):
+    """16-bit weights are what the pure modes are for; their optimizer steps fp32 masters (or,
+    without them, the bf16 weights on purpose)."""
+    summary, _ = _fit(tmp_path, *mode, "trainer.max_steps=2")
+    assert summary["diagnostics"]["fp32_state_ok"] is True
+    assert summary["diagnostics"]["signatures"] == {}
+
+
+@pytest.mark.parametrize("pitfall, misuse", [("none", False), ("no_scaler_update", True)])
+def test_the_hysteresis_scaler_holding_its_scale_is_no_misuse(tmp_path, pitfall, misuse):
+    """Every step overflows (init_scale 1e12): scaler.hysteresis=2 holds the scale on the first
+    overflow of a run and backs off on the second, which no_scaler_update never does."""
+    summary, _ = _fit(tmp_path, "precision=fp16", "scaler=hysteresis", "scaler.init_scale=1e12",
+                      "scaler.max_scale=1e12", f"pitfall={pitfall}", "trainer.max_steps=4",
+                      "trainer.log_every=4")
+    assert summary["skipped_steps"] == 4
+    assert ("no_scaler_update" in summary["diagnostics"]["signatures"]) == misuse

@@ -29,8 +29,9 @@ def test_underflow_without_scaler_stalls_and_the_scaler_is_recommended(tmp_path,
     assert sum(losses[-4:]) < 0.95 * sum(losses[:4])
     top = report["recommendations"][0]
     assert top["problem"] == "gradients underflow without loss scaling"
-    assert top["override"] == "precision=fp16"
-    assert "lr.base=1e-2 fault.loss_multiplier=1e-6 precision=fp16\n" in out  # the user's line
+    assert top["override"] == "precision=fp16 scaler.enabled=true"
+    # the user's line, their precision replaced
+    assert "lr.base=1e-2 fault.loss_multiplier=1e-6 precision=fp16 scaler.enabled=true\n" in out
     assert "amp_lab doctor: probes vs the fp32 baseline" in out
 
 
@@ -63,6 +64,31 @@ def test_clip_before_unscale_is_named_with_the_fix(tmp_path, capsys):
     assert "clip_before_unscale" not in report["probes"]["fp32"]["summary"]["diagnostics"][
         "signatures"]  # the baseline runs the correct step
     assert "unscale before clipping" in out
+
+
+@pytest.mark.slow
+def test_a_probe_that_crashes_is_reported_and_the_others_still_count(tmp_path, capsys):
+    # model.half() under bf16 autocast fails in the forward pass: the bf16 probe crashes
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", "pitfall=half_model",
+                          "--steps", "4")
+    bf16 = report["probes"]["bf16"]
+    assert bf16["verdict"] == "crashed" and bf16["crashed"].startswith("RuntimeError: ")
+    problems = [r["problem"] for r in report["recommendations"]]
+    assert problems[0] == "master weights / optimizer state are not fp32"
+    assert "the bf16 probe crashed" in problems
+    assert "fp16's range is the problem; bf16 has fp32's exponent range" not in problems
+    assert "crashed" in out
+
+
+@pytest.mark.slow
+def test_a_scale_too_high_to_start_is_named_as_such(tmp_path, capsys):
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", "scaler.init_scale=1e12",
+                          "--steps", "4")
+    assert report["probes"]["autocast+scaler"]["summary"]["skipped_steps"] == 4
+    top = report["recommendations"][0]
+    assert top["problem"] == "the initial loss scale is too high"
+    assert top["override"] == "scaler.init_scale=65536"
+    assert "precision=fp16 scaler.init_scale=65536\n" in out  # replaces the user's value
 
 
 @pytest.mark.parametrize("args, message", [
