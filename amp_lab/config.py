@@ -8,7 +8,8 @@ Cross-field checks live in `__post_init__`; they run once, in `validate()`, at s
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,8 @@ class LRConfig:
                  f"lr.schedule={self.schedule!r} is unknown; use cosine, onecycle, constant, step")
         _require(0 <= self.min_factor <= 1, f"lr.min_factor={self.min_factor} must be in [0, 1]")
         _require(0 < self.step_gamma <= 1, f"lr.step_gamma={self.step_gamma} must be in (0, 1]")
+        _require(self.step_every >= 0, f"lr.step_every={self.step_every} must be >= 0 (0: a "
+                 "third of the run)")
 
 
 @dataclass
@@ -190,8 +193,12 @@ class TrainerConfig:
                  f"trainer.device={self.device!r} is unknown; use auto, cpu or cuda")
         _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
         _require(self.grad_accum >= 1, f"trainer.grad_accum={self.grad_accum} must be >= 1")
+        _require(self.max_steps >= 0, f"trainer.max_steps={self.max_steps} must be >= 0 (0: "
+                 "trainer.epochs decides)")
         _require(self.epochs >= 1 or self.max_steps >= 1,
                  "set trainer.epochs or trainer.max_steps to at least 1")
+        _require(0 < self.target_acc <= 1,
+                 f"trainer.target_acc={self.target_acc} must be in (0, 1]")
         _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
         _require(self.clip_mode in ("norm", "value"),
                  f"trainer.clip_mode={self.clip_mode!r} is unknown; use norm or value")
@@ -303,8 +310,29 @@ def register() -> None:
     ConfigStore.instance().store(name="amp_lab_schema", node=AmpLabConfig)
 
 
+def _unknown_keys(cfg: DictConfig) -> list[str]:
+    """Keys the schema does not have, each with the nearest real one: `+scaler.init_scal=1`
+    adds a key Hydra accepts and the schema would silently drop."""
+    found = []
+    schema = AmpLabConfig()
+    for group in cfg:
+        section = getattr(schema, str(group), None)
+        if section is None:
+            found.append((str(group), [f.name for f in fields(schema)]))
+        elif is_dataclass(section):
+            names = [f.name for f in fields(section)]  # model/optim.kwargs: free-form dicts
+            found += [(f"{group}.{key}", [f"{group}.{n}" for n in names])
+                      for key in cfg[group] if key not in names]
+    return [f"{key}; did you mean {close[0]}?" if (close := get_close_matches(key, names, 1))
+            else key for key, names in found]
+
+
 def validate(cfg: DictConfig) -> AmpLabConfig:
     """Turn the composed config into typed objects, running every cross-field check once."""
+    unknown = _unknown_keys(cfg)
+    if unknown:
+        raise ConfigError(f"unknown setting {', '.join(unknown)} (python -m amp_lab --help "
+                          "lists the groups; conf/ holds every key)")
     try:
         settings = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:  # __post_init__ errors arrive wrapped

@@ -41,8 +41,9 @@ def check_fp8_device(device: torch.device, emulate: bool) -> None:
                           f"{major}.{minor}; use bf16, or precision.fp8_emulate=true")
 
 
-def fp8_filter(model: torch.nn.Module) -> Any:
-    """Convert a Linear only if both dims are multiples of 16 and it is not the classifier."""
+def fp8_filter(model: torch.nn.Module, fp32_modules: list[str]) -> Any:
+    """Convert a Linear only if both dims are multiples of 16, it is not the classifier and it
+    is not inside a module that precision.fp32_modules keeps in fp32."""
     get_classifier = getattr(model, "get_classifier", None)
     head = get_classifier() if callable(get_classifier) else None
 
@@ -50,18 +51,21 @@ def fp8_filter(model: torch.nn.Module) -> Any:
         # float8 GEMMs (torch._scaled_mm) need both matrix dims divisible by 16; the head's
         # output feeds the loss directly and is small, so float8 buys nothing there.
         return (isinstance(module, torch.nn.Linear) and module is not head
-                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0
+                and not any(fqn == name or fqn.startswith(f"{name}.") for name in fp32_modules))
 
     return keep
 
 
-def convert_to_fp8(model: torch.nn.Module, recipe: str, emulate: bool) -> list[str]:
+def convert_to_fp8(model: torch.nn.Module, recipe: str, emulate: bool,
+                   fp32_modules: list[str]) -> list[str]:
     """Swap eligible Linear layers for Float8Linear in place; return their names."""
     float8 = _torchao_float8()
     from torchao.float8.float8_linear import Float8Linear
     config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(recipe),
                                  emulate=emulate)
-    float8.convert_to_float8_training(model, module_filter_fn=fp8_filter(model), config=config)
+    float8.convert_to_float8_training(model, module_filter_fn=fp8_filter(model, fp32_modules),
+                                      config=config)
     converted = [name for name, m in model.named_modules() if isinstance(m, Float8Linear)]
     if not converted:
         raise ConfigError("precision=fp8 found no Linear layer with dims divisible by 16 to "

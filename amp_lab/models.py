@@ -40,7 +40,7 @@ def check_input_fits(model: torch.nn.Module, name: str, spec: DataSpec,
     model.eval()
     try:
         model(torch.zeros(2, spec.channels, spec.img_size, spec.img_size, device=device))
-    except RuntimeError as err:
+    except (RuntimeError, AssertionError) as err:  # timm's patch embedding asserts its sizes
         reason = str(err).splitlines()[0]
         raise ConfigError(f"model {name} cannot take {spec.channels}x{spec.img_size}x"
                           f"{spec.img_size} images ({reason}); raise data.img_size or pick "

@@ -81,6 +81,11 @@ def _check_options(mode: PrecisionMode, options: PrecisionConfig, device: torch.
     if mode.param_dtype == torch.float16 and not options.master_weights:
         raise ConfigError("precision=fp16_pure needs precision.master_weights=true (fp16 updates "
                           "round away); use bf16_pure for training without master weights")
+    if mode.param_dtype != torch.float32 and options.fp32_modules:
+        raise ConfigError(f"precision.fp32_modules keeps modules in fp32 over fp32 weights, but "
+                          f"precision={mode.name} stores every weight in 16 bits; use "
+                          f"{'bf16' if mode.param_dtype == torch.bfloat16 else 'fp16'} with "
+                          "precision.fp32_modules")
     if mode.param_dtype != torch.float32 and options.master_weights and \
             options.update_rounding != "nearest":
         raise ConfigError(f"precision.update_rounding={options.update_rounding} applies to the "
@@ -134,7 +139,9 @@ class PrecisionPolicy:
         """
         if self.mode.fp8:
             from amp_lab.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
-            convert_to_fp8(model, self.options.fp8_recipe, self.options.fp8_emulate)
+            from amp_lab.fp32_modules import matching_modules
+            convert_to_fp8(model, self.options.fp8_recipe, self.options.fp8_emulate,
+                           matching_modules(model, self.options.fp32_modules))
         if self.mode.param_dtype == torch.float32:
             return lambda: None
         from amp_lab.master_weights import lower_param_precision

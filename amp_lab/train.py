@@ -136,6 +136,10 @@ class Trainer:
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.peak_lr = peak_lr(settings.lr, self.global_batch)
         self.warmup = warmup_length(settings.lr, self.steps_per_epoch)
+        if self.warmup >= self.total_steps:
+            log.warning("the LR warmup (%d steps) is as long as the run (%d steps): the LR never "
+                        "reaches its peak; shorten lr.warmup_steps / lr.warmup_epochs",
+                        self.warmup, self.total_steps)
         self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
         before_unscale = self.policy.prepare(self.model, self.optimizer)  # fp8, 16-bit weights
         self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
@@ -178,6 +182,7 @@ class Trainer:
             "model": s.model.name,
             "params": sum(p.numel() for p in self.model.parameters()),
             "data": s.data.name,
+            "data_root": s.data.root,  # as resolved (e.g. from ${oc.env:CIFAR_ROOT})
             "world_size": self.dist.world_size,
             "total_steps": self.total_steps,
             "steps_per_epoch": self.steps_per_epoch,

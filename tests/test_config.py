@@ -62,6 +62,11 @@ def test_model_kwargs_accept_new_keys():
     ("lr.rule=cube", "lr.rule='cube' is unknown"),
     ("lr.schedule=exp", "lr.schedule='exp' is unknown"),
     ("data.name=mnist", "data.name='mnist' is unknown"),
+    ("trainer.max_steps=-5", "trainer.max_steps=-5 must be >= 0"),
+    ("lr.step_every=-1", "lr.step_every=-1 must be >= 0"),
+    ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in (0, 1]"),
+    ("+scaler.init_scal=1", "unknown setting scaler.init_scal; did you mean scaler.init_scale?"),
+    ("+trainer.max_step=3", "unknown setting trainer.max_step; did you mean trainer.max_steps?"),
 ])
 def test_invalid_values_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -76,6 +81,8 @@ def test_invalid_values_are_config_errors(override, message):
     ("precision=tf32", "precision=tf32 needs an NVIDIA GPU"),
     ("trainer.batch_size=4096", "exceeds the 1438 training samples"),
     ("model=test_convnext", "model test_convnext cannot take 1x16x16 images"),
+    ("data.img_size=10", "model test_vit cannot take 1x10x10 images (Input height (10) should "
+                         "be divisible by patch size (4).)"),  # timm asserts it
 ])
 def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import settings
 
 from amp_lab.config import LRConfig
 from amp_lab.lr import build_scheduler, peak_lr, warmup_length
+from amp_lab.train import Trainer
 
 
 def _lrs(cfg: LRConfig, total: int, steps_per_epoch: int = 10, peak: float = 1.0) -> list[float]:
@@ -74,3 +76,9 @@ def test_cosine_ends_at_min_factor_and_scales_with_peak():
     lrs = _lrs(LRConfig(schedule="cosine", min_factor=0.1), total=101, peak=2e-3)
     assert lrs[0] == pytest.approx(2e-3)
     assert lrs[100] == pytest.approx(2e-3 * (0.1 + 0.9 * (1 + math.cos(math.pi * 100 / 101)) / 2))
+
+
+def test_a_warmup_as_long_as_the_run_is_a_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.train"):
+        Trainer(settings("lr.warmup_steps=100"), tmp_path)  # the fast run has 6 steps
+    assert "the LR warmup (100 steps) is as long as the run (6 steps)" in caplog.text

@@ -64,6 +64,17 @@ def test_fp8_converts_the_eligible_linears_but_not_the_head(tmp_path):
     assert PRECISION_MODES["fp8"].reports_mfu is False  # the bench reads this from the table
 
 
+def test_fp8_leaves_the_fp32_modules_in_fp32(tmp_path):
+    from torchao.float8.float8_linear import Float8Linear
+
+    trainer = Trainer(settings(*FP8, "precision.fp32_modules=[blocks.0.mlp]"), tmp_path)
+    types = {n: type(m) for n, m in trainer.model.named_modules()}
+    assert types["blocks.0.mlp.fc1"] is torch.nn.Linear and types["blocks.0.mlp.fc2"] is \
+        torch.nn.Linear  # kept, with their fp32 wrapper
+    assert types["blocks.0.attn.qkv"] is Float8Linear and types["blocks.1.mlp.fc1"] is Float8Linear
+    trainer.fit()  # and the run trains through both kinds
+
+
 def test_fp16_pure_with_master_weights_matches_fp16_autocast(tmp_path):
     common = ["lr.base=1e-3", "lr.schedule=constant", "optim.weight_decay=0"]
     amp = Trainer(settings("precision=fp16", *common), tmp_path / "amp")
@@ -134,6 +145,7 @@ def test_stochastic_rounding_picks_the_two_neighbours_without_bias():
     (["precision.update_rounding=up"], "update_rounding='up' is unknown"),
     (["precision=fp8", "precision.fp8_recipe=blockwise"], "fp8_recipe='blockwise' is unknown"),
     (["precision=fp8"], "precision.fp8_emulate=true"),  # no SM 8.9+ GPU here
+    (["precision=bf16_pure", "precision.fp32_modules=[head]"], "use bf16 with precision.fp32"),
 ])
 def test_bad_precision_settings_are_one_line_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
