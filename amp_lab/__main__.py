@@ -1,7 +1,12 @@
-"""`python -m amp_lab [overrides]`: one training run (or a sweep with -m) from the Hydra configs."""
+"""`python -m amp_lab [overrides]`: one training run (or a sweep with -m) from the Hydra configs.
+
+The installed `amp_lab` command is the same, and runs the lab's tools by name:
+`amp_lab doctor|report|bench ARGS` is `python -m amp_lab.doctor|report|bench ARGS`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import warnings
@@ -12,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from amp_lab.config import ConfigError, register, validate
+from amp_lab.config import CONF_DIR, ConfigError, register, validate
 
 log = logging.getLogger("amp_lab")
 register()
@@ -21,7 +26,11 @@ register()
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+TOOLS = {"doctor": "amp_lab.doctor", "report": "amp_lab.report", "bench": "amp_lab.bench"}
+
+
+# An absolute path: the installed `amp_lab` script imports this module from anywhere
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Train one run; returns its best val accuracy (for Hydra sweepers)."""
     from amp_lab.train import Trainer  # after Hydra parsed the command line: --help stays fast
@@ -39,5 +48,12 @@ def main(cfg: DictConfig) -> float | None:
     return trainer.fit()["best_val_acc"]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`amp_lab TOOL ARGS` runs a tool; anything else is a training run's overrides."""
+    if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
+        sys.exit(importlib.import_module(TOOLS[sys.argv[1]]).main(sys.argv[2:]))
     main()
+
+
+if __name__ == "__main__":
+    cli()

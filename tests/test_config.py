@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import CONF_DIR, compose_cfg, run_cli, settings
@@ -114,6 +117,18 @@ def test_help_lists_the_groups(tmp_path):
     for group in GROUPS:
         assert f"{group}:" in result.stdout
     assert "scaler.init_scale=32768" in result.stdout
+
+
+def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_path):
+    command = Path(sys.executable).with_name("amp_lab")  # the venv's console script
+    result = subprocess.run([str(command), "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and "Config groups" in result.stdout
+    result = subprocess.run([str(command), "doctor", "--steps", "2", "precision=fp16"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2  # the doctor itself answered, in one line
+    assert result.stderr.strip() == "amp_lab: error: --steps=2 is too short to compare curves; " \
+        "use >= 4"
 
 
 def test_compose_keeps_output_out_of_the_repo():
