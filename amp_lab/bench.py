@@ -143,8 +143,10 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
                 args, args.models[0], precision, f"trainer.max_steps={total}",
                 f"trainer.eval_every={total + 1}", "lr.schedule=constant", *extra))
             if args.steps % settings.trainer.log_every:
+                every = settings.trainer.log_every
                 raise ConfigError(f"--steps {args.steps} must be a multiple of "
-                                  f"trainer.log_every={settings.trainer.log_every}")
+                                  f"trainer.log_every={every}; use --steps {every} (or a "
+                                  f"multiple), or add --override trainer.log_every={args.steps}")
             run_dir = args.out / "runs" / f"overhead_{variant.replace(' ', '_')}_{precision}"
             trainer = Trainer(settings, run_dir)
             sink = AlternatingSink(BareLoop(trainer), args.steps, device)
@@ -219,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda but no CUDA GPU is visible; use --device cpu")
         device = resolve_device(args.device)
         for key, value in DEFAULTS[device.type].items():
             if getattr(args, key) is None:
@@ -229,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [p for p in args.precisions if p not in PRECISION_MODES]
         if unknown:
             raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
+        for model in args.models:  # a bad model or mode fails now, not after minutes of rows
+            for precision in args.precisions:
+                compose_settings(_overrides(args, model, precision))
         env = environment(device, sys.argv[1:] if argv is None else argv)
         state: dict[str, Any] = {"compile_cache": [], "overhead": [], "rows": [], "errors": []}
 

@@ -117,7 +117,7 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
     memory = peak_memory_mb(trainer.device)
     if flops is None:
         images, labels = next(stream)[0]
-        flops = train_step_flops(trainer.model, images, labels)
+        flops = train_step_flops(trainer.model, images, labels, trainer.policy.autocast())
         flops *= trainer.settings.trainer.grad_accum
     s = trainer.settings
     mode = trainer.policy.mode

@@ -9,6 +9,7 @@ sparsity). A CPU, or a GPU missing from the table, has no MFU.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -64,10 +65,14 @@ def peak_flops(device: torch.device, dtype: str) -> float | None:
     return None
 
 
-def train_step_flops(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> int:
-    """FLOPs of one forward + backward pass on this batch; the gradients are cleared after."""
+def train_step_flops(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                     autocast: contextlib.AbstractContextManager | None = None) -> int:
+    """FLOPs of one forward + backward pass on this batch, under the run's autocast (a pure
+    16-bit model cannot take fp32 images without it); the gradients are cleared after."""
     with FlopCounterMode(display=False) as counter:
-        loss_fn(model(images), labels).backward()
+        with autocast or contextlib.nullcontext():
+            logits = model(images)
+        loss_fn(logits, labels).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 

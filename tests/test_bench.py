@@ -128,6 +128,18 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     assert max(graphs) < (out / "compile_cache" / "bench.json").stat().st_mtime
 
 
+def test_a_pure_16_bit_row_first_for_its_model_counts_its_flops(tmp_path):
+    """The FLOPs are counted once per model, by its first row: here a bf16_pure model, which
+    takes fp32 images only under its autocast."""
+    code = bench.main([*TINY, "--parts", "throughput", "--precisions", "bf16_pure", "fp32",
+                       "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert code == 0 and data["throughput_errors"] == []
+    first, fp32 = data["throughput"]
+    assert first["precision"] == "bf16_pure" and first["flops_per_step"] == fp32[
+        "flops_per_step"] > 0
+
+
 def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tmp_path):
     # The config composes, but this machine has no CUDA device: the process fails at start-up.
     code = bench.main([*TINY, "--parts", "compile_cache", "--override", "trainer.device=cuda",
@@ -141,13 +153,17 @@ def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tm
 
 @pytest.mark.parametrize("args, message", [
     (["--variants", "diagnostics=nope"], "diagnostics"),
-    (["--steps", "3"], "multiple of trainer.log_every=2"),
+    (["--steps", "3"], "multiple of trainer.log_every=2; use --steps 2 (or a multiple), or add "
+                       "--override trainer.log_every=3"),
     (["--precisions", "fp64"], "fp64"),
+    (["--models", "test_vit", "nosuch"], "nosuch"),  # before test_vit is measured
+    (["--device", "cuda"], "--device cuda but no CUDA GPU is visible; use --device cpu"),
 ])
 def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
     code = bench.main([*TINY, "--parts", "overhead", *args, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("amp_lab.bench: error:") and message in err[-1]
+    assert not (tmp_path / "bench.json").exists()  # failed before measuring anything
 
 
 def test_default_variants_add_the_diagnostics_modes_the_default_is_not():
