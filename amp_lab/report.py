@@ -36,7 +36,8 @@ def _f(value: Any, fmt: str = ".4g") -> str:
 
 
 def pick_reference(runs: list[RunData], ref: str | None) -> RunData | None:
-    """--ref (a run directory or its name) if given, else the first fp32 run, else none."""
+    """--ref (a run directory or its name) if given, else the first finished fp32 run, else
+    the first fp32 run, else none."""
     if ref:
         for run in runs:
             names = (run.label, run.short_name().removeprefix("job "), run.path.name)
@@ -44,7 +45,8 @@ def pick_reference(runs: list[RunData], ref: str | None) -> RunData | None:
                 return run
         raise ReportError(f"--ref {ref} is not one of the runs; use a run directory's name, "
                           f"e.g. {runs[0].path.name}")
-    return next((run for run in runs if run.precision == "fp32"), None)
+    fp32 = [run for run in runs if run.precision == "fp32"]
+    return next((run for run in fp32 if run.ok), fp32[0] if fp32 else None)  # finished first
 
 
 def _ref_values(runs: list[RunData], ref: RunData | None) -> tuple[float | None, float | None]:

@@ -1,12 +1,15 @@
 """Finished (or crashed) runs read back from their directories, for reports.
 
 A run directory holds `metrics.jsonl`, `summary.json` and `.hydra/{config,overrides}.yaml`. A run
-killed before its summary still loads, from its metrics alone, and is marked incomplete.
+killed before its summary still loads, from its metrics alone, and is marked incomplete. A file
+that cannot be parsed is left out with a warning (and a line of metrics.jsonl that is not a
+record is skipped), so one damaged run does not stop a report over a sweep.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from typing import Any
 
 import yaml
 
+log = logging.getLogger(__name__)
 RUN_FILES = ("metrics.jsonl", "summary.json")
 SEED_KEY = "trainer.seed"
 
@@ -44,7 +48,8 @@ class RunData:
     @property
     def precision(self) -> str:
         name = (self.summary.get("precision") or {}).get("name")
-        return name or self.config.get("precision", {}).get("name", "?")
+        return name or self.config.get("precision", {}).get("name") or self.overrides.get(
+            "precision", "?")
 
     @property
     def model(self) -> str:
@@ -87,26 +92,49 @@ def find_runs(paths: list[Path]) -> list[Path]:
     return sorted(found, key=_natural)
 
 
+def _read(file: Path, parse: Any, kind: type) -> Any:
+    """The parsed file if it exists and holds a `kind`, else an empty one (with a warning)."""
+    if not file.exists():
+        return kind()
+    try:
+        value = parse(file.read_text())
+        if value is None or isinstance(value, kind):
+            return value or kind()
+        raise ValueError(f"holds a {type(value).__name__}, not a {kind.__name__}")
+    except (OSError, ValueError, yaml.YAMLError) as err:  # JSONDecodeError is a ValueError
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        log.warning("%s is unreadable (%s); the run is read without it", file, reason)
+        return kind()
+
+
 def _overrides(path: Path) -> dict[str, str]:
-    file = path / ".hydra" / "overrides.yaml"
-    items = yaml.safe_load(file.read_text()) if file.exists() else []
-    pairs = (item.lstrip("+~").split("=", 1) for item in items or [] if "=" in item)
+    items = _read(path / ".hydra" / "overrides.yaml", yaml.safe_load, list)
+    pairs = (item.lstrip("+~").split("=", 1) for item in items if "=" in str(item))
     return {k: v for k, v in pairs if not k.startswith("hydra")}
 
 
 def load_run(path: Path) -> RunData:
-    """One run from its directory; a truncated last line of metrics.jsonl is ignored."""
-    config_file, summary_file = path / ".hydra" / "config.yaml", path / "summary.json"
-    config = yaml.safe_load(config_file.read_text()) if config_file.exists() else {}
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    run = RunData(path, _overrides(path), config or {}, summary)
+    """One run from its directory; a truncated last line of metrics.jsonl is ignored. Without
+    a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
+    run = RunData(path, _overrides(path), _read(path / ".hydra" / "config.yaml",
+                                                yaml.safe_load, dict),
+                  _read(path / "summary.json", json.loads, dict))
     metrics = path / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a run killed mid-write
             continue
-        (run.train if record.get("kind") == "train" else run.val).append(record)
+        if isinstance(record, dict):
+            (run.train if record.get("kind") == "train" else run.val).append(record)
+    if not run.summary and (run.train or run.val):
+        accs = [r["val/acc"] for r in run.val if r.get("val/acc") is not None]
+        last = run.train[-1] if run.train else {}
+        run.summary = {"final_val_acc": accs[-1] if accs else None,
+                       "best_val_acc": max(accs, default=None),
+                       "steps": max((r.get("step", 0) for r in run.train + run.val), default=0),
+                       "skipped_steps": last.get("amp/skipped_steps"),
+                       "peak_memory_mb": last.get("memory/peak_mb")}
     return run
 
 

@@ -143,3 +143,29 @@ def test_multirun_is_one_wandb_group_and_one_report(tmp_path, monkeypatch):
     assert grid["runsets"][0]["filters"] == "Metric('Group') == '2026-11-29/22-00-00'"
     [parallel] = [panel for panel in grid["panels"] if "columns" in panel]
     assert parallel["columns"][0]["metric"]["name"] == "precision"
+
+
+def test_damaged_and_unfinished_runs_are_read_as_far_as_they_go(tmp_path, caplog):
+    sweep = tmp_path / "sweep"
+    killed = _run(sweep, "0_p=fp32,s=0", "precision=fp32", "trainer.seed=0")
+    _run(sweep, "1_p=fp32,s=1", "precision=fp32", "trainer.seed=1")
+    damaged = _run(sweep, "2_p=bf16,s=0", "precision=bf16", "trainer.seed=0")
+    (killed / "summary.json").unlink()  # killed before its summary: the metrics hold the rest
+    (damaged / "summary.json").write_text('{"status": "compl')  # cut short on a full disk
+    (damaged / ".hydra" / "config.yaml").write_text("precision: [unclosed")
+    with (damaged / "metrics.jsonl").open("a") as f:
+        f.write("[1, 2]\n")  # valid JSON, not a record
+    with caplog.at_level("WARNING", logger="amp_lab.runs"):
+        assert main([str(sweep)]) == 0
+    assert "summary.json is unreadable" in caplog.text and "config.yaml is unreadable" in \
+        caplog.text
+    rows = {row[0]: row for row in _rows((sweep / "report" / "report.md").read_text())}
+    header = _table((sweep / "report" / "report.md").read_text())[0]
+    assert "job 1 (ref)" in rows  # the finished fp32 run, not the killed one
+    final_acc = [r["val/acc"] for r in map(json.loads, (killed / "metrics.jsonl").read_text()
+                                           .splitlines()) if r["kind"] == "val"][-1]
+    killed_row = rows["job 0"]
+    assert float(killed_row[header.index("final acc")]) == pytest.approx(final_acc, abs=1e-4)
+    assert killed_row[-1] == "**incomplete: no summary.json**"
+    assert rows["job 2"][header.index("Δacc vs ref")] != "—"  # read from its metrics
+    assert rows["job 2"][header.index("precision")] == "bf16"  # from its overrides.yaml
