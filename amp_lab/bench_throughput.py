@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from amp_lab.flops import compute_dtype, mfu, peak_flops, train_step_flops
-from amp_lab.metrics import peak_memory_mb, synchronize
+from amp_lab.metrics import peak_memory_mb, reset_peak_memory, synchronize
 from amp_lab.step import Batch, loss_fn, take
 from amp_lab.train import Trainer
 
@@ -36,7 +36,7 @@ class ThroughputRow:
     forward_ms: float  # forward + loss, from the phase-synchronised steps
     backward_ms: float
     optimizer_ms: float  # unscale, grad norm, clip, optimizer step, scaler update, schedule
-    peak_memory_mb: float  # CUDA: peak allocated in the timed steps; CPU: process peak RSS
+    peak_memory_mb: float  # in the timed steps: CUDA peak allocated; CPU peak RSS (Linux)
     flops_per_step: int  # forward + backward, counted by torch.utils.flop_counter
     achieved_tflops: float
     mfu: float | None  # None on a CPU or a GPU missing from amp_lab.flops.PEAK_TFLOPS
@@ -105,8 +105,7 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
     as they do not depend on the precision) the FLOPs of a step."""
     stream = batch_stream(trainer)
     first_step_s = warm_up(trainer, stream, warmup)
-    if trainer.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(trainer.device)
+    reset_peak_memory(trainer.device)
     synchronize(trainer.device)
     start = time.perf_counter()
     for _ in range(steps):  # steps between log steps: no gradient norm unless clipping

@@ -7,8 +7,10 @@ boundaries of a log window: steps in between never wait for the device. The firs
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -18,10 +20,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: runs of a local sweep share one process, and its all-time peak would
+    carry over from run to run. On Linux, writing 5 to clear_refs resets the peak RSS."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with contextlib.suppress(OSError):
+            Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size."""
+    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size since
+    the last reset (Linux; elsewhere since the process started)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    with contextlib.suppress(OSError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 

@@ -25,7 +25,7 @@ from amp_lab.diagnostics import attach_diagnostics
 from amp_lab.distributed import setup as setup_distributed
 from amp_lab.fp32_modules import keep_in_fp32
 from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
-from amp_lab.metrics import ThroughputMeter, peak_memory_mb
+from amp_lab.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
 from amp_lab.models import build_model, check_input_fits
 from amp_lab.optim import build_optimizer
 from amp_lab.pitfalls import make_step, prepare_model
@@ -213,6 +213,7 @@ class Trainer:
                        *build_tracking_sinks(self.settings, self.out_dir)]
                       if self.dist.is_main else [])
         started = time.perf_counter() - self.state.elapsed_s
+        reset_peak_memory(self.device)  # this run's peak, not the process's (a local sweep)
         try:
             sinks.start({**info, "step": self.state.step})
             with self.checkpointer.active():  # RNG states restored; stop signals caught

@@ -6,8 +6,10 @@ import json
 import math
 
 import pytest
+import torch
 from conftest import run_cli, settings
 
+from amp_lab.metrics import peak_memory_mb
 from amp_lab.train import Trainer
 
 TRAIN_KEYS = {"train/loss", "train/acc", "train/lr", "train/grad_norm", "amp/loss_scale",
@@ -48,6 +50,16 @@ def test_summary_holds_what_the_issue_names(tmp_path):
     assert summary["lr"]["peak"] == pytest.approx(0.5e-3)
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "val"] == [3, 6]
     assert summary["mean_samples_per_s"] > 0
+
+
+def test_peak_memory_is_each_runs_own_in_a_shared_process(tmp_path):
+    """A local sweep runs its jobs in one process: an earlier job's peak must not carry over."""
+    cpu = torch.device("cpu")
+    ballast = torch.ones(64 * 2**20)  # 256 MiB touched, then freed: a big earlier job
+    del ballast
+    earlier_peak = peak_memory_mb(cpu)
+    summary = Trainer(settings(), tmp_path).fit()
+    assert 0 < summary["peak_memory_mb"] < earlier_peak - 128
 
 
 def test_same_seed_same_run_other_seed_other_run(tmp_path):
