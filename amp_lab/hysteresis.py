@@ -1,9 +1,11 @@
-"""A dynamic loss scaler with the Megatron-LM / DeepSpeed semantics, on torch's GradScaler API.
+"""A dynamic loss scaler with DeepSpeed's hysteresis semantics, on torch's GradScaler API.
 
 Differences from torch's GradScaler (which backs off on every overflow and has no bounds):
 - hysteresis: the scale backs off only on the N-th consecutive overflow (and on each further one
   in the same run of overflows); a clean step resets the count. One stray inf no longer halves
-  the scale (DeepSpeed's `hysteresis` with `consecutive_hysteresis`, Megatron's `hysteresis`).
+  the scale. This is DeepSpeed's `hysteresis` with `consecutive_hysteresis=True`; Megatron-LM
+  (and DeepSpeed's default) restore the count only when the scale grows, so overflows spread
+  over a growth interval add up there.
 - max_scale: growth never passes it.
 - min_scale: backoff never goes below it. An overflow that is due to back off while the scale is
   already at min_scale means loss scaling cannot help any more (DeepSpeed raises there): the
