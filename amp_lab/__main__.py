@@ -27,6 +27,7 @@ warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' i
 
 
 TOOLS = {"doctor": "amp_lab.doctor", "report": "amp_lab.report", "bench": "amp_lab.bench"}
+skipped_jobs: list[str] = []  # sweep jobs refused for a bad config, by an in-process launcher
 
 
 # An absolute path: the installed `amp_lab` script imports this module from anywhere
@@ -44,6 +45,7 @@ def main(cfg: DictConfig) -> float | None:
         if hydra_cfg.mode == RunMode.RUN:
             sys.exit(2)
         log.error("job %s skipped: %s", hydra_cfg.job.num, err)  # the sweep goes on
+        skipped_jobs.append(str(hydra_cfg.job.num))
         return None
     return trainer.fit()["best_val_acc"]
 
@@ -53,6 +55,10 @@ def cli() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
         sys.exit(importlib.import_module(TOOLS[sys.argv[1]]).main(sys.argv[2:]))
     main()
+    if skipped_jobs:  # the other jobs ran; a script or CI job still learns that some did not
+        print(f"amp_lab: error: {len(skipped_jobs)} sweep job(s) skipped for a bad config "
+              f"(job {', '.join(skipped_jobs)}; the reasons are above)", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

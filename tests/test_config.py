@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, compose_cfg, run_cli, settings
+from conftest import CONF_DIR, FAST, compose_cfg, run_cli, settings
 
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.train import Trainer
@@ -109,6 +110,16 @@ def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
+    result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "amp_lab: error: 1 sweep job(s) skipped for a bad config (job 1; the reasons are above)")
+    assert "lr.base=-1.0 must be > 0" in result.stderr
+    (first,) = (tmp_path / "sweep").glob("0_*")  # job dirs are named after their overrides
+    assert json.loads((first / "summary.json").read_text())["status"] == "completed"
 
 
 def test_help_lists_the_groups(tmp_path):
