@@ -54,8 +54,9 @@ class Doctor:
         self.common = [*kept, f"trainer.max_steps={steps}", "trainer.log_every=1",
                        "trainer.eval_every=0", "trainer.progress=false", "diagnostics=full",
                        "diagnostics.every=1", "trainer.resume=false", "checkpoint.enabled=false"]
-        # builds, writes nothing: the user's own config is valid on this machine
-        Trainer(compose_settings([*overrides, *self.common[len(kept):]]), out / "probes" / "fp32")
+        # the user's own config is valid on this machine: it builds (in a folder it never
+        # writes to, so an --out that holds a run is left alone)
+        Trainer(self.settings, out / "probes" / "config_check")
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
         dtype = PRECISION_MODES[self.settings.precision.name].autocast_dtype
         self.low = "bf16" if dtype == torch.bfloat16 else "fp16"
@@ -99,34 +100,45 @@ class Doctor:
         log.info("probe %s: %s", name, " ".join(extra))
         return probe
 
-    def search_fp32(self, start: list[str], max_rounds: int = 6) -> dict[str, Any]:
-        """Greedy: add the module named by the forward attribution until a probe runs clean."""
+    def search_fp32(self, start: list[str], scaled: Probe,
+                    max_rounds: int = 6) -> dict[str, Any]:
+        """Greedy: add the module named by the forward attribution until a probe runs clean.
+        `scaled` (the autocast+scaler probe) is the run with the `start` set; a set already run
+        is not run again (the probes are deterministic for a seed)."""
         extra = [f"precision={self.low}", "scaler.enabled=true"]
         chosen, tried = list(start), []
+        runs: dict[tuple[str, ...], Probe] = {tuple(start): scaled}
 
         def clean(modules: list[str]) -> bool:
-            name = f"search_{len(tried)}"
-            probe = self.run_probe(name, [*extra, f"precision.fp32_modules=[{','.join(modules)}]"])
+            key = tuple(modules)
+            if key not in runs:
+                runs[key] = self.run_probe(f"search_{len(runs) - 1}", [
+                    *extra, f"precision.fp32_modules=[{','.join(modules)}]"])
+            probe = runs[key]
             forward = (probe.diag.get("nonfinite") or {}).get("forward")
-            tried.append({"fp32_modules": list(modules), "clean": not forward,
-                          "forward_nonfinite": forward})
+            if not tried or tried[-1]["fp32_modules"] != list(modules):
+                tried.append({"fp32_modules": list(modules), "clean": not forward,
+                              "forward_nonfinite": forward})
             return not forward and not probe.summary.get("diverged")
+
+        def result(found: bool) -> dict[str, Any]:
+            return {"found": found, "verified": found, "fp32_modules": chosen, "tried": tried,
+                    "probe_runs": len(runs) - 1}
 
         for _ in range(max_rounds):
             if clean(chosen):
                 break
             culprit = tried[-1]["forward_nonfinite"]
             if culprit is None or culprit["module"] in chosen:
-                return {"found": False, "fp32_modules": chosen, "tried": tried}
+                return result(False)
             chosen.append(culprit["module"])
         else:
-            return {"found": False, "fp32_modules": chosen, "tried": tried}
+            return result(False)
         for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
             smaller = [m for m in chosen if m != module]
             if clean(smaller):  # drop modules the others already cover
                 chosen = smaller
-        verified = clean(chosen)  # the verification rerun of the final set
-        return {"found": verified, "verified": verified, "fp32_modules": chosen, "tried": tried}
+        return result(clean(chosen))  # the final set, run with every module of it
 
 
 def verdict_table(probes: dict[str, Probe]) -> Table:
@@ -166,10 +178,10 @@ def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
                  search: dict | None, user: list[str]) -> None:
     console.print(verdict_table(probes))
     if search:
-        state = "verified by a rerun" if search.get("verified") else "NOT found"
+        state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
         console.print(escape(f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
-                             f"{len(search['tried'])} probe runs)"))
+                             f"{search['probe_runs']} probe runs)"))
     console.print("[bold]Recommendations[/bold] (most urgent first)")
     for i, rec in enumerate(recs, 1):
         console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
@@ -210,7 +222,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     search = None
     if args.search_fp32 and any((p.diag.get("nonfinite") or {}).get("forward")
                                 for p in probes.values() if p.name != "fp32"):
-        search = doctor.search_fp32(list(s.precision.fp32_modules))
+        search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     advice = Advice(s.scaler.init_scale, s.scaler.growth_interval, s.lr.scale,
                     s.lr.warmup_steps, args.steps, doctor.low)
     recs = recommend(probes, advice, search["fp32_modules"] if search and search["found"]

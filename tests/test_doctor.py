@@ -91,6 +91,18 @@ def test_a_scale_too_high_to_start_is_named_as_such(tmp_path, capsys):
     assert "precision=fp16 scaler.init_scale=65536\n" in out  # replaces the user's value
 
 
+@pytest.mark.slow
+def test_an_out_folder_holding_a_run_keeps_that_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([*TINY, "--steps", "4", "--out", str(run)]) == 0  # probes in run/probes/
+    (run / "metrics.jsonl").write_text('{"kind": "train", "step": 7}\n')  # a run of the user's
+    (run / "checkpoints").mkdir()
+    before = {p: p.read_bytes() for p in run.glob("*.jsonl")}
+    _doctor(run, capsys, "--steps", "4")  # again, into the same folder
+    assert {p: p.read_bytes() for p in run.glob("*.jsonl")} == before
+    assert len(list((run / "probes" / "fp32").glob("metrics.old-*.jsonl"))) == 1  # set aside
+
+
 @pytest.mark.parametrize("args, message", [
     (["precision=fp99"], "amp_lab: error: "),
     (["trainer.no_such_key=1"], "amp_lab: error: "),
