@@ -1,6 +1,9 @@
 """Low-precision model weights: an fp32 master copy in the optimizer, or rounded fp32 updates.
 
-`bf16_pure` and `fp16_pure` keep the model's parameters in 16 bits. Two ways to update them:
+`bf16_pure` and `fp16_pure` keep the model's parameters in 16 bits, but for BatchNorm's weights
+and running statistics, which stay fp32 as in apex O2 (`keep_batchnorm_fp32`): a running variance
+averaged in 16 bits drifts, and the norm layers are a sliver of the weights. Two ways to update
+the 16-bit ones:
 
 - `MasterWeights` (the apex O2 recipe): the optimizer is rebuilt on fp32 copies of the weights.
   Before the loss scaler unscales, the 16-bit gradients move into the masters' fp32 `.grad`, so
@@ -29,6 +32,14 @@ def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def to_low_precision(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The model's weights in `dtype`, BatchNorm's (weights and running stats) kept in fp32."""
+    model.to(dtype)
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.float()
+
+
 class MasterWeights:
     """fp32 master copies held by the optimizer; the model keeps the 16-bit weights."""
 
@@ -42,7 +53,7 @@ class MasterWeights:
             self.model_params += group["params"]
             self.masters += masters
             group["params"] = masters
-        model.to(dtype)  # the model's own Parameter objects now hold the 16-bit weights
+        to_low_precision(model, dtype)  # the model's own Parameter objects: 16-bit weights
         optimizer.register_step_post_hook(lambda *_: self.copy_masters_out())
         optimizer.register_state_dict_post_hook(self._save_masters)
         optimizer.register_load_state_dict_pre_hook(self._load_masters)
@@ -92,7 +103,8 @@ class RoundedUpdates:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  dtype: torch.dtype, rounding: str) -> None:
         self.optimizer, self.dtype, self.rounding = optimizer, dtype, rounding
-        model.to(dtype)  # the optimizer's Parameter objects are the model's: now 16-bit
+        to_low_precision(model, dtype)  # the optimizer's Parameter objects are the model's
+        self.low = [p for p in _all_params(optimizer) if p.dtype == dtype]  # not BatchNorm's
         optimizer.register_step_pre_hook(lambda *_: self._to_fp32())
         optimizer.register_step_post_hook(lambda *_: self._round_back())
         # load_state_dict casts the state to each parameter's dtype: load it against fp32
@@ -105,7 +117,7 @@ class RoundedUpdates:
 
     @torch.no_grad()
     def _to_fp32(self) -> None:
-        for p in _all_params(self.optimizer):
+        for p in self.low:
             comp = self._comp(p)
             # Kahan: the optimizer starts from weight + the rounding error carried so far
             p.data = p.data.float() if comp is None else p.data.float() + comp.float()
@@ -114,7 +126,7 @@ class RoundedUpdates:
 
     @torch.no_grad()
     def _round_back(self) -> None:
-        for p in _all_params(self.optimizer):
+        for p in self.low:
             exact = p.data
             if self.rounding == "stochastic":
                 p.data = stochastic_round_to_bf16(exact)
@@ -128,7 +140,7 @@ class RoundedUpdates:
 
     @torch.no_grad()
     def _params_to(self, dtype: torch.dtype) -> None:
-        for p in _all_params(self.optimizer):
+        for p in self.low:
             p.data = p.data.to(dtype)  # exact both ways: the values are bf16 numbers
             comp = self._comp(p)
             if comp is not None:

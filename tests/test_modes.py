@@ -52,6 +52,24 @@ def test_each_mode_learns_and_holds_the_dtypes_it_claims(tmp_path, overrides, mo
     assert state and all(t.dtype == torch.float32 for t in state)
 
 
+@pytest.mark.parametrize("overrides", [
+    ["precision=bf16_pure"], [*NO_MASTERS, "precision.update_rounding=kahan"]],
+    ids=["masters", "no_masters"])
+def test_pure_modes_keep_batchnorm_in_fp32(tmp_path, overrides):
+    """As apex O2: BatchNorm's weights and running statistics stay fp32, the rest is 16-bit,
+    and a step keeps it so (the rounding back to bf16 leaves BatchNorm alone)."""
+    trainer = Trainer(settings(*overrides, "model=resnet18", "lr.schedule=constant"),
+                      tmp_path)
+    norms = [m for m in trainer.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms
+    for _ in range(2):
+        trainer.train_step([_batch(trainer)])
+    kept = {id(t) for m in norms for t in [*m.parameters(), *m.buffers()]}
+    assert all(t.dtype == torch.float32 for m in norms for t in [*m.parameters(), m.running_var])
+    assert {p.dtype for p in trainer.model.parameters() if id(p) not in kept} == {torch.bfloat16}
+    assert norms[0].running_mean.abs().sum() > 0  # the fp32 statistics were updated
+
+
 def test_fp8_converts_the_eligible_linears_but_not_the_head(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
 
