@@ -111,10 +111,12 @@ def runnable_precisions(device: torch.device) -> list[str]:
 
 def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
     # 10 batches of synthetic samples (8 for training): distinct batches, little device memory.
+    # Every run starts afresh, also in an --out used before, and writes no checkpoint.
     return [f"model={model}", f"precision={precision}", "data=synthetic",
             f"data.img_size={args.img_size}", f"data.num_samples={10 * args.batch_size}",
             f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}",
-            "trainer.progress=false", *extra, *args.override]
+            "trainer.progress=false", "trainer.resume=false", "checkpoint.enabled=false",
+            *extra, *args.override]
 
 
 def _release(device: torch.device, compiled: bool) -> None:

@@ -128,6 +128,15 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     assert max(graphs) < (out / "compile_cache" / "bench.json").stat().st_mtime
 
 
+def test_a_second_bench_into_the_same_folder_measures_again(tmp_path):
+    for _ in range(2):
+        code = bench.main([*TINY, "--parts", "overhead", "--variants", "default",
+                           "--precisions", "fp32", "--out", str(tmp_path)])
+        assert code == 0
+        (row,) = json.loads((tmp_path / "bench.json").read_text())["overhead"]
+        assert _positive(row["median_ratio"])
+
+
 def test_a_pure_16_bit_row_first_for_its_model_counts_its_flops(tmp_path):
     """The FLOPs are counted once per model, by its first row: here a bf16_pure model, which
     takes fp32 images only under its autocast."""
