@@ -197,8 +197,8 @@ class TrainerConfig:
                  "trainer.epochs decides)")
         _require(self.epochs >= 1 or self.max_steps >= 1,
                  "set trainer.epochs or trainer.max_steps to at least 1")
-        _require(0 < self.target_acc <= 1,
-                 f"trainer.target_acc={self.target_acc} must be in (0, 1]")
+        _require(0 <= self.target_acc <= 1,
+                 f"trainer.target_acc={self.target_acc} must be in [0, 1]")
         _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
         _require(self.clip_mode in ("norm", "value"),
                  f"trainer.clip_mode={self.clip_mode!r} is unknown; use norm or value")

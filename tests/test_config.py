@@ -68,7 +68,7 @@ def test_model_kwargs_accept_new_keys():
     ("data.name=mnist", "data.name='mnist' is unknown"),
     ("trainer.max_steps=-5", "trainer.max_steps=-5 must be >= 0"),
     ("lr.step_every=-1", "lr.step_every=-1 must be >= 0"),
-    ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in (0, 1]"),
+    ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in [0, 1]"),
     ("+scaler.init_scal=1", "unknown setting scaler.init_scal; did you mean scaler.init_scale?"),
     ("+trainer.max_step=3", "unknown setting trainer.max_step; did you mean trainer.max_steps?"),
 ])
