@@ -181,7 +181,8 @@ def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
         console.print(escape(f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
-                             f"{search['probe_runs']} probe runs)"))
+                             f"{search['probe_runs']} probe run"
+                             f"{'' if search['probe_runs'] == 1 else 's'})"))
     console.print("[bold]Recommendations[/bold] (most urgent first)")
     for i, rec in enumerate(recs, 1):
         console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
