@@ -153,8 +153,10 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
             table.add_row(name, verdict(p, base), escape(p.unavailable or p.crashed), *[""] * 7)
             continue
         nf = (p.diag.get("nonfinite") or {})
-        where = (f"step {nf['first_step']}: {nf.get('module') or '?'} ({nf.get('phase')})"
-                 if nf.get("first_step") else "-")
+        where = "-" if not nf.get("first_step") else (
+            f"step {nf['first_step']}: {nf['module']} ({nf.get('phase')})" if nf.get("module")
+            else f"step {nf['first_step']}: skipped, no module named")  # the weight gradients
+        # overflowed, or the scale did, while no activation or input gradient was non-finite
         ratio = p.mean("diag/update_ratio")
         table.add_row(name, verdict(p, base), _fmt_curve(p), _fmt(p.deviation(base), "%"),
                       where, f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
