@@ -44,14 +44,15 @@ FORMAT = 2  # bumped when the layout of the saved dict changes (2: the diagnosti
 CHECKPOINT_DIR = "checkpoints"
 WANDB_ID_FILE = "wandb_run_id"  # written by the W&B sink; a resumed run logs to the same W&B run
 RECORD_FILES = ("metrics.jsonl", "diagnostics.jsonl")  # cut back to the step a run resumes at
+SETTINGS_FILE = "settings.json"  # the run's settings, flat: a finished run's are compared too
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 # Settings (a group, or one key) that may differ between the interrupted and the resumed run:
 # none changes the weights, the optimizer, the scaler, the LR schedule or the data order.
 _FREE_TO_CHANGE = {"checkpoint", "logger", "diagnostics", "trainer.progress", "trainer.resume",
                    "trainer.device", "trainer.compile", "trainer.eval_every",
                    "trainer.target_acc", "trainer.max_bad_steps", "trainer.timing_warmup",
-                   "data.root", "data.num_workers", "data.persistent_workers",
-                   "data.prefetch_factor", "data.pin_memory"}
+                   "data.root", "data.prefetch_factor", "data.pin_memory"}
+# (data.num_workers and persistent_workers are not free: the workers seed the augmentation)
 
 
 class Interrupted(SystemExit):
@@ -94,6 +95,13 @@ def _flat(settings: AmpLabConfig) -> dict[str, str]:
     return {f"{group}.{key}": json.dumps(value, sort_keys=True)
             for group, values in asdict(settings).items() if isinstance(values, dict)
             for key, value in values.items()}
+
+
+def changed_settings(saved: Mapping[str, str], settings: AmpLabConfig) -> list[str]:
+    """`key old -> new` for each setting that differs and may not (see _FREE_TO_CHANGE)."""
+    return [f"{k} {saved[k]} -> {v}" for k, v in _flat(settings).items()
+            if saved.get(k, v) != v
+            and k.split(".")[0] not in _FREE_TO_CHANGE and k not in _FREE_TO_CHANGE]
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -170,10 +178,33 @@ class Checkpointer:
             self._truncate_records(0)  # an attempt that died before its first checkpoint
         return False
 
+    def finished(self) -> dict[str, Any] | None:
+        """The summary of a run that already ended here (completed or diverged), else None.
+        A finished run with other settings is refused, as a checkpoint with them would be."""
+        try:
+            summary = json.loads((self.run_dir / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if summary.get("status") not in ("completed", "diverged"):
+            return None
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            saved = json.loads((self.run_dir / SETTINGS_FILE).read_text())
+            if changed := changed_settings(saved, self.settings):
+                raise ConfigError(f"{self.run_dir} holds a finished run with other settings: "
+                                  f"{', '.join(changed)}; use another run directory, or set "
+                                  "trainer.resume=false to train there afresh (the old files "
+                                  "are kept)")
+        return summary
+
+    def record_settings(self) -> None:
+        """settings.json: what this run trains with (rank 0)."""
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.run_dir / SETTINGS_FILE,
+                          lambda f: f.write(json.dumps(_flat(self.settings), indent=1).encode()))
+
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
-        changed = [f"{k} {payload['settings'][k]} -> {v}" for k, v in _flat(self.settings).items()
-                   if payload["settings"].get(k, v) != v
-                   and k.split(".")[0] not in _FREE_TO_CHANGE and k not in _FREE_TO_CHANGE]
+        changed = changed_settings(payload["settings"], self.settings)
         if changed:
             raise ConfigError(f"checkpoint {path} was written with other settings: "
                               f"{', '.join(changed)}; resume with the settings it was written "
@@ -218,9 +249,13 @@ class Checkpointer:
         new run gets a W&B run of its own."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for path in (self.dir, *(self.run_dir / name for name in
-                                 (*RECORD_FILES, "summary.json", WANDB_ID_FILE))):
+                                 (*RECORD_FILES, "summary.json", SETTINGS_FILE,
+                                  WANDB_ID_FILE))):
             if path.exists():
                 aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")
+                n = 1
+                while aside.exists():  # set aside twice within a second
+                    aside, n = path.with_name(f"{path.stem}.old-{stamp}-{n}{path.suffix}"), n + 1
                 path.rename(aside)
                 log.warning("trainer.resume=false: kept the previous %s as %s", path.name,
                             aside.name)

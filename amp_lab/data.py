@@ -88,8 +88,12 @@ class DataSource:
             return
         key = id(dataset)
         if key not in self._loaders:  # the sampler is mutated by set_epoch, so one loader serves
+            # Its own generator: each pass over a loader draws a base seed for its workers, and
+            # from the global RNG that draw would shift the training randomness (augmentation,
+            # dropout) by every evaluation, and differently after a resume.
             self._loaders[key] = DataLoader(dataset, batch_sampler=batch_order,
-                                            **self._loader_options())
+                                            generator=torch.Generator().manual_seed(len(
+                                                self._loaders)), **self._loader_options())
         for images, labels in self._loaders[key]:
             yield self._to_device(images, labels)
 

@@ -21,6 +21,7 @@ import torch
 
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
+from amp_lab.master_weights import KAHAN_COMP
 from amp_lab.module_probe import ModuleProbe
 from amp_lab.scale_events import ScaleTracker
 from amp_lab.step import StepObserver, StepResult, TrainStep
@@ -32,15 +33,17 @@ HALF_STATE = "half_model"
 LOW_PRECISION_LOSS = "loss_in_low_precision"
 
 
-def low_precision_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Names of parameters and optimizer-state entries that are not fp32 (host metadata only)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    bad = [f"{n} ({p.dtype})" for n, p in model.named_parameters()
+def low_precision_state(named: list[tuple[str, torch.Tensor]],
+                        optimizer: torch.optim.Optimizer) -> list[str]:
+    """Names of the given weights and of optimizer-state entries that are not fp32 (host
+    metadata only); the bf16 Kahan compensation buffer is bf16 by design."""
+    names = {id(p): n for n, p in named}
+    bad = [f"{n} ({p.dtype})" for n, p in named
            if p.is_floating_point() and p.dtype != torch.float32]
     for param, state in optimizer.state.items():
         bad += [f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
-                for key, t in state.items()
-                if torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32]
+                for key, t in state.items() if key != KAHAN_COMP
+                and torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32]
     return bad
 
 
@@ -63,8 +66,7 @@ class Diagnostics(StepObserver):
         self.skips = torch.zeros(log_every, device=self.device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
         # a step without a scaler runs at scale 1 (see _scale), and none of its skips backs off
-        self.tracker = ScaleTracker(scaler_cfg, dynamic and step.uses_scaler,
-                                    float(step.scaler.get_scale()) if step.uses_scaler else 1.0)
+        self.tracker = ScaleTracker(scaler_cfg, dynamic and step.uses_scaler, self._start_scale())
         self.window_first, self.armed, self.probing = 1, False, False
         self.step = 0
         self.warnings: list[str] = []
@@ -118,15 +120,28 @@ class Diagnostics(StepObserver):
                 self.probe.detach()
         if not self.state_checked:  # optimizer state exists after the first step
             self.state_checked = True
-            if self.step_fn.policy.mode.param_dtype == torch.float32:  # pure modes: 16-bit weights
-                self._check_state()
+            self._check_state()
+
+    def _start_scale(self) -> float:
+        """The scale before the next step, read to the host (at start-up or resume only)."""
+        return float(self.step_fn.scaler.get_scale()) if self.step_fn.uses_scaler else 1.0
 
     def _scale(self) -> torch.Tensor:
         scale = self.step_fn.scaler._get_scale_async()  # the device tensor: reading it is no sync
         return torch.ones((), device=self.device) if scale is None else scale
 
     def _check_state(self) -> None:
-        bad = low_precision_state(self.step_fn.model, self.step_fn.optimizer)
+        """The weights the optimizer updates and its state must be fp32: the model's own
+        weights, or in the pure modes the fp32 masters (without masters, the bf16 weights are
+        what bf16_pure studies; its optimizer state is still fp32)."""
+        step, policy = self.step_fn, self.step_fn.policy
+        if policy.mode.param_dtype == torch.float32:
+            named = list(step.model.named_parameters())
+        elif policy.options.master_weights:
+            named = [(f"master weight {i}", p) for i, p in enumerate(step.params)]
+        else:
+            named = []
+        bad = low_precision_state(named, step.optimizer)
         if bad:
             self.signatures[HALF_STATE] = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
             self._warn(f"fp32-state check: master weights and optimizer state must be fp32, but "
@@ -229,7 +244,7 @@ class Diagnostics(StepObserver):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # written with diagnostics=off: the history starts at the resumed step
             self.window_first = self.step_fn.scheduler.last_epoch + 1
-            self.tracker.scale = float(self.step_fn.scaler.get_scale())
+            self.tracker.scale = self._start_scale()
             return
         self.scales.copy_(state["scales"])
         self.skips.copy_(state["skips"])

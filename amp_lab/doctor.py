@@ -116,10 +116,11 @@ class Doctor:
                     *extra, f"precision.fp32_modules=[{','.join(modules)}]"])
             probe = runs[key]
             forward = (probe.diag.get("nonfinite") or {}).get("forward")
+            ok = not (forward or probe.crashed or probe.summary.get("diverged"))
             if not tried or tried[-1]["fp32_modules"] != list(modules):
-                tried.append({"fp32_modules": list(modules), "clean": not forward,
-                              "forward_nonfinite": forward})
-            return not forward and not probe.summary.get("diverged")
+                tried.append({"fp32_modules": list(modules), "clean": ok,
+                              "forward_nonfinite": forward, "crashed": probe.crashed})
+            return ok
 
         def result(found: bool) -> dict[str, Any]:
             return {"found": found, "verified": found, "fp32_modules": chosen, "tried": tried,
@@ -250,13 +251,18 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    for name in ("amp_lab.train", "amp_lab.diagnostics"):  # probe warnings go to doctor.json
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet = [logging.getLogger(name) for name in ("amp_lab.train", "amp_lab.diagnostics")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:  # the probes' warnings go to doctor.json
+        logger.setLevel(logging.ERROR)
     try:
         run(args, Console(width=None if sys.stdout.isatty() else 160))
     except ConfigError as err:
         print(f"amp_lab: error: {err}", file=sys.stderr)
         return 2
+    finally:  # as they were: `amp_lab doctor` may run inside a longer-lived process
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
     return 0
 
 

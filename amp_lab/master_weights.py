@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 Hook = Callable[[], None]
-_COMP = "kahan_comp"  # optimizer-state key of the Kahan compensation buffer (bf16)
+KAHAN_COMP = "kahan_comp"  # optimizer-state key of the Kahan compensation buffer (bf16)
 
 
 def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
@@ -113,7 +113,7 @@ class RoundedUpdates:
         optimizer.register_load_state_dict_post_hook(lambda *_: self._params_to(dtype))
 
     def _comp(self, param: torch.nn.Parameter) -> torch.Tensor | None:
-        return self.optimizer.state.get(param, {}).get(_COMP)
+        return self.optimizer.state.get(param, {}).get(KAHAN_COMP)
 
     @torch.no_grad()
     def _to_fp32(self) -> None:
@@ -134,7 +134,7 @@ class RoundedUpdates:
                 p.data = exact.to(self.dtype)
             if self.rounding == "kahan":
                 # what rounding lost this step, kept (in bf16) for the next one
-                self.optimizer.state[p][_COMP] = (exact - p.data.float()).to(self.dtype)
+                self.optimizer.state[p][KAHAN_COMP] = (exact - p.data.float()).to(self.dtype)
             if p.grad is not None:
                 p.grad = p.grad.to(self.dtype)
 
@@ -144,7 +144,7 @@ class RoundedUpdates:
             p.data = p.data.to(dtype)  # exact both ways: the values are bf16 numbers
             comp = self._comp(p)
             if comp is not None:
-                self.optimizer.state[p][_COMP] = comp.to(self.dtype)
+                self.optimizer.state[p][KAHAN_COMP] = comp.to(self.dtype)
 
 
 def lower_param_precision(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -60,16 +60,6 @@ class LoopState:
     diverged: bool = False
 
 
-def finished_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The summary of a run that ended (completed or diverged) in `run_dir`, else None."""
-    path = run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return summary if summary.get("status") in ("completed", "diverged") else None
-
-
 class DeviceCounters:
     """Running sums kept on the device; `read()` is the one host sync of a log step."""
 
@@ -165,7 +155,7 @@ class Trainer:
             "diagnostics": self.diagnostics}, self.dist)
         # A run dir whose run finished keeps its results (a relaunched sweep trains only what
         # did not finish); one holding a checkpoint resumes from it.
-        self.finished = finished_summary(self.out_dir) if t.resume else None
+        self.finished = self.checkpointer.finished() if t.resume else None
         if self.finished is None:
             self.checkpointer.restore()
 
@@ -201,6 +191,7 @@ class Trainer:
             self.dist.close()
             return self.finished
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpointer.record_settings()
         t = self.settings.trainer
         info = self.describe()
         log.info("%s on %s (rank %d of %d): peak LR %.4g (base %.4g, rule %s at global batch "

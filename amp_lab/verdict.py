@@ -188,18 +188,18 @@ def recommend(probes: dict[str, Probe], advice: Advice,
 
 def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, Any]]:
     recs = []
-    events = scaled.diag.get("scale_events", [])
-    backoffs = [e for e in events if e["kind"] == "backoff"]
     final = scaled.summary.get("final_loss_scale") or advice.init_scale
-    leading = next((i for i, e in enumerate(backoffs) if e["step"] != i + 1), len(backoffs))
+    # skipped steps from step 1 on (the probes log every step) and none after them, or a scale
+    # still above 2**16 after every step skipped: the scale started too high, the gradients
+    # are fine. Counted in skips, not backoffs: a hysteresis scaler holds its first overflows.
+    cumulative = [r.get("amp/skipped_steps", 0) for r in scaled.records]
+    leading = next((i for i, n in enumerate(cumulative) if n != i + 1), len(cumulative))
     skipped = scaled.summary.get("skipped_steps", 0)
-    # backoffs from step 1 on and no skip after them, or a scale still above 2**16 after every
-    # step skipped: the scale started too high, the gradients themselves are fine
     if leading >= 3 and (leading == skipped or final > 2.0**16):
         recs.append(_rec(72 if scaled.skip_rate > 0.25 else 40,  # before "use bf16" (70)
                          "the initial loss scale is too high",
-                         f"{leading} backoffs from step 1: {advice.init_scale:g} -> {final:g}",
-                         f"scaler.init_scale={min(final, 2.0**16):g}"))
+                         f"{leading} steps skipped from step 1: scale {advice.init_scale:g} -> "
+                         f"{final:g}", f"scaler.init_scale={min(final, 2.0**16):g}"))
     elif scaled.skip_rate > 0.25 or final < 1.0:
         recs.append(_rec(60, "the loss scale keeps backing off (unstable gradients)",
                          f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, scale "

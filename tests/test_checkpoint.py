@@ -251,10 +251,29 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
     first = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with caplog.at_level(logging.WARNING, logger="amp_lab.train"):
-        again = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
+        again = Trainer(settings(*RUN, "checkpoint.every_steps=5", "trainer.eval_every=3"),
+                        tmp_path).fit()  # settings that leave training unchanged may differ
     assert again == first and "already holds a finished run (completed after 12 steps)" \
         in caplog.text
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+    with pytest.raises(ConfigError, match="holds a finished run with other settings: "
+                                          "trainer.max_steps 12 -> 20; use another run"):
+        Trainer(settings(*RUN, "trainer.max_steps=20"), tmp_path)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
+
+
+def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_path):
+    """The checkpoint was written with diagnostics=off; the resumed run watches from its step
+    on, from the scale it resumed at (1 for the scaler-less half_model loop), inventing no
+    event before it."""
+    common = [*RUN, "precision=fp16", "pitfall=half_model", "trainer.log_every=4",
+              "checkpoint.every_steps=4"]
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(settings(*common, "diagnostics=off"), tmp_path, sinks=[KillAt(8)]).fit()
+    summary = Trainer(settings(*common, "diagnostics=light"), tmp_path).fit()
+    assert list(summary["diagnostics"]["signatures"]) == ["half_model"]
+    assert summary["diagnostics"]["scale_events"] == []
+    assert [r["step"] for r in _diagnostics(tmp_path)] == [8, 12]
 
 
 def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_path):

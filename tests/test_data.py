@@ -72,6 +72,18 @@ def test_imagefolder_with_train_and_val_folders(tmp_path):
     assert images.shape == (5, 3, 16, 16) and labels.dtype == torch.long
 
 
+def test_an_evaluation_draws_nothing_from_the_training_rng(tmp_path):
+    """A DataLoader pass draws its workers' base seed; from the global RNG it would shift the
+    training's augmentation and dropout by every evaluation (and differently after a resume)."""
+    _write_image_folder(tmp_path / "images")
+    data = build_data(settings("data=imagefolder", f"data.root={tmp_path / 'images'}",
+                               "data.img_size=16").data, 0, torch.device("cpu"))
+    before = torch.get_rng_state()
+    for _ in range(2):
+        assert sum(len(labels) for _, labels in data.val_batches(5)) == len(data.val)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
 def test_cifar_needs_a_local_root_and_never_downloads(name, tmp_path):
     from amp_lab.config import ConfigError

@@ -194,6 +194,19 @@ def test_pure_modes_are_not_the_half_model_pitfall(tmp_path, mode):
     assert summary["diagnostics"]["signatures"] == {}
 
 
+def test_the_masters_of_a_pure_mode_are_checked_for_fp32(tmp_path):
+    trainer = Trainer(settings(*TINY, "precision=bf16_pure", "trainer.max_steps=1"), tmp_path)
+    optimizer, master = trainer.optimizer, trainer.train_step.params[0]
+
+    def break_state(*_):  # an optimizer whose moments went 16-bit, as after a bad cast
+        optimizer.state[master]["exp_avg"] = optimizer.state[master]["exp_avg"].bfloat16()
+
+    optimizer.register_step_post_hook(break_state)
+    summary = trainer.fit()
+    assert "optimizer exp_avg of master weight 0 (torch.bfloat16)" in summary["diagnostics"][
+        "signatures"]["half_model"]
+
+
 @pytest.mark.parametrize("pitfall, misuse", [("none", False), ("no_scaler_update", True)])
 def test_the_hysteresis_scaler_holding_its_scale_is_no_misuse(tmp_path, pitfall, misuse):
     """Every step overflows (init_scale 1e12): scaler.hysteresis=2 holds the scale on the first

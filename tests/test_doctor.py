@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from amp_lab.doctor import main
+from amp_lab.doctor import Doctor, main
+from amp_lab.verdict import Probe
 
 TINY = ["model=test_vit", "data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
         "+model.kwargs.depth=1", "trainer.device=cpu"]
@@ -46,7 +47,8 @@ def test_overflowing_module_is_named_and_the_fp32_search_proposes_it(tmp_path, c
     search = report["search_fp32"]
     assert search["verified"] is True and search["fp32_modules"] == [culprit]
     assert search["tried"][-1] == {"fp32_modules": [culprit], "clean": True,
-                                   "forward_nonfinite": None}  # the verification rerun
+                                   "forward_nonfinite": None, "crashed": None}
+    assert search["probe_runs"] == 1  # the start set ran as autocast+scaler, [culprit] once
     assert report["recommendations"][0]["override"] == f"precision.fp32_modules=[{culprit}]"
     assert f"precision.fp32_modules=[{culprit}]" in out
     assert report["probes"]["bf16"]["verdict"] == "ok"
@@ -81,14 +83,17 @@ def test_a_probe_that_crashes_is_reported_and_the_others_still_count(tmp_path, c
 
 
 @pytest.mark.slow
-def test_a_scale_too_high_to_start_is_named_as_such(tmp_path, capsys):
+@pytest.mark.parametrize("scaler", [[], ["scaler=hysteresis", "scaler.max_scale=1e12"]],
+                         ids=["dynamic", "hysteresis"])  # the latter holds its first overflow
+def test_a_scale_too_high_to_start_is_named_as_such(tmp_path, capsys, scaler):
     report, out = _doctor(tmp_path, capsys, "precision=fp16", "scaler.init_scale=1e12",
-                          "--steps", "4")
+                          *scaler, "--steps", "4")
     assert report["probes"]["autocast+scaler"]["summary"]["skipped_steps"] == 4
     top = report["recommendations"][0]
     assert top["problem"] == "the initial loss scale is too high"
     assert top["override"] == "scaler.init_scale=65536"
-    assert "precision=fp16 scaler.init_scale=65536\n" in out  # replaces the user's value
+    try_line = next(line for line in out.splitlines() if line.endswith("init_scale=65536"))
+    assert "scaler.init_scale=1e12" not in try_line  # replaces the user's value
 
 
 @pytest.mark.slow
@@ -101,6 +106,14 @@ def test_an_out_folder_holding_a_run_keeps_that_run(tmp_path, capsys):
     _doctor(run, capsys, "--steps", "4")  # again, into the same folder
     assert {p: p.read_bytes() for p in run.glob("*.jsonl")} == before
     assert len(list((run / "probes" / "fp32").glob("metrics.old-*.jsonl"))) == 1  # set aside
+
+
+def test_the_fp32_search_never_calls_a_crashed_probe_clean(tmp_path, monkeypatch):
+    doctor = Doctor([*TINY, "precision=fp16"], 4, tmp_path)
+    crashed = Probe("search", [], crashed="RuntimeError: boom")
+    monkeypatch.setattr(doctor, "run_probe", lambda name, extra: crashed)
+    search = doctor.search_fp32([], Probe("autocast+scaler", [], crashed="RuntimeError: boom"))
+    assert search["found"] is False and search["tried"][0]["crashed"] == "RuntimeError: boom"
 
 
 @pytest.mark.parametrize("args, message", [
