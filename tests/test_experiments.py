@@ -10,6 +10,7 @@ from conftest import CONF_DIR, ROOT, compose_cfg, run_cli
 from hydra import compose, initialize_config_dir
 
 from amp_lab.config import validate
+from amp_lab.train import Trainer
 
 STUDIES = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
 
@@ -44,6 +45,15 @@ def test_every_job_of_every_study_composes(experiment):
         assert settings.tags[0] in experiment
         if "cpu" in experiment:
             assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_job_of_every_cpu_study_builds(study, tmp_path):
+    """Each job's model takes its images and its mode runs here: the CPU variants are what a
+    user without a GPU runs first."""
+    experiment = f"+experiment/cpu={study}"
+    for i, job in enumerate(_sweep_jobs(experiment)):
+        Trainer(validate(compose_cfg(experiment, *job, fast=False)), tmp_path / str(i))
 
 
 def test_grad_accum_study_keeps_the_global_batch():
