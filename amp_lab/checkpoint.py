@@ -9,9 +9,11 @@ data go in, so it loads with `torch.load(weights_only=True)`. A run resumes only
 settings its checkpoint was written with, but for those that leave training unchanged
 (`_FREE_TO_CHANGE`): anything else is refused before a file is touched.
 
-A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGTERM) only sets a flag; the
-loop saves at the next step boundary and then hands the signal on to the handler that was there
-before (submitit's, which requeues the job), so a requeued job resumes where it stopped. Under
+A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGTERM; SIGINT, Ctrl-C) only
+sets a flag; the loop saves at the next step boundary and then hands the signal on to the
+handler that was there before (submitit's, which requeues the job), so a requeued job resumes
+where it stopped. Where that handler is the default (or Python's KeyboardInterrupt), the run
+stops with exit code 128 + the signal and one line; a second Ctrl-C stops at once. Under
 DDP the ranks agree on a stop at log steps (one all-reduce there, not on every step), so a stop
 waits up to trainer.log_every steps.
 """
@@ -25,6 +27,7 @@ import os
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -174,8 +177,10 @@ class Checkpointer:
         if unreadable:
             raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
                               "move that folder away or set trainer.resume=false to start fresh")
-        if self.dist.is_main:
-            self._truncate_records(0)  # an attempt that died before its first checkpoint
+        if self.dist.is_main and self._truncate_records(0):  # died before its first checkpoint
+            log.warning("%s holds an earlier attempt's records but no checkpoint: starting over "
+                        "from step 0", self.run_dir)
+            self._set_aside(WANDB_ID_FILE)  # a W&B run of its own, not appended to the old one
         return False
 
     def finished(self) -> dict[str, Any] | None:
@@ -231,34 +236,38 @@ class Checkpointer:
                     "wandb_run_id"]:
                 wandb_file.write_text(payload["wandb_run_id"] + "\n")
 
-    def _truncate_records(self, step: int) -> None:
-        """Drop records past `step` (and a half-written last line), so nothing is logged twice."""
+    def _truncate_records(self, step: int) -> bool:
+        """Drop records past `step` (and a half-written last line), so nothing is logged twice.
+        Returns whether any line was dropped."""
+        dropped = False
         for name in RECORD_FILES:
             path = self.run_dir / name
             if not path.exists():
                 continue
+            lines = path.read_text(encoding="utf-8").splitlines()
             kept = []
-            for line in path.read_text(encoding="utf-8").splitlines():
+            for line in lines:
                 with contextlib.suppress(json.JSONDecodeError):
                     if json.loads(line).get("step", 0) <= step:
                         kept.append(line + "\n")
+            dropped |= len(kept) < len(lines)
             _write_atomic(path, lambda f, kept=kept: f.write("".join(kept).encode()))
+        return dropped
 
-    def _set_aside(self) -> None:
-        """trainer.resume=false in a used run dir: keep the old files under a dated name; the
-        new run gets a W&B run of its own."""
+    def _set_aside(self, *names: str) -> None:
+        """Keep these files of the run dir under a dated name (by default every file of a run:
+        trainer.resume=false in a used run dir); without its W&B id, a run gets a new W&B run."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for path in (self.dir, *(self.run_dir / name for name in
-                                 (*RECORD_FILES, "summary.json", SETTINGS_FILE,
-                                  WANDB_ID_FILE))):
+        names = names or (CHECKPOINT_DIR, *RECORD_FILES, "summary.json", SETTINGS_FILE,
+                          WANDB_ID_FILE)
+        for path in (self.run_dir / name for name in names):
             if path.exists():
                 aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")
                 n = 1
                 while aside.exists():  # set aside twice within a second
                     aside, n = path.with_name(f"{path.stem}.old-{stamp}-{n}{path.suffix}"), n + 1
                 path.rename(aside)
-                log.warning("trainer.resume=false: kept the previous %s as %s", path.name,
-                            aside.name)
+                log.warning("kept the previous %s as %s", path.name, aside.name)
 
     # -- save --------------------------------------------------------------------------------
     def save(self) -> Path:
@@ -313,6 +322,11 @@ class Checkpointer:
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            if self.stop_signal == signal.SIGINT:  # a second Ctrl-C: a hung step must not hold
+                raise KeyboardInterrupt
+            print("Ctrl-C: stopping after this step's checkpoint (Ctrl-C again: at once)",
+                  file=sys.stderr)
         self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
 
     def _hand_on(self, signum: int, path: Path) -> None:
@@ -321,6 +335,8 @@ class Checkpointer:
         name = signal.Signals(signum).name
         message = f"{name} at step {self.state.step}: checkpoint {path} saved"
         previous = self.previous.get(signum, signal.SIG_DFL)
+        if previous is signal.default_int_handler:  # Ctrl-C: a clean stop, not a traceback
+            previous = signal.SIG_DFL
         if previous is signal.SIG_IGN:
             log.warning("%s; the signal was ignored before, so training goes on", message)
         elif callable(previous):

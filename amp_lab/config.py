@@ -228,9 +228,10 @@ class CheckpointConfig:
     every_steps: int = 0  # optimizer steps between periodic checkpoints; 0: off
     every_minutes: float = 10.0  # wall-clock minutes between periodic checkpoints; 0: off
     keep: int = 2  # newest checkpoints kept; an older one goes only once a newer one is complete
-    # signals that ask the job to stop (submitit's pre-timeout/preemption signal, SLURM's TERM):
-    # checkpoint at the next step boundary, then hand the signal on to the previous handler
-    signals: list[str] = field(default_factory=lambda: ["SIGUSR2", "SIGTERM"])
+    # signals that ask the run to stop (submitit's pre-timeout/preemption signal, SLURM's TERM,
+    # Ctrl-C): checkpoint at the next step boundary, then hand the signal on to the previous
+    # handler
+    signals: list[str] = field(default_factory=lambda: ["SIGUSR2", "SIGTERM", "SIGINT"])
 
     def __post_init__(self) -> None:
         _require(self.every_steps >= 0, f"checkpoint.every_steps={self.every_steps} must be >= 0")

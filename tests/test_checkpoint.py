@@ -34,14 +34,16 @@ def one_thread():
 
 
 class SignalAt(Sink):
-    """Sends a signal to this very process when the train record of `step` is logged."""
+    """Sends a signal (`times` times) to this very process when the train record of `step` is
+    logged."""
 
-    def __init__(self, step: int, signum: int = signal.SIGUSR2) -> None:
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int = signal.SIGUSR2, times: int = 1) -> None:
+        self.step, self.signum, self.times = step, signum, times
 
     def log(self, record: dict) -> None:
         if record["kind"] == "train" and record["step"] == self.step:
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
 
 
 def _rows(run_dir):
@@ -178,6 +180,17 @@ def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
     assert summary["status"].startswith("crashed: Interrupted: SIGUSR2 at step 4")
 
 
+def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys):
+    stopped = _interrupt(tmp_path / "once", RUN, at_step=5, signum=signal.SIGINT)
+    assert stopped.code == 130 and "SIGINT at step 5: checkpoint" in str(stopped)
+    assert "Ctrl-C: stopping after this step's checkpoint" in capsys.readouterr().err
+    assert Trainer(settings(*RUN), tmp_path / "once").state.step == 5  # and it resumes there
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(settings(*RUN), tmp_path / "twice",
+                sinks=[SignalAt(5, signal.SIGINT, times=2)]).fit()
+    assert not (tmp_path / "twice" / "checkpoints").exists()
+
+
 def test_a_previous_handler_that_returns_lets_training_go_on(tmp_path):
     calls = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
@@ -276,14 +289,19 @@ def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_
     assert [r["step"] for r in _diagnostics(tmp_path)] == [8, 12]
 
 
-def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_path):
+def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_path, caplog):
     Trainer(settings(*RUN), tmp_path / "whole").fit()
     run = tmp_path / "run"
     run.mkdir()
     lines = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:4]
     (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tr')  # killed mid-line
-    Trainer(settings(*RUN), run).fit()
+    (run / "wandb_run_id").write_text("abc123\n")  # the W&B run those records went to
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint"):
+        Trainer(settings(*RUN), run).fit()
+    assert "earlier attempt's records but no checkpoint: starting over from step 0" in \
+        caplog.text
     assert _curve(run) == _curve(tmp_path / "whole")
+    assert len(list(run.glob("wandb_run_id.old-*"))) == 1  # a new W&B run, not appended
 
 
 def test_bad_checkpoint_settings_are_one_line_errors():
