@@ -36,8 +36,8 @@ def _f(value: Any, fmt: str = ".4g") -> str:
 
 
 def pick_reference(runs: list[RunData], ref: str | None) -> RunData | None:
-    """--ref (a run directory or its name) if given, else the first finished fp32 run, else
-    the first fp32 run, else none."""
+    """--ref (a run directory or its name) if given, else the first completed fp32 run, else
+    none: figures relative to a crashed or unfinished run would mislead."""
     if ref:
         for run in runs:
             names = (run.label, run.short_name().removeprefix("job "), run.path.name)
@@ -45,8 +45,7 @@ def pick_reference(runs: list[RunData], ref: str | None) -> RunData | None:
                 return run
         raise ReportError(f"--ref {ref} is not one of the runs; use a run directory's name, "
                           f"e.g. {runs[0].path.name}")
-    fp32 = [run for run in runs if run.precision == "fp32"]
-    return next((run for run in fp32 if run.ok), fp32[0] if fp32 else None)  # finished first
+    return next((run for run in runs if run.precision == "fp32" and run.ok), None)
 
 
 def _ref_values(runs: list[RunData], ref: RunData | None) -> tuple[float | None, float | None]:
@@ -116,7 +115,7 @@ def write_markdown(out: Path, runs: list[RunData], ref: RunData | None,
                    tables: list[tuple[list[str], list[list[str]]]], plots: list[Path]) -> Path:
     """report.md: the tables, then the plots."""
     ref_line = (f"Reference: `{ref.label}` ({ref.precision})" if ref else
-                "No reference (no fp32 run; pass --ref RUN)")
+                "No reference (no completed fp32 run; pass --ref RUN)")
     parts = [f"# amp_lab comparison: {len(runs)} runs", "", ref_line, "",
              "Sources: " + ", ".join(f"`{run.path}`" for run in runs), ""]
     parts += [markdown_table(*table) + "\n" for table in tables]

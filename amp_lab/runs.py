@@ -57,7 +57,11 @@ class RunData:
 
     @property
     def status(self) -> str:
-        return self.summary.get("status", "incomplete: no summary.json")
+        if "status" in self.summary:
+            return str(self.summary["status"]).strip()
+        if not (self.train or self.val):
+            return "not started: no records (refused, or never ran)"
+        return "incomplete: no summary.json"
 
     @property
     def ok(self) -> bool:
@@ -80,10 +84,11 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.is_dir():
             raise ReportError(f"{path} is not a directory; pass run or multirun directories")
-        if any((path / name).exists() for name in RUN_FILES):
+        if any((path / name).exists() for name in (*RUN_FILES, ".hydra")):
             found.add(path)
             continue
-        runs = {f.parent for name in RUN_FILES for f in path.rglob(name)
+        # a sweep job refused at start-up (or not started) has its .hydra/ and nothing else
+        runs = {f.parent for name in (*RUN_FILES, ".hydra") for f in path.rglob(name)
                 if "wandb" not in f.relative_to(path).parts}
         if not runs:
             raise ReportError(f"{path} holds no amp_lab runs (no metrics.jsonl or summary.json "

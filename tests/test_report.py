@@ -169,3 +169,12 @@ def test_damaged_and_unfinished_runs_are_read_as_far_as_they_go(tmp_path, caplog
     assert killed_row[-1] == "**incomplete: no summary.json**"
     assert rows["job 2"][header.index("Δacc vs ref")] != "—"  # read from its metrics
     assert rows["job 2"][header.index("precision")] == "bf16"  # from its overrides.yaml
+    refused = sweep / "3_p=fp16,s=0" / ".hydra"  # a job refused at start-up: .hydra/ only
+    refused.mkdir(parents=True)
+    (refused / "overrides.yaml").write_text(yaml.safe_dump(["precision=fp16", "trainer.seed=0"]))
+    (sweep / "1_p=fp32,s=1" / "summary.json").unlink()  # no completed fp32 run is left
+    assert main([str(sweep)]) == 0
+    report = (sweep / "report" / "report.md").read_text()
+    rows = {row[0]: row for row in _rows(report)}
+    assert rows["job 3"][-1] == "**not started: no records (refused, or never ran)**"
+    assert "No reference (no completed fp32 run; pass --ref RUN)" in report
