@@ -10,6 +10,7 @@ import importlib
 import logging
 import sys
 import warnings
+from difflib import get_close_matches
 from pathlib import Path
 
 import hydra
@@ -54,6 +55,13 @@ def cli() -> None:
     """`amp_lab TOOL ARGS` runs a tool; anything else is a training run's overrides."""
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
         sys.exit(importlib.import_module(TOOLS[sys.argv[1]]).main(sys.argv[2:]))
+    word = sys.argv[1] if len(sys.argv) > 1 else "="
+    if not (word.startswith(("-", "~", "+")) or "=" in word):  # not an override: a tool typo
+        close = get_close_matches(word, TOOLS, n=1)
+        print(f"amp_lab: error: unknown command {word!r}"
+              f"{f'; did you mean {close[0]}?' if close else ''} (commands: "
+              f"{', '.join(TOOLS)}; anything else is key=value overrides)", file=sys.stderr)
+        sys.exit(2)
     main()
     if skipped_jobs:  # the other jobs ran; a script or CI job still learns that some did not
         print(f"amp_lab: error: {len(skipped_jobs)} sweep job(s) skipped for a bad config "

@@ -140,6 +140,11 @@ def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_p
     assert result.returncode == 2  # the doctor itself answered, in one line
     assert result.stderr.strip() == "amp_lab: error: --steps=2 is too short to compare curves; " \
         "use >= 4"
+    result = subprocess.run([str(command), "reprot", "multirun"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "amp_lab: error: unknown command 'reprot'; did you mean report? (commands: doctor, "
+        "report, bench; anything else is key=value overrides)")
 
 
 def test_compose_keeps_output_out_of_the_repo():
