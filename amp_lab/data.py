@@ -167,7 +167,8 @@ def _cifar(cfg: DataConfig) -> tuple[Dataset, Dataset, DataSpec]:
     classes = 10 if cfg.name == "cifar10" else 100
     cls = datasets.CIFAR10 if classes == 10 else datasets.CIFAR100
     how = (f"fetch it once on a machine with network: python -c \"import torchvision; "
-           f"torchvision.datasets.{cls.__name__}('DIR', download=True)\", then data.root=DIR")
+           f"torchvision.datasets.{cls.__name__}('DIR', download=True)\", then data.root=DIR "
+           "(or export CIFAR_ROOT=DIR)")
     root = _require_root(cfg, how)
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # CIFAR-10 channel stats
     try:

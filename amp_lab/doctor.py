@@ -1,6 +1,6 @@
 """`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--out DIR]`.
 
-Automates the debugging flow of ../shared/AMP_PITFALLS.md §5 on the user's own config: short
+Automates the debugging flow of docs/amp_pitfalls.md §5 on the user's own config: short
 in-process probes with the same seed and data order — (1) the fp32 baseline, (2) autocast without
 a scaler, (3) autocast with the scaler, (4) bf16 where the device has it — compared with the
 baseline step by step. Prints a verdict table and ranked recommendations; writes doctor.json.

@@ -2,7 +2,7 @@
 
 Each module whose qualified name matches one of the fnmatch patterns (`*norm*`, `head`,
 `*.attn`) gets a forward wrapper: floating inputs are cast to fp32 and the module runs with
-autocast disabled, so its ops (and their gradients) stay in fp32 (../shared/AMP_PITFALLS.md §4).
+autocast disabled, so its ops (and their gradients) stay in fp32 (docs/amp_pitfalls.md §4).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 fp16's smallest subnormal is 2^-24 (about 6e-8) and its smallest normal 2^-14 (about 6.1e-5):
 a gradient below 2^-24 flushes to zero, one below 2^-14 keeps only a few mantissa bits
-(../shared/AMP_PITFALLS.md §1). The shares are measured on the unscaled gradients as they are
+(docs/amp_pitfalls.md §1). The shares are measured on the unscaled gradients as they are
 (scale 1) and multiplied by the current loss scale, per parameter tensor, all on the device.
 """
 

@@ -1,7 +1,7 @@
 """The pitfall lab: classic AMP mistakes and numerical faults, reproduced on purpose.
 
 `pitfall=` swaps the correct TrainStep (amp_lab/step.py, left untouched) for a variant that makes
-one mistake of ../shared/AMP_PITFALLS.md §2-3; `fault.*` injects a numerical fault. LabStep
+one mistake of docs/amp_pitfalls.md §2-3; `fault.*` injects a numerical fault. LabStep
 restates the correct recipe with one method per stage, and each variant overrides one stage, so
 every mistake is a few lines that read next to the right way.
 """

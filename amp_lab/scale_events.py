@@ -2,7 +2,7 @@
 
 The step records the scale after each optimizer step and whether it skipped, on the device;
 at a log step these host lists are turned into events. Two signatures of GradScaler misuse
-(../shared/AMP_PITFALLS.md §2) show up here: a skipped step without a backoff (update() never
+(docs/amp_pitfalls.md §2) show up here: a skipped step without a backoff (update() never
 called; the hysteresis scaler holds its scale through `scaler.hysteresis - 1` consecutive
 overflows on purpose) and a scale that moves by more than one factor per optimizer step, or
 grows sooner than growth_interval allows (update() called per micro-batch).

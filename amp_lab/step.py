@@ -1,6 +1,6 @@
 """The training step — the GradScaler recipe users get wrong, done right once — and evaluation.
 
-Order per optimizer step (../shared/AMP_PITFALLS.md §2):
+Order per optimizer step (docs/amp_pitfalls.md §2):
 zero_grad(set_to_none) -> for each micro-batch: autocast forward -> fp32 loss / grad_accum ->
 scale(loss).backward() -> at the boundary only: unscale_ -> gradient norm -> clip -> scaler.step
 -> scaler.update (once per optimizer step) -> schedule step.

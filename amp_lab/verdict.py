@@ -3,7 +3,7 @@
 Each probe is a short run of the user's config (amp_lab/doctor.py). Its loss curve is compared
 with the fp32 baseline step by step, and the diagnostics it recorded (non-finite attribution,
 gradient underflow, skips, loss-scale events, pitfall signatures) are turned into recommendations,
-each naming the override or the code change to try (../shared/AMP_PITFALLS.md §5).
+each naming the override or the code change to try (docs/amp_pitfalls.md §5).
 """
 
 from __future__ import annotations
