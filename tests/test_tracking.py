@@ -63,9 +63,10 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
 def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     (tmp_path / RUN_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
-    with pytest.raises(RuntimeError, match="boom"):  # the first attempt dies at step 4
-        Trainer(settings("logger.mode=offline"), tmp_path, sinks=[Boom()]).fit()
-    Trainer(settings("logger.mode=offline"), tmp_path).fit()  # the requeued one finishes
+    every = "checkpoint.every_steps=2"
+    with pytest.raises(RuntimeError, match="boom"):  # dies at step 4, after its checkpoint at 2
+        Trainer(settings("logger.mode=offline", every), tmp_path, sinks=[Boom()]).fit()
+    Trainer(settings("logger.mode=offline", every), tmp_path).fit()  # the requeued one finishes
     files = offline_runs(tmp_path)
     assert len(files) == 2 and {read_run(f).run_id for f in files} == {"resume01"}
 
