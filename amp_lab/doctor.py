@@ -142,6 +142,17 @@ class Doctor:
         return result(clean(chosen))  # the final set, run with every module of it
 
 
+def _strict_json(value: Any) -> Any:
+    """nan/inf (a diverged loss) as null: strict JSON readers (jq, JavaScript) reject NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
 def verdict_table(probes: dict[str, Probe]) -> Table:
     """One row per probe: its verdict against the fp32 baseline and the numerics behind it."""
     base = probes["fp32"]
@@ -243,7 +254,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                              "summary": p.summary} for n, p in probes.items()},
               "recommendations": recs, "search_fp32": search}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "doctor.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "doctor.json").write_text(json.dumps(_strict_json(report), indent=2, default=str,
+                                                allow_nan=False))
     console.print(f"wrote {out / 'doctor.json'}")
     return report
 

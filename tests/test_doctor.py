@@ -52,6 +52,9 @@ def test_overflowing_module_is_named_and_the_fp32_search_proposes_it(tmp_path, c
     assert report["recommendations"][0]["override"] == f"precision.fp32_modules=[{culprit}]"
     assert f"precision.fp32_modules=[{culprit}]" in out
     assert report["probes"]["bf16"]["verdict"] == "ok"
+    losses = report["probes"]["autocast"]["losses"]  # nan in the run: null in strict JSON
+    assert losses and all(loss is None for loss in losses)
+    assert "NaN" not in (tmp_path / "doctor.json").read_text()
 
 
 @pytest.mark.slow
