@@ -167,7 +167,8 @@ class Checkpointer:
                 unreadable.append(f"{path.name}: {reason}")
                 continue
             self._load(path, payload)
-            log.warning("resumed from %s at step %d", path, self.state.step)
+            if self.dist.is_main:
+                log.warning("resumed from %s at step %d", path, self.state.step)
             if self.dist.is_main:
                 for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
                     if int(_NAME.match(bad.name).group(1)) > self.state.step:
@@ -330,24 +331,34 @@ class Checkpointer:
         self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
 
     def _hand_on(self, signum: int, path: Path) -> None:
-        """Give the signal to the handler that was there before ours (submitit requeues)."""
+        """Give the signal to the handler that was there before ours (submitit requeues).
+
+        When that handler returns: after SIGTERM the run stops (termination follows: submitit
+        ignores SIGTERM, which SLURM sends before it kills a job it preempts, times out or
+        requeues); after another signal training goes on (submitit's SIGUSR2 handler returns
+        on ranks other than 0 and leaves the requeue to rank 0).
+        """
         self.stop_signal = None
         name = signal.Signals(signum).name
         message = f"{name} at step {self.state.step}: checkpoint {path} saved"
+        say = log.warning if self.dist.is_main else log.debug  # once per job, not per rank
         previous = self.previous.get(signum, signal.SIG_DFL)
         if previous is signal.default_int_handler:  # Ctrl-C: a clean stop, not a traceback
             previous = signal.SIG_DFL
         if previous is signal.SIG_IGN:
-            log.warning("%s; the signal was ignored before, so training goes on", message)
+            say("%s; the signal was ignored before, so training goes on", message)
         elif callable(previous):
-            log.warning("%s; handing the signal on", message)
+            say("%s; handing the signal on", message)
             try:
                 previous(signum, None)
             except SystemExit as exit_:  # submitit requeued the job and exits
                 raise Interrupted(exit_.code, f"{message}; handed on (requeue)") from exit_
-            log.warning("the previous %s handler returned; training goes on", name)
+            if signum == signal.SIGTERM:
+                say("%s; the previous handler returned; stopping", message)
+                raise Interrupted(128 + signum, f"{message}; handed on, stopping")
+            say("the previous %s handler returned; training goes on", name)
         else:  # SIG_DFL (or a handler set outside Python): the default action ends the process
-            log.warning("%s; stopping", message)
+            say("%s; stopping", message)
             raise Interrupted(128 + signum, f"{message}; stopping")
 
     @contextlib.contextmanager

@@ -192,14 +192,31 @@ def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, 
 
 
 def test_a_previous_handler_that_returns_lets_training_go_on(tmp_path):
+    """As submitit's SIGUSR2 handler does on ranks other than 0 (rank 0 requeues the job)."""
+    calls = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
+    try:
+        summary = Trainer(settings(*RUN), tmp_path, sinks=[SignalAt(4, signal.SIGUSR2)]).fit()
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert calls == [signal.SIGUSR2] and summary["status"] == "completed"
+    assert summary["steps"] == 12
+    assert [p.name for p in (tmp_path / "checkpoints").glob("*.pt")] == ["step_000000004.pt"]
+
+
+def test_sigterm_stops_after_the_checkpoint_even_when_its_handler_returns(tmp_path):
+    """submitit only logs SIGTERM; SLURM sends it before killing a preempted, timed-out or
+    requeued job, so training on would be work thrown away."""
     calls = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
     try:
-        summary = Trainer(settings(*RUN), tmp_path, sinks=[SignalAt(4, signal.SIGTERM)]).fit()
+        stopped = _interrupt(tmp_path, RUN, at_step=4, signum=signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert calls == [signal.SIGTERM] and summary["status"] == "completed"
-    assert summary["steps"] == 12
+    assert calls == [signal.SIGTERM] and stopped.code == 128 + signal.SIGTERM
+    assert "handed on, stopping" in str(stopped)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"].startswith(
+        "crashed: Interrupted: SIGTERM at step 4")
     assert [p.name for p in (tmp_path / "checkpoints").glob("*.pt")] == ["step_000000004.pt"]
 
 

@@ -116,7 +116,7 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "amp_lab: error: 1 sweep job(s) skipped for a bad config (job 1; the reasons are above)")
+        "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0")
     assert "lr.base=-1.0 must be > 0" in result.stderr
     (first,) = (tmp_path / "sweep").glob("0_*")  # job dirs are named after their overrides
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"

@@ -84,6 +84,20 @@ def test_three_job_sweep(launcher, launcher_class, cluster, tmp_path):
         assert "#SBATCH --signal=USR2@120" in text and "export PYTHONUNBUFFERED=1" in text
 
 
+def test_a_refused_job_on_slurm_is_named_in_the_sweeps_terminal(cluster, tmp_path):
+    """The job runs in its own process on the cluster; the sweep still ends with exit code 2
+    and the reason, read from the job's log."""
+    result = run_cli("-m", "lr.base=1e-3,-1", "hydra/launcher=submitit_slurm", *ON_TEST_CLUSTER,
+                     "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                     *JOB, "trainer.max_steps=2", "trainer.log_every=2", cwd=tmp_path,
+                     timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0")
+    first = _job_dirs(tmp_path / "sweep")[0]
+    assert json.loads((first / "summary.json").read_text())["status"] == "completed"
+
+
 def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     """The job gets SLURM's pre-timeout signal (USR2, sent with scancel so the test need not wait
     for a time limit), saves, is requeued into the same job dir, finishes from its checkpoint."""
