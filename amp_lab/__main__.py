@@ -38,20 +38,24 @@ def main(cfg: DictConfig) -> float | None:
     from amp_lab.train import Trainer  # after Hydra parsed the command line: --help stays fast
 
     hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        trainer = Trainer(validate(cfg), Path(hydra_cfg.runtime.output_dir))
+        sweeps.clear_mark(out_dir)
+        trainer = Trainer(validate(cfg), out_dir)
     except ConfigError as err:
         # One line, no traceback; nothing was written but Hydra's own .hydra/ folder.
         print(f"amp_lab: error: {err}", file=sys.stderr)
         if hydra_cfg.mode == RunMode.RUN:
             sys.exit(2)
         log.error("job %s skipped: %s", hydra_cfg.job.num, err)  # the sweep goes on
+        sweeps.mark_refused(out_dir, str(hydra_cfg.job.num), str(err))
         return None
     return trainer.fit()["best_val_acc"]
 
 
 def cli() -> None:
     """`amp_lab TOOL ARGS` runs a tool; anything else is a training run's overrides."""
+    sweeps.skipped.clear()
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
         sys.exit(importlib.import_module(TOOLS[sys.argv[1]]).main(sys.argv[2:]))
     word = sys.argv[1] if len(sys.argv) > 1 else "="

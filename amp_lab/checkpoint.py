@@ -134,6 +134,7 @@ class Checkpointer:
         self.run_dir, self.dir = Path(run_dir), Path(run_dir) / CHECKPOINT_DIR
         self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
         self.stop_signal: int | None = None
+        self.saving = False  # a checkpoint is being written
         self.previous: dict[int, Any] = {}  # signal -> the handler that was there before ours
         self.pending_rng: Mapping[str, Any] | None = None
         self.last_save = time.monotonic()
@@ -245,7 +246,7 @@ class Checkpointer:
             path = self.run_dir / name
             if not path.exists():
                 continue
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
             kept = []
             for line in lines:
                 with contextlib.suppress(json.JSONDecodeError):
@@ -316,7 +317,11 @@ class Checkpointer:
             return 0.0
         start = time.perf_counter()
         self.state.elapsed_s = elapsed_s
-        path = self.save()
+        self.saving = True
+        try:
+            path = self.save()
+        finally:
+            self.saving = False
         if stop:
             self._hand_on(self.stop_signal, path)
         return time.perf_counter() - start
@@ -325,9 +330,12 @@ class Checkpointer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
             if self.stop_signal == signal.SIGINT:  # a second Ctrl-C: a hung step must not hold
+                if self.saving:  # but a checkpoint half-written would be lost: finish it
+                    return
                 raise KeyboardInterrupt
-            print("Ctrl-C: stopping after this step's checkpoint (Ctrl-C again: at once)",
-                  file=sys.stderr)
+            if self.dist.is_main:
+                print("Ctrl-C: stopping after this step's checkpoint (Ctrl-C again: at once)",
+                      file=sys.stderr)
         self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
 
     def _hand_on(self, signum: int, path: Path) -> None:
@@ -345,9 +353,7 @@ class Checkpointer:
         previous = self.previous.get(signum, signal.SIG_DFL)
         if previous is signal.default_int_handler:  # Ctrl-C: a clean stop, not a traceback
             previous = signal.SIG_DFL
-        if previous is signal.SIG_IGN:
-            say("%s; the signal was ignored before, so training goes on", message)
-        elif callable(previous):
+        if callable(previous):
             say("%s; handing the signal on", message)
             try:
                 previous(signum, None)
@@ -370,6 +376,8 @@ class Checkpointer:
         main = threading.current_thread() is threading.main_thread()  # handlers: main only
         signums = [getattr(signal, n) for n in self.cfg.signals] if self.cfg.enabled and main \
             else []
+        # a signal ignored before (nohup, a background job) stays ignored
+        signums = [s for s in signums if signal.getsignal(s) is not signal.SIG_IGN]
         for signum in signums:
             self.previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)

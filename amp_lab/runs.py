@@ -125,7 +125,7 @@ def load_run(path: Path) -> RunData:
                                                 yaml.safe_load, dict),
                   _read(path / "summary.json", json.loads, dict))
     metrics = path / "metrics.jsonl"
-    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+    for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a run killed mid-write

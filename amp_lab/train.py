@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from amp_lab.checkpoint import Checkpointer
+from amp_lab.checkpoint import Checkpointer, Interrupted
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.data import EpochBatchSampler, build_data
 from amp_lab.diagnostics import attach_diagnostics
@@ -211,9 +211,10 @@ class Trainer:
                 self._loop(sinks, started)
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
-        except BaseException as err:
-            self.write_summary(self.summary(time.perf_counter() - started,
-                                            status=f"crashed: {type(err).__name__}: {err}"))
+        except BaseException as err:  # a stop signal's clean stop is resumable, not a crash
+            status = (f"interrupted: {err}" if isinstance(err, Interrupted) else
+                      f"crashed: {type(err).__name__}: {err}")
+            self.write_summary(self.summary(time.perf_counter() - started, status=status))
             raise
         finally:
             sinks.close()

@@ -177,7 +177,7 @@ def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
         signal.signal(signal.SIGUSR2, before)
     assert seen == [["step_000000004.pt"]] and stopped.code == -1
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"].startswith("crashed: Interrupted: SIGUSR2 at step 4")
+    assert summary["status"].startswith("interrupted: SIGUSR2 at step 4")
 
 
 def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys):
@@ -189,6 +189,25 @@ def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, 
         Trainer(settings(*RUN), tmp_path / "twice",
                 sinks=[SignalAt(5, signal.SIGINT, times=2)]).fit()
     assert not (tmp_path / "twice" / "checkpoints").exists()
+
+
+def test_a_signal_ignored_before_stays_ignored(tmp_path):
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup
+    try:
+        summary = Trainer(settings(*RUN), tmp_path, sinks=[SignalAt(4, signal.SIGINT)]).fit()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert summary["status"] == "completed" and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written(tmp_path):
+    checkpointer = Trainer(settings(*RUN), tmp_path).checkpointer
+    checkpointer.stop_signal = signal.SIGINT  # the first Ctrl-C
+    checkpointer.saving = True
+    checkpointer._on_signal(signal.SIGINT, None)  # the second, during the save: no effect
+    checkpointer.saving = False
+    with pytest.raises(KeyboardInterrupt):
+        checkpointer._on_signal(signal.SIGINT, None)  # the second, during a step: at once
 
 
 def test_a_previous_handler_that_returns_lets_training_go_on(tmp_path):
@@ -216,7 +235,7 @@ def test_sigterm_stops_after_the_checkpoint_even_when_its_handler_returns(tmp_pa
     assert calls == [signal.SIGTERM] and stopped.code == 128 + signal.SIGTERM
     assert "handed on, stopping" in str(stopped)
     assert json.loads((tmp_path / "summary.json").read_text())["status"].startswith(
-        "crashed: Interrupted: SIGTERM at step 4")
+        "interrupted: SIGTERM at step 4")
     assert [p.name for p in (tmp_path / "checkpoints").glob("*.pt")] == ["step_000000004.pt"]
 
 

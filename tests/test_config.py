@@ -120,6 +120,16 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     assert "lr.base=-1.0 must be > 0" in result.stderr
     (first,) = (tmp_path / "sweep").glob("0_*")  # job dirs are named after their overrides
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"
+    # A relaunch into the same folder: only this launch's refusals count, also those of a job
+    # whose folder holds a finished run (here with other settings).
+    same = ["hydra.sweep.dir=sweep", "hydra.sweep.subdir=${hydra.job.num}"]
+    assert run_cli("-m", "lr.base=1e-3", *FAST, *same, cwd=tmp_path).returncode == 0
+    result = run_cli("-m", "lr.base=1e-3", *FAST, *same, "trainer.max_steps=8", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "amp_lab: error: 1 sweep job(s) did not run: job 0: ")
+    assert "holds a finished run with other settings: trainer.max_steps 6 -> 8" in \
+        result.stderr.strip().splitlines()[-1]
 
 
 def test_help_lists_the_groups(tmp_path):

@@ -155,6 +155,8 @@ def test_damaged_and_unfinished_runs_are_read_as_far_as_they_go(tmp_path, caplog
     (damaged / ".hydra" / "config.yaml").write_text("precision: [unclosed")
     with (damaged / "metrics.jsonl").open("a") as f:
         f.write("[1, 2]\n")  # valid JSON, not a record
+    with (damaged / "metrics.jsonl").open("ab") as f:
+        f.write(b"\xff\xfe\n")  # not even UTF-8
     with caplog.at_level("WARNING", logger="amp_lab.runs"):
         assert main([str(sweep)]) == 0
     assert "summary.json is unreadable" in caplog.text and "config.yaml is unreadable" in \

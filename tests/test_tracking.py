@@ -133,7 +133,7 @@ def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog)
         def finish(self, exit_code):
             raise ConnectionResetError("Connection lost")
 
-    (tmp_path / "summary.json").write_text('{"status": "crashed: Interrupted"}')
+    (tmp_path / "summary.json").write_text('{"status": "interrupted: SIGTERM at step 4"}')
     sink = WandbSink(settings(), tmp_path, "offline")
     sink.run = DeadRun()
     sink.finish({"status": "completed"})
