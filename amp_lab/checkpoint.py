@@ -170,7 +170,6 @@ class Checkpointer:
             self._load(path, payload)
             if self.dist.is_main:
                 log.warning("resumed from %s at step %d", path, self.state.step)
-            if self.dist.is_main:
                 for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
                     if int(_NAME.match(bad.name).group(1)) > self.state.step:
                         bad.rename(bad.with_name(bad.name + ".corrupt"))
