@@ -28,14 +28,15 @@ register()
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
 
 
-TOOLS = {"doctor": "amp_lab.doctor", "report": "amp_lab.report", "bench": "amp_lab.bench"}
+TOOLS = {"doctor": "amp_lab.doctor.diagnose", "report": "amp_lab.report.compare",
+         "bench": "amp_lab.bench.cli"}
 
 
 # An absolute path: the installed `amp_lab` script imports this module from anywhere
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Train one run; returns its best val accuracy (for Hydra sweepers)."""
-    from amp_lab.train import Trainer  # after Hydra parsed the command line: --help stays fast
+    from amp_lab.trainer import Trainer  # after Hydra parsed the command line: --help stays fast
 
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.amp import GradScaler
 
-from amp_lab.precision import PrecisionPolicy
-from amp_lab.scaling import skipped_update
+from amp_lab.precision.modes import PrecisionPolicy
+from amp_lab.precision.scaling import skipped_update
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -18,22 +18,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from amp_lab.checkpoint import Checkpointer, Interrupted
+from amp_lab.checkpoint.store import Checkpointer, Interrupted
+from amp_lab.components.data import EpochBatchSampler, build_data
+from amp_lab.components.distributed import setup as setup_distributed
+from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
+from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
+from amp_lab.components.models import build_model, check_input_fits
+from amp_lab.components.optim import build_optimizer
 from amp_lab.config import AmpLabConfig, ConfigError
-from amp_lab.data import EpochBatchSampler, build_data
-from amp_lab.diagnostics import attach_diagnostics
-from amp_lab.distributed import setup as setup_distributed
-from amp_lab.fp32_modules import keep_in_fp32
-from amp_lab.lr import build_scheduler, lr_factor, peak_lr, warmup_length
-from amp_lab.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
-from amp_lab.models import build_model, check_input_fits
-from amp_lab.optim import build_optimizer
-from amp_lab.pitfalls import make_step, prepare_model
-from amp_lab.precision import resolve_device, resolve_precision
-from amp_lab.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
-from amp_lab.sinks import ConsoleSink, JsonlSink, Sink, Sinks
+from amp_lab.numerics.diagnostics import attach_diagnostics
+from amp_lab.numerics.pitfalls import make_step, prepare_model
+from amp_lab.precision.fp32_modules import keep_in_fp32
+from amp_lab.precision.modes import resolve_device, resolve_precision
+from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
 from amp_lab.step import StepResult, TrainStep, evaluate, take
-from amp_lab.tracking import build_tracking_sinks
+from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink, Sinks
+from amp_lab.tracking.wandb_sink import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from amp_lab.config import AmpLabConfig, register, validate
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = ROOT / "conf"
+CONF_DIR = ROOT / "amp_lab" / "conf"
 
 # Small and fast on 2 CPU cores: a tiny ViT on 16x16 digits (fp16 on CPU is slow), few steps.
 FAST = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.max_steps=6",

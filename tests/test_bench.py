@@ -15,9 +15,10 @@ import pytest
 import torch
 from conftest import ROOT
 
-from amp_lab import bench, flops
+from amp_lab.bench import cli as bench
+from amp_lab.bench import flops
 from amp_lab.config import ConfigError
-from amp_lab.precision import PRECISION_MODES, resolve_precision
+from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
 
 TINY = ["--models", "test_vit", "--precisions", "fp32", "bf16", "--img-size", "16",
         "--batch-size", "8", "--steps", "2", "--rounds", "1", "--warmup", "1",
@@ -155,7 +156,7 @@ def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tm
                        "--precisions", "fp32", "--out", str(tmp_path)])
     assert code == 0
     (record,) = json.loads((tmp_path / "bench.json").read_text())["compile_cache"]
-    assert record["first_step_s"] is None and "exit 1: amp_lab.bench_compile_cache: error:" \
+    assert record["first_step_s"] is None and "exit 1: amp_lab.bench.compile_cache: error:" \
         in record["error"] and "cuda" in record["error"].lower()
     assert "| test_vit | fp32 | failed: exit 1" in (tmp_path / "bench.md").read_text()
 

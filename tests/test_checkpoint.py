@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import run_cli, settings
 
-from amp_lab.checkpoint import Interrupted
+from amp_lab.checkpoint.store import Interrupted
 from amp_lab.config import ConfigError
-from amp_lab.sinks import Sink
-from amp_lab.train import Trainer
+from amp_lab.tracking.sinks import Sink
+from amp_lab.trainer import Trainer
 
 # 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
 RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
@@ -145,7 +145,7 @@ def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_p
 
 
 def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
         _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)
     assert "SIGTERM at step 3: checkpoint" in caplog.text and "; stopping" in caplog.text
     [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
@@ -255,7 +255,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog
     newest = run / "checkpoints" / "step_000000010.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # a job killed while copying, say
 
-    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
         resumed = Trainer(settings(*RUN), run)
     assert "step_000000010.pt is unusable" in caplog.text
     assert resumed.state.step == 8
@@ -299,7 +299,7 @@ def test_resume_false_starts_fresh_and_keeps_the_old_files(tmp_path):
 def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
     first = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with caplog.at_level(logging.WARNING, logger="amp_lab.train"):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.trainer"):
         again = Trainer(settings(*RUN, "checkpoint.every_steps=5", "trainer.eval_every=3"),
                         tmp_path).fit()  # settings that leave training unchanged may differ
     assert again == first and "already holds a finished run (completed after 12 steps)" \
@@ -332,7 +332,7 @@ def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_p
     lines = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:4]
     (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tr')  # killed mid-line
     (run / "wandb_run_id").write_text("abc123\n")  # the W&B run those records went to
-    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
         Trainer(settings(*RUN), run).fit()
     assert "earlier attempt's records but no checkpoint: starting over from step 0" in \
         caplog.text

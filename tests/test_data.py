@@ -8,8 +8,8 @@ import torch
 from conftest import settings
 from PIL import Image
 
-from amp_lab.data import EpochBatchSampler, build_data
-from amp_lab.train import Trainer
+from amp_lab.components.data import EpochBatchSampler, build_data
+from amp_lab.trainer import Trainer
 
 
 def test_sampler_is_a_function_of_seed_and_epoch():

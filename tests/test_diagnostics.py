@@ -9,7 +9,7 @@ import torch
 from conftest import run_cli, settings
 
 from amp_lab.config import ConfigError
-from amp_lab.train import Trainer
+from amp_lab.trainer import Trainer
 
 # smaller than FAST: CPU fp16 is slow, and these tests run many short trainings
 TINY = ["data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",

@@ -16,8 +16,8 @@ from conftest import ROOT, run_cli, settings
 from test_slurm import JOB, ON_TEST_CLUSTER
 from test_slurm import cluster as slurm_cluster  # noqa: F401 - a pytest fixture
 
-from amp_lab.distributed import world_from_environment
-from amp_lab.train import Trainer
+from amp_lab.components.distributed import world_from_environment
+from amp_lab.trainer import Trainer
 
 COMMON = ["model=test_vit", "data.img_size=16", "trainer.max_steps=6", "trainer.log_every=2",
           "trainer.progress=false", "trainer.device=cpu", "trainer.timing_warmup=1"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from amp_lab.doctor import Doctor, main
-from amp_lab.verdict import Probe
+from amp_lab.doctor.diagnose import Doctor, main
+from amp_lab.doctor.verdict import Probe
 
 TINY = ["model=test_vit", "data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
         "+model.kwargs.depth=1", "trainer.device=cpu"]

@@ -10,9 +10,9 @@ from conftest import CONF_DIR, ROOT, compose_cfg, run_cli
 from hydra import compose, initialize_config_dir
 
 from amp_lab.config import validate
-from amp_lab.train import Trainer
+from amp_lab.trainer import Trainer
 
-STUDIES = sorted(p.stem for p in (ROOT / "experiments" / "experiment").glob("*.yaml"))
+STUDIES = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 def _sweep_jobs(experiment: str) -> list[list[str]]:
@@ -29,7 +29,7 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
                        "scaler_grid"]
     index = (ROOT / "experiments" / "README.md").read_text()
     for study in STUDIES:
-        assert (ROOT / "experiments" / "experiment" / "cpu" / f"{study}.yaml").is_file()
+        assert (CONF_DIR / "experiment" / "cpu" / f"{study}.yaml").is_file()
         readme = (ROOT / "experiments" / study / "README.md").read_text()
         assert f"experiment={study}" in readme and f"+experiment/cpu={study}" in readme
         assert study in index

@@ -17,9 +17,9 @@ import pytest
 import torch
 from conftest import settings
 
-from amp_lab.data import EpochBatchSampler
-from amp_lab.metrics import ThroughputMeter
-from amp_lab.train import DeviceCounters, Trainer
+from amp_lab.components.data import EpochBatchSampler
+from amp_lab.components.metrics import ThroughputMeter
+from amp_lab.trainer import DeviceCounters, Trainer
 
 HOST_READS = ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"]
 
@@ -161,7 +161,7 @@ def test_speed_settings_are_on_by_default(tmp_path):
 
 
 def test_on_disk_loader_takes_workers_and_pinning_from_config(tmp_path):
-    from amp_lab.data import DataSource
+    from amp_lab.components.data import DataSource
 
     cfg = settings("data.num_workers=3", "data.prefetch_factor=5",
                    "data.persistent_workers=false").data

@@ -9,9 +9,9 @@ import torch
 from conftest import settings
 
 from amp_lab.config import ConfigError
-from amp_lab.hysteresis import HysteresisGradScaler
-from amp_lab.scaling import StaticGradScaler
-from amp_lab.train import Trainer
+from amp_lab.precision.hysteresis import HysteresisGradScaler
+from amp_lab.precision.scaling import StaticGradScaler
+from amp_lab.trainer import Trainer
 
 # fp32 with the scaler forced on: the scaler logic is the same as under fp16, and fast on CPU
 HYST = ["precision=fp32", "scaler=hysteresis", "scaler.enabled=true"]

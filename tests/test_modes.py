@@ -10,9 +10,9 @@ import torch
 from conftest import settings
 
 from amp_lab.config import ConfigError
-from amp_lab.master_weights import RoundedUpdates, stochastic_round_to_bf16
-from amp_lab.precision import PRECISION_MODES
-from amp_lab.train import Trainer
+from amp_lab.precision.master_weights import RoundedUpdates, stochastic_round_to_bf16
+from amp_lab.precision.modes import PRECISION_MODES
+from amp_lab.trainer import Trainer
 
 FP8 = ["precision=fp8", "precision.fp8_emulate=true"]
 NO_MASTERS = ["precision=bf16_pure", "precision.master_weights=false"]

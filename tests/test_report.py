@@ -13,9 +13,9 @@ from conftest import FAST, run_cli, settings
 from test_tracking import Boom
 from wandb_records import offline_runs, read_run
 
-from amp_lab.report import main
-from amp_lab.train import Trainer
-from amp_lab.wandb_report import build_report, report_spec
+from amp_lab.report.compare import main
+from amp_lab.report.wandb_report import build_report, report_spec
+from amp_lab.trainer import Trainer
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "wandb_report_spec.json"
 
@@ -157,7 +157,7 @@ def test_damaged_and_unfinished_runs_are_read_as_far_as_they_go(tmp_path, caplog
         f.write("[1, 2]\n")  # valid JSON, not a record
     with (damaged / "metrics.jsonl").open("ab") as f:
         f.write(b"\xff\xfe\n")  # not even UTF-8
-    with caplog.at_level("WARNING", logger="amp_lab.runs"):
+    with caplog.at_level("WARNING", logger="amp_lab.report.runs"):
         assert main([str(sweep)]) == 0
     assert "summary.json is unreadable" in caplog.text and "config.yaml is unreadable" in \
         caplog.text

@@ -10,7 +10,7 @@ import torch
 from conftest import settings
 
 from amp_lab.step import count_correct
-from amp_lab.train import Trainer
+from amp_lab.trainer import Trainer
 
 
 def _trainer(tmp_path, *overrides: str) -> Trainer:

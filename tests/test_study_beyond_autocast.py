@@ -7,7 +7,7 @@ from conftest import CONF_DIR, ROOT, compose_cfg
 from hydra import compose, initialize_config_dir
 
 from amp_lab.config import validate
-from amp_lab.train import Trainer
+from amp_lab.trainer import Trainer
 
 
 def _sweep(experiment: str) -> list[str]:

@@ -11,9 +11,9 @@ from conftest import settings
 from wandb_records import offline_runs, read_run
 
 from amp_lab.config import ConfigError
-from amp_lab.sinks import Sink
-from amp_lab.tracking import RUN_ID_FILE, WandbSink, build_tracking_sinks, resolve_mode
-from amp_lab.train import Trainer
+from amp_lab.tracking.sinks import Sink
+from amp_lab.tracking.wandb_sink import RUN_ID_FILE, WandbSink, build_tracking_sinks, resolve_mode
+from amp_lab.trainer import Trainer
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, like a real key
 
@@ -95,7 +95,7 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens on port 9
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    with caplog.at_level(logging.WARNING, logger="amp_lab.tracking"):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.tracking.wandb_sink"):
         summary = Trainer(settings("logger.mode=online"), tmp_path).fit()
     assert summary["status"] == "completed"
     assert "W&B online init failed" in caplog.text and "logging offline instead" in caplog.text

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import run_cli, settings
 
-from amp_lab.metrics import peak_memory_mb
-from amp_lab.train import Trainer
+from amp_lab.components.metrics import peak_memory_mb
+from amp_lab.trainer import Trainer
 
 TRAIN_KEYS = {"train/loss", "train/acc", "train/lr", "train/grad_norm", "amp/loss_scale",
               "amp/skipped_steps", "amp/skip_rate", "throughput/samples_per_s",

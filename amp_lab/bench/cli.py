@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from amp_lab.bench_compile_cache import CompileRecord, fill_compile_caches
-from amp_lab.bench_overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
-from amp_lab.bench_report import environment, write_report
-from amp_lab.bench_throughput import ThroughputRow, fill_speedups, measure_throughput
+from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
+from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
+from amp_lab.bench.record import environment, write_report
+from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
-from amp_lab.precision import PRECISION_MODES, resolve_device, resolve_precision
-from amp_lab.train import Trainer
+from amp_lab.precision.modes import PRECISION_MODES, resolve_device, resolve_precision
+from amp_lab.trainer import Trainer
 
 # Per device kind: models, batch size, image size, compile settings when not given.
 DEFAULTS = {
@@ -256,6 +256,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ once, in parallel processes, before the timed rows run one at a time, turns each
 compile into a cache load. Each configuration's first step is recorded: the cold cost of
 compiling it, slowed by the other processes sharing the machine.
 
-Each configuration compiles in its own `python -m amp_lab.bench_compile_cache` process, started
+Each configuration compiles in its own `python -m amp_lab.bench.compile_cache` process, started
 as the benchmark itself is. Not in a multiprocessing child: that one re-imports the parent's
 main module as `__mp_main__`, and pickle (in C) then names `torch.contiguous_format` after that
 module. The FX graph cache key pickles tensor metadata, so every key changed and no timed row
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from amp_lab.bench_throughput import batch_stream, warm_up
+from amp_lab.bench.throughput import batch_stream, warm_up
+from amp_lab.components.metrics import synchronize
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
-from amp_lab.metrics import synchronize
-from amp_lab.train import Trainer
+from amp_lab.trainer import Trainer
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _compile_one(model: str, precision: str, overrides: list[str], run_dir: Path
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
     with log.open("w") as stderr:
         done = subprocess.run(
-            [sys.executable, "-m", "amp_lab.bench_compile_cache", *process_args,
+            [sys.executable, "-m", "amp_lab.bench.compile_cache", *process_args,
              "--run-dir", str(run_dir), "--", *overrides],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, check=False)
     if done.returncode == 0:  # its last line of output is the record
@@ -94,7 +94,7 @@ def fill_compile_caches(configs: list[tuple[str, str, list[str]]], run_root: Pat
 
 def main() -> None:
     """One configuration, in the process `fill_compile_caches` starts for it."""
-    parser = argparse.ArgumentParser(prog="python -m amp_lab.bench_compile_cache",
+    parser = argparse.ArgumentParser(prog="python -m amp_lab.bench.compile_cache",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
@@ -106,7 +106,7 @@ def main() -> None:
     try:
         seconds = first_steps(compose_settings(args.overrides), args.run_dir, args.steps)
     except ConfigError as err:  # e.g. a device this machine lacks
-        sys.exit(f"amp_lab.bench_compile_cache: error: {err}")
+        sys.exit(f"amp_lab.bench.compile_cache: error: {err}")
     print(json.dumps({"first_step_s": seconds}))
 
 

@@ -15,7 +15,7 @@ import re
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from amp_lab.precision import PrecisionMode
+from amp_lab.precision.modes import PrecisionMode
 from amp_lab.step import loss_fn
 
 TFLOPS = 1e12

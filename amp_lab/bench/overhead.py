@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch.amp import GradScaler
 from torch.utils.data import TensorDataset
 
+from amp_lab.components.metrics import synchronize
 from amp_lab.config import ConfigError
-from amp_lab.metrics import synchronize
-from amp_lab.sinks import Sink
-from amp_lab.train import Trainer
+from amp_lab.tracking.sinks import Sink
+from amp_lab.trainer import Trainer
 
 
 class BareLoop:

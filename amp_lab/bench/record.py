@@ -16,10 +16,10 @@ from typing import Any
 import timm
 import torch
 
-from amp_lab.bench_compile_cache import CompileRecord
-from amp_lab.bench_overhead import OverheadResult
-from amp_lab.bench_throughput import ThroughputRow
-from amp_lab.flops import device_name
+from amp_lab.bench.compile_cache import CompileRecord
+from amp_lab.bench.flops import device_name
+from amp_lab.bench.overhead import OverheadResult
+from amp_lab.bench.throughput import ThroughputRow
 
 
 def environment(device: torch.device, argv: list[str]) -> dict[str, Any]:

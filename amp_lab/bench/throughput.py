@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from amp_lab.flops import compute_dtype, mfu, peak_flops, train_step_flops
-from amp_lab.metrics import peak_memory_mb, reset_peak_memory, synchronize
+from amp_lab.bench.flops import compute_dtype, mfu, peak_flops, train_step_flops
+from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
 from amp_lab.step import Batch, loss_fn, take
-from amp_lab.train import Trainer
+from amp_lab.trainer import Trainer
 
 
 @dataclass

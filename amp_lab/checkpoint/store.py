@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from amp_lab.components.distributed import DistContext
 from amp_lab.config import AmpLabConfig, ConfigError
-from amp_lab.distributed import DistContext
 
 log = logging.getLogger(__name__)
 

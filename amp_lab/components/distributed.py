@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from amp_lab.precision import resolve_device
+from amp_lab.precision.modes import resolve_device
 
 
 def _slurm_master_addr() -> str:

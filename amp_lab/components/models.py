@@ -7,8 +7,8 @@ import difflib
 import timm
 import torch
 
+from amp_lab.components.data import DataSpec
 from amp_lab.config import ConfigError, ModelConfig
-from amp_lab.data import DataSpec
 
 
 def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from amp_lab.config import ConfigError, compose_settings
-from amp_lab.verdict import Advice, Probe, recommend, verdict
+from amp_lab.doctor.verdict import Advice, Probe, recommend, verdict
 
 # keys the doctor sets itself; the user's values for them are replaced per probe
 PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
@@ -46,8 +46,8 @@ class Doctor:
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
         import torch  # torch and timm load only after the config parsed
 
-        from amp_lab.precision import PRECISION_MODES
-        from amp_lab.train import Trainer
+        from amp_lab.precision.modes import PRECISION_MODES
+        from amp_lab.trainer import Trainer
 
         kept = [o for o in overrides if _key(o) not in PROBE_KEYS]
         # every probe starts afresh (an earlier doctor's files in --out are set aside)
@@ -71,7 +71,7 @@ class Doctor:
 
     def run_probe(self, name: str, extra: list[str]) -> Probe:
         """A short in-process run; its files go to <out>/probes/<name>."""
-        from amp_lab.train import Trainer  # torch and timm load only when a probe runs
+        from amp_lab.trainer import Trainer  # torch and timm load only when a probe runs
 
         replaced = {_key(e) for e in extra}
         probe = Probe(name, [*(o for o in self.common if _key(o) not in replaced), *extra])
@@ -263,7 +263,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    quiet = [logging.getLogger(name) for name in ("amp_lab.train", "amp_lab.diagnostics")]
+    quiet = [logging.getLogger(name)
+             for name in ("amp_lab.trainer", "amp_lab.numerics.diagnostics")]
     levels = [logger.level for logger in quiet]
     for logger in quiet:  # the probes' warnings go to doctor.json
         logger.setLevel(logging.ERROR)
@@ -277,6 +278,3 @@ def main(argv: list[str] | None = None) -> int:
             logger.setLevel(level)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

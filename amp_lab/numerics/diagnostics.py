@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
-from amp_lab.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
-from amp_lab.master_weights import KAHAN_COMP
-from amp_lab.module_probe import ModuleProbe
-from amp_lab.scale_events import ScaleTracker
+from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
+from amp_lab.numerics.module_probe import ModuleProbe
+from amp_lab.numerics.scale_events import ScaleTracker
+from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.step import StepObserver, StepResult, TrainStep
 
 log = logging.getLogger(__name__)

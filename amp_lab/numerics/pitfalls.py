@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from amp_lab.config import ConfigError, FaultConfig
-from amp_lab.scaling import skipped_update
+from amp_lab.precision.scaling import skipped_update
 from amp_lab.step import Batch, StepResult, TrainStep, count_correct, loss_fn
 
 

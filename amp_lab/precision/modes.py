@@ -91,7 +91,7 @@ def _check_options(mode: PrecisionMode, options: PrecisionConfig, device: torch.
         raise ConfigError(f"precision.update_rounding={options.update_rounding} applies to the "
                           "16-bit weights themselves; set precision.master_weights=false")
     if mode.fp8:
-        from amp_lab.fp8 import check_fp8_device  # lazy: torchao is an optional extra
+        from amp_lab.precision.fp8 import check_fp8_device  # lazy: torchao is an optional extra
         check_fp8_device(device, options.fp8_emulate)
 
 
@@ -138,13 +138,13 @@ class PrecisionPolicy:
         optimizer is unaffected); the pure modes move the weights to 16 bits (master_weights.py).
         """
         if self.mode.fp8:
-            from amp_lab.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
-            from amp_lab.fp32_modules import matching_modules
+            from amp_lab.precision.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
+            from amp_lab.precision.fp32_modules import matching_modules
             convert_to_fp8(model, self.options.fp8_recipe, self.options.fp8_emulate,
                            matching_modules(model, self.options.fp32_modules))
         if self.mode.param_dtype == torch.float32:
             return lambda: None
-        from amp_lab.master_weights import lower_param_precision
+        from amp_lab.precision.master_weights import lower_param_precision
         return lower_param_precision(model, optimizer, self.mode.param_dtype,
                                      self.options.master_weights, self.options.update_rounding)
 

@@ -14,8 +14,8 @@ import torch
 from torch.amp import GradScaler
 
 from amp_lab.config import ScalerConfig
-from amp_lab.hysteresis import HysteresisGradScaler
-from amp_lab.precision import PrecisionPolicy
+from amp_lab.precision.hysteresis import HysteresisGradScaler
+from amp_lab.precision.modes import PrecisionPolicy
 
 
 class StaticGradScaler(GradScaler):

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from amp_lab.runs import (
+from amp_lab.report.runs import (
     SEED_KEY,
     ReportError,
     RunData,
@@ -133,7 +133,7 @@ def default_out(paths: list[Path]) -> Path:
 def make_report(paths: list[Path], out: Path | None = None, ref: str | None = None,
                 wandb: bool = False, console: Console | None = None) -> Path:
     """Load the runs, print the table, write report.md and the plots; returns report.md."""
-    from amp_lab.report_plots import write_plots
+    from amp_lab.report.plots import write_plots
 
     if console is None:
         console = Console()
@@ -151,7 +151,7 @@ def make_report(paths: list[Path], out: Path | None = None, ref: str | None = No
     report = write_markdown(out, runs, reference, tables, plots)
     console.print(f"report: {report}")
     if wandb:
-        from amp_lab.wandb_report import publish
+        from amp_lab.report.wandb_report import publish
 
         publish(runs, out, markdown_table(*tables[0]), console)
     return report
@@ -179,6 +179,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

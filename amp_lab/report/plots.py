@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from amp_lab.runs import RunData, group_label, group_runs, mean_std  # noqa: E402
+from amp_lab.report.runs import RunData, group_label, group_runs, mean_std  # noqa: E402
 
 Groups = list[tuple[str, list[RunData]]]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
-from amp_lab.runs import RunData, differing_keys
-from amp_lab.tracking import RUN_ID_FILE, redact, sweep_group
+from amp_lab.report.runs import RunData, differing_keys
+from amp_lab.tracking.wandb_sink import RUN_ID_FILE, redact, sweep_group
 
 SPEC_FILE = "wandb_report.json"
 BY_PRECISION = "precision.name"  # the config key every run has

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from amp_lab.config import AmpLabConfig, LoggerConfig
-from amp_lab.sinks import Record, Sink
+from amp_lab.tracking.sinks import Record, Sink
 
 log = logging.getLogger(__name__)
 

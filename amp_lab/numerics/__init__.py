@@ -1,0 +1,1 @@
+"""Numerics: diagnostics, the module probe, gradient statistics, scale events, the pitfall lab."""
