@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from amp_lab.config import AmpLabConfig, register, validate
+from amp_lab.config import AmpLabConfig, compose_settings, register
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "amp_lab" / "conf"
@@ -36,7 +36,8 @@ def compose_cfg(*overrides: str, fast: bool = True) -> DictConfig:
 
 
 def settings(*overrides: str, fast: bool = True) -> AmpLabConfig:
-    return validate(compose_cfg(*overrides, fast=fast))
+    """The validated settings, as the lab's tools compose them (ConfigError when bad)."""
+    return compose_settings([*(FAST if fast else []), *overrides])
 
 
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -68,6 +68,9 @@ def test_model_kwargs_accept_new_keys():
     ("lr.rule=cube", "lr.rule='cube' is unknown"),
     ("lr.schedule=exp", "lr.schedule='exp' is unknown"),
     ("data.name=mnist", "data.name='mnist' is unknown"),
+    ("precision.name=fp17", "precision.name='fp17' is unknown; use one of fp32, tf32, fp16"),
+    ("trainer.clip_mode=clip", "trainer.clip_mode='clip' is unknown; use one of norm, value"),
+    ("diagnostics.mode=verbose", "diagnostics.mode='verbose' is unknown"),
     ("trainer.max_steps=-5", "trainer.max_steps=-5 must be >= 0"),
     ("lr.step_every=-1", "lr.step_every=-1 must be >= 0"),
     ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in [0, 1]"),
@@ -81,7 +84,6 @@ def test_invalid_values_are_config_errors(override, message):
 
 @pytest.mark.parametrize("override,message", [
     ("model.name=resnet5", "did you mean resnet50"),
-    ("precision.name=fp17", "precision='fp17' is unknown"),
     ("optim.name=adamx", "optim.name='adamx' is unknown"),
     ("data=cifar10", "torchvision.datasets.CIFAR10('DIR', download=True)"),
     ("precision=tf32", "precision=tf32 needs an NVIDIA GPU"),

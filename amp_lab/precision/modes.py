@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amp_lab.choices import PrecisionName
 from amp_lab.config import ConfigError, PrecisionConfig
 
 
@@ -162,7 +163,7 @@ def resolve_precision(name: str, device: torch.device,
     if name not in PRECISION_MODES:
         raise ConfigError(f"precision={name!r} is unknown; use one of {sorted(PRECISION_MODES)}")
     mode = PRECISION_MODES[name]
-    options = options or PrecisionConfig(name=name)
+    options = options or PrecisionConfig(name=PrecisionName(name))
     _check_device_runs(mode, device)
     _check_options(mode, options, device)
     _set_tf32(mode.tf32)
