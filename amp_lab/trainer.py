@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from amp_lab.checkpoint.store import Checkpointer, Interrupted
+from amp_lab.checkpoint.signals import Interrupted
+from amp_lab.checkpoint.store import Checkpointer
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
@@ -31,6 +32,7 @@ from amp_lab.numerics.pitfalls import make_step, prepare_model
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import resolve_device, resolve_precision
 from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
+from amp_lab.records import METRICS_FILE, SUMMARY_FILE
 from amp_lab.step import StepResult, TrainStep, evaluate, take
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink, Sinks
 from amp_lab.tracking.wandb_sink import build_tracking_sinks
@@ -199,7 +201,7 @@ class Trainer:
                  self.dist.rank, self.dist.world_size, self.peak_lr, self.settings.lr.base,
                  self.settings.lr.rule, self.global_batch, self.settings.lr.scale,
                  self.total_steps)
-        sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),  # rank 0 alone writes
+        sinks = Sinks([JsonlSink(self.out_dir / METRICS_FILE),  # rank 0 alone writes
                        ConsoleSink(self.total_steps, t.progress), *self.extra_sinks,
                        *build_tracking_sinks(self.settings, self.out_dir)]
                       if self.dist.is_main else [])
@@ -349,7 +351,7 @@ class Trainer:
     def write_summary(self, summary: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        path = self.out_dir / "summary.json"
+        path = self.out_dir / SUMMARY_FILE
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(path)  # atomic: a reader never sees half a summary
