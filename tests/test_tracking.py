@@ -11,8 +11,9 @@ from conftest import settings
 from wandb_records import offline_runs, read_run
 
 from amp_lab.config import ConfigError
+from amp_lab.records import WANDB_ID_FILE
 from amp_lab.tracking.sinks import Sink
-from amp_lab.tracking.wandb_sink import RUN_ID_FILE, WandbSink, build_tracking_sinks, resolve_mode
+from amp_lab.tracking.wandb_sink import WandbSink, build_tracking_sinks, resolve_mode
 from amp_lab.trainer import Trainer
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, like a real key
@@ -37,7 +38,7 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
                       tmp_path).fit()
     [wandb_file] = offline_runs(tmp_path)
     run = read_run(wandb_file)
-    assert run.run_id == (tmp_path / RUN_ID_FILE).read_text().strip()
+    assert run.run_id == (tmp_path / WANDB_ID_FILE).read_text().strip()
     assert (run.project, run.group, run.job_type) == ("amp_lab", "study-a", "bf16")
     assert {"model:test_vit", "precision:bf16", "mine"} <= set(run.tags)
     # nested keys, searchable as precision.name, scaler.init_scale, lr.scale in W&B
@@ -62,7 +63,7 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
 
 def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    (tmp_path / RUN_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
+    (tmp_path / WANDB_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
     every = "checkpoint.every_steps=2"
     with pytest.raises(RuntimeError, match="boom"):  # dies at step 4, after its checkpoint at 2
         Trainer(settings("logger.mode=offline", every), tmp_path, sinks=[Boom()]).fit()

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from amp_lab.config import ConfigError, compose_settings
 from amp_lab.doctor.verdict import Advice, Probe, recommend, verdict
+from amp_lab.records import METRICS_FILE
 
 # keys the doctor sets itself; the user's values for them are replaced per probe
 PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
@@ -94,7 +95,7 @@ class Doctor:
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
         rows = [json.loads(line) for line in
-                (trainer.out_dir / "metrics.jsonl").read_text().splitlines()]
+                (trainer.out_dir / METRICS_FILE).read_text().splitlines()]
         probe.records = [r for r in rows if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
         log.info("probe %s: %s", name, " ".join(extra))

@@ -24,6 +24,7 @@ from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_s
 from amp_lab.numerics.module_probe import ModuleProbe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
+from amp_lab.records import DIAGNOSTICS_FILE
 from amp_lab.step import StepObserver, StepResult, TrainStep
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class Diagnostics(StepObserver):
         detail = {"step": step, "scale_events": events, **self._read_probes(record)}
         self.window_first = step + 1
         if self.out_dir is not None:  # None on DDP ranks other than 0
-            with (self.out_dir / "diagnostics.jsonl").open("a", encoding="utf-8") as f:
+            with (self.out_dir / DIAGNOSTICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(detail) + "\n")
         return record
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from rich.console import Console
 
+from amp_lab.records import WANDB_ID_FILE
 from amp_lab.report.runs import RunData, differing_keys
-from amp_lab.tracking.wandb_sink import RUN_ID_FILE, redact, sweep_group
+from amp_lab.tracking.wandb_sink import redact, sweep_group
 
 SPEC_FILE = "wandb_report.json"
 BY_PRECISION = "precision.name"  # the config key every run has
@@ -31,8 +32,8 @@ def run_groups(runs: list[RunData]) -> tuple[list[str], list[str]]:
             group = sweep_group(run.path)
         if group is not None:
             groups.append(group)
-        elif (run.path / RUN_ID_FILE).exists():
-            loose.append((run.path / RUN_ID_FILE).read_text().strip())
+        elif (run.path / WANDB_ID_FILE).exists():
+            loose.append((run.path / WANDB_ID_FILE).read_text().strip())
     return list(dict.fromkeys(groups)), loose
 
 
