@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,6 +39,15 @@ def compose_cfg(*overrides: str, fast: bool = True) -> DictConfig:
 def settings(*overrides: str, fast: bool = True) -> AmpLabConfig:
     """The validated settings, as the lab's tools compose them (ConfigError when bad)."""
     return compose_settings([*(FAST if fast else []), *overrides])
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """`a.b.c` -> value for every leaf of a nested dict, as a YAML file sets them (a list is a
+    leaf)."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {k: v for key, value in node.items()
+            for k, v in leaves(value, f"{prefix}.{key}" if prefix else str(key)).items()}
 
 
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -6,8 +6,9 @@ import itertools
 import json
 
 import pytest
-from conftest import CONF_DIR, ROOT, compose_cfg, run_cli
+from conftest import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from amp_lab.config import validate
 from amp_lab.trainer import Trainer
@@ -83,3 +84,21 @@ def test_a_cpu_study_sweep_runs(tmp_path, monkeypatch):
         (1.0, 0), (1.0, 15), (0.5, 0), (0.5, 15)}
     assert all(s["status"] == "completed" and s["precision"]["name"] == "fp16"
                for s in summaries)
+
+
+def test_the_cpu_studies_share_one_base_and_copy_none_of_it():
+    base = OmegaConf.load(CONF_DIR / "cpu_study.yaml")
+    shared = {k: v for k, v in leaves(OmegaConf.to_container(base)).items()
+              if not k.startswith("defaults")}
+    for study in STUDIES:
+        raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / "cpu" /
+                                                    f"{study}.yaml"))
+        assert raw["defaults"][0] == "/cpu_study", study  # first: the study's lines win
+        copied = [k for k, v in leaves(raw).items() if shared.get(k) == v]
+        assert copied == [], study
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", [f"+experiment/cpu={study}"], return_hydra_config=True)
+        assert (cfg.data.name, cfg.trainer.device, cfg.trainer.progress,
+                cfg.checkpoint.every_minutes) == ("digits", "cpu", False, 0)
+        assert "experiment/cpu" in cfg.hydra.job.config.override_dirname.exclude_keys
+
