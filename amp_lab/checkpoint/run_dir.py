@@ -47,6 +47,11 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         os.close(fd)
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """`data` as the whole of `path`, written atomically."""
+    write_atomic(path, lambda f: f.write(data))
+
+
 class RunDir:
     """The records of one run directory."""
 
@@ -74,8 +79,8 @@ class RunDir:
     def write_settings(self, settings: AmpLabConfig) -> None:
         """settings.json: what this run trains with."""
         self.path.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(flat_settings(settings), indent=1)
-        write_atomic(self.path / SETTINGS_FILE, lambda f: f.write(text.encode()))
+        write_bytes_atomic(self.path / SETTINGS_FILE,
+                           json.dumps(flat_settings(settings), indent=1).encode())
 
     def wandb_id(self) -> str | None:
         """The W&B run id the W&B sink left here, if any."""
@@ -102,7 +107,7 @@ class RunDir:
                     if json.loads(line).get("step", 0) <= step:
                         kept.append(line + "\n")
             dropped |= len(kept) < len(lines)
-            write_atomic(path, lambda f, kept=kept: f.write("".join(kept).encode()))
+            write_bytes_atomic(path, "".join(kept).encode())
         return dropped
 
     def set_aside(self, *names: str) -> None:

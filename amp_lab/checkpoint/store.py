@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -47,7 +47,9 @@ _NAME = re.compile(r"^step_(\d+)\.pt$")
 def rng_state() -> dict[str, Any]:
     """Every global RNG the run draws from, as tensors and plain Python data."""
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)  # the tuple form: (name, keys, pos, ...)
+    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float],
+                                              numpy_state)
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
