@@ -69,10 +69,20 @@ class Interrupted(SystemExit):
         return self.message
 
 
+def _step_of(path: Path) -> int:
+    """The step in a checkpoint's file name (`Checkpointer.checkpoints()` lists only those)."""
+    match = _NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a checkpoint file name (step_N.pt)")
+    return int(match.group(1))
+
+
 def rng_state() -> dict[str, Any]:
     """Every global RNG the run draws from, as tensors and plain Python data."""
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple), "numpy's global generator is MT19937: a 5-tuple"
+    name, keys, pos, has_gauss, cached = legacy
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -171,7 +181,7 @@ class Checkpointer:
             if self.dist.is_main:
                 log.warning("resumed from %s at step %d", path, self.state.step)
                 for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
-                    if int(_NAME.match(bad.name).group(1)) > self.state.step:
+                    if _step_of(bad) > self.state.step:
                         bad.rename(bad.with_name(bad.name + ".corrupt"))
                 self._truncate_records(self.state.step)
             return True
@@ -321,7 +331,7 @@ class Checkpointer:
             path = self.save()
         finally:
             self.saving = False
-        if stop:
+        if stop and self.stop_signal is not None:  # set above whenever stop is
             self._hand_on(self.stop_signal, path)
         return time.perf_counter() - start
 

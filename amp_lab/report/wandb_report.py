@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from amp_lab.report.runs import RunData, differing_keys
 from amp_lab.tracking.wandb_sink import RUN_ID_FILE, redact, sweep_group
+
+if TYPE_CHECKING:
+    from wandb_workspaces.reports.v2.interface import PanelTypes
 
 SPEC_FILE = "wandb_report.json"
 BY_PRECISION = "precision.name"  # the config key every run has
@@ -51,7 +54,7 @@ def build_report(project: str, entity: str, groups: list[str], swept: list[str],
     columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(key)) for key in swept]
     columns += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(name))
                 for name in ("best_val_acc", "mean_samples_per_s", "skipped_steps")]
-    panels = [
+    panels: list[PanelTypes] = [
         wr.LinePlot(title="train loss by precision", x="step", y=["train/loss"],
                     groupby=by_precision, groupby_aggfunc="mean", groupby_rangefunc="minmax"),
         wr.LinePlot(title="train loss vs wall time", x="time_s", y=["train/loss"],
@@ -104,7 +107,7 @@ def publish(runs: list[RunData], out: Path, table_md: str, console: Console) -> 
         import wandb
 
         try:
-            online_entity = entity or wandb.Api().default_entity
+            online_entity = entity or wandb.Api().default_entity or ""
             report = build_report(project, online_entity, groups, swept, table_md, run_ids)
             report.save()
             console.print(f"W&B report: {report.url}")
