@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 
 from amp_lab.bench import cli as bench
 from amp_lab.bench import flops

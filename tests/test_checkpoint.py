@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from helpers import run_cli, settings
+from helpers.resume import RUN, SignalAt
+from helpers.resume import curve as _curve
+from helpers.resume import interrupt as _interrupt
+from helpers.resume import rows as _rows
 
-from amp_lab.checkpoint.store import Interrupted
 from amp_lab.config import ConfigError
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
-# 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
-RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
-       "data.val_fraction=0.05", "checkpoint.every_minutes=0"]
 # fp16: a small growth interval, so the scale moves and a lost growth tracker would show
 PRECISION = {"fp32": ["precision=fp32"], "bf16": ["precision=bf16"],
              "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"]}
@@ -31,30 +30,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-class SignalAt(Sink):
-    """Sends a signal (`times` times) to this very process when the train record of `step` is
-    logged."""
-
-    def __init__(self, step: int, signum: int = signal.SIGUSR2, times: int = 1) -> None:
-        self.step, self.signum, self.times = step, signum, times
-
-    def log(self, record: dict) -> None:
-        if record["kind"] == "train" and record["step"] == self.step:
-            for _ in range(self.times):
-                os.kill(os.getpid(), self.signum)
-
-
-def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _curve(run_dir) -> list[tuple]:
-    """Everything that must match between runs: losses, LR, loss scale, val figures."""
-    return [(r["kind"], r["step"], r.get("train/loss"), r.get("train/lr"),
-             r.get("amp/loss_scale"), r.get("amp/skipped_steps"), r.get("val/loss"))
-            for r in _rows(run_dir)]
 
 
 class KillAt(Sink):
@@ -74,12 +49,7 @@ def _diagnostics(run_dir) -> list[dict]:
             (run_dir / "diagnostics.jsonl").read_text().splitlines()]
 
 
-def _interrupt(run_dir, overrides, at_step, signum=signal.SIGUSR2) -> Interrupted:
-    with pytest.raises(Interrupted) as stopped:
-        Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()
-    return stopped.value
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
     overrides = [*RUN, *PRECISION[precision]]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, FAST, compose_cfg, run_cli, settings
+from helpers import CONF_DIR, FAST, compose_cfg, run_cli, settings
 
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.trainer import Trainer

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from helpers import run_cli, settings
 
 from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer

@@ -6,7 +6,7 @@ import itertools
 import json
 
 import pytest
-from conftest import CONF_DIR, ROOT, compose_cfg, run_cli
+from helpers import CONF_DIR, ROOT, compose_cfg, run_cli
 from hydra import compose, initialize_config_dir
 
 from amp_lab.config import validate

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.config import ConfigError
 from amp_lab.precision.master_weights import RoundedUpdates, stochastic_round_to_bf16

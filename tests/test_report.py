@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FAST, run_cli, settings
-from test_tracking import Boom
-from wandb_records import offline_runs, read_run
+from helpers import FAST, run_cli, settings
+from helpers.sinks import Boom
+from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.report.compare import main
 from amp_lab.report.wandb_report import build_report, report_spec

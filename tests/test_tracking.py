@@ -7,11 +7,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import settings
-from wandb_records import offline_runs, read_run
+from helpers import settings
+from helpers.sinks import Boom
+from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.config import ConfigError
-from amp_lab.tracking.sinks import Sink
 from amp_lab.tracking.wandb_sink import RUN_ID_FILE, WandbSink, build_tracking_sinks, resolve_mode
 from amp_lab.trainer import Trainer
 
@@ -69,14 +69,6 @@ def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     Trainer(settings("logger.mode=offline", every), tmp_path).fit()  # the requeued one finishes
     files = offline_runs(tmp_path)
     assert len(files) == 2 and {read_run(f).run_id for f in files} == {"resume01"}
-
-
-class Boom(Sink):
-    """Fails at the second train log, as a crashing job would."""
-
-    def log(self, record: dict) -> None:
-        if record["step"] == 4:
-            raise RuntimeError("boom")
 
 
 def test_crashed_run_is_finished_with_its_summary(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from helpers import run_cli, settings
 
 from amp_lab.components.metrics import peak_memory_mb
 from amp_lab.trainer import Trainer
