@@ -80,6 +80,7 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
                     if r["kind"] == "train"}) > 1
 
 
+@pytest.mark.slow
 def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     """A kill between a mid-window checkpoint and the next one: the resumed run's scale events,
     probe results and pitfall verdicts are those of an uninterrupted run (no invented events,
@@ -99,6 +100,7 @@ def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_path, caplog):
     _interrupt(tmp_path, RUN, at_step=5)
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
@@ -150,6 +152,7 @@ def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
     assert summary["status"].startswith("interrupted: SIGUSR2 at step 4")
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys):
     stopped = _interrupt(tmp_path / "once", RUN, at_step=5, signum=signal.SIGINT)
     assert stopped.code == 130 and "SIGINT at step 5: checkpoint" in str(stopped)
@@ -235,6 +238,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog
     assert _curve(run) == _curve(whole)
 
 
+@pytest.mark.slow
 def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, monkeypatch):
     _interrupt(tmp_path / "run", [*RUN, "checkpoint.every_steps=2"], at_step=5)
     files = sorted((tmp_path / "run" / "checkpoints").iterdir())
@@ -281,6 +285,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
+@pytest.mark.slow
 def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_path):
     """The checkpoint was written with diagnostics=off; the resumed run watches from its step
     on, from the scale it resumed at (1 for the scaler-less half_model loop), inventing no

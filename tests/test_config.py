@@ -97,6 +97,7 @@ def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     (["model.name=resnet5"], "amp_lab: error: model.name='resnet5' is not a timm model"),
     (["precision=fp17"], "Could not find 'precision/fp17'"),
@@ -114,6 +115,7 @@ def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 2
@@ -142,6 +144,7 @@ def test_help_lists_the_groups(tmp_path):
     assert "scaler.init_scale=32768" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_path):
     command = Path(sys.executable).with_name("amp_lab")  # the venv's console script
     result = subprocess.run([str(command), "--help"], cwd=tmp_path, capture_output=True,

@@ -114,6 +114,7 @@ def test_bad_scaler_settings_are_one_line_errors(overrides, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     ["precision=fp16", "scaler=hysteresis", "scaler.init_scale=1024", "scaler.growth_interval=3"],
     ["precision=bf16_pure"],

@@ -29,6 +29,7 @@ def _no_key_anywhere(root: Path) -> None:
             assert FAKE_KEY.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -60,6 +61,7 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     _no_key_anywhere(tmp_path)
 
 
+@pytest.mark.slow
 def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     (tmp_path / RUN_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
@@ -81,6 +83,7 @@ def test_crashed_run_is_finished_with_its_summary(tmp_path, monkeypatch):
     assert [row["step"] for row in run.history if "train/loss" in row] == [2]
 
 
+@pytest.mark.slow
 def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     """Online with an unreachable server: a warning, then an offline run with every metric."""
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
@@ -98,6 +101,7 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     _no_key_anywhere(tmp_path)
 
 
+@pytest.mark.slow
 def test_modes_and_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert resolve_mode(settings("logger.mode=online").logger) == "online"
