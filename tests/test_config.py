@@ -136,6 +136,7 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
         result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_help_lists_the_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0

@@ -73,6 +73,7 @@ def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     assert len(files) == 2 and {read_run(f).run_id for f in files} == {"resume01"}
 
 
+@pytest.mark.slow
 def test_crashed_run_is_finished_with_its_summary(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with pytest.raises(RuntimeError, match="boom"):
