@@ -340,10 +340,10 @@ def _unknown_keys(cfg: DictConfig) -> list[str]:
     adds a key Hydra accepts and the schema would silently drop."""
     found = []
     schema = AmpLabConfig()
-    for group in cfg:
-        section = getattr(schema, str(group), None)
+    for group in map(str, cfg):
+        section = getattr(schema, group, None)
         if section is None:
-            found.append((str(group), [f.name for f in fields(schema)]))
+            found.append((group, [f.name for f in fields(schema)]))
         elif is_dataclass(section):
             names = [f.name for f in fields(section)]  # model/optim.kwargs: free-form dicts
             found += [(f"{group}.{key}", [f"{group}.{n}" for n in names])

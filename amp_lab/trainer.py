@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -138,7 +138,9 @@ class Trainer:
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
         parallel_model = self.dist.wrap(self.model, self.device)
-        forward_model = torch.compile(parallel_model) if t.compile else parallel_model
+        forward_model = parallel_model
+        if t.compile:  # torch.compile(module) returns an OptimizedModule; its stubs say Callable
+            forward_model = cast(torch.nn.Module, torch.compile(parallel_model))
         self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
                                     self.policy, t.clip_grad, t.clip_mode,
                                     settings.model.channels_last,
@@ -263,6 +265,7 @@ class Trainer:
         counters.reduce(self.dist)
         c = counters.read_window()
         steps_in_window = (st.step - 1) % t.log_every + 1
+        assert result.grad_norm is not None, "a log step measures the gradient norm"
         self.skipped_total = int(c["skipped"])
         if c["worst_streak"] >= t.max_bad_steps:
             st.diverged = True

@@ -5,24 +5,23 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import os
 import shutil
 import signal
 
 import pytest
 import torch
-from conftest import ROOT, run_cli, settings
+from helpers import ROOT, run_cli, settings
+from helpers.resume import RUN, SignalAt
+from helpers.resume import curve as _curve
+from helpers.resume import interrupt as _interrupt
+from helpers.resume import rows as _rows
 
 from amp_lab import records
-from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.config import ConfigError, changed_settings, free_on_resume
 from amp_lab.records import SETTINGS_FILE, SUMMARY_FILE
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
-# 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
-RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
-       "data.val_fraction=0.05", "checkpoint.every_minutes=0"]
 # fp16: a small growth interval, so the scale moves and a lost growth tracker would show
 PRECISION = {"fp32": ["precision=fp32"], "bf16": ["precision=bf16"],
              "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"]}
@@ -35,30 +34,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-class SignalAt(Sink):
-    """Sends a signal (`times` times) to this very process when the train record of `step` is
-    logged."""
-
-    def __init__(self, step: int, signum: int = signal.SIGUSR2, times: int = 1) -> None:
-        self.step, self.signum, self.times = step, signum, times
-
-    def log(self, record: dict) -> None:
-        if record["kind"] == "train" and record["step"] == self.step:
-            for _ in range(self.times):
-                os.kill(os.getpid(), self.signum)
-
-
-def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _curve(run_dir) -> list[tuple]:
-    """Everything that must match between runs: losses, LR, loss scale, val figures."""
-    return [(r["kind"], r["step"], r.get("train/loss"), r.get("train/lr"),
-             r.get("amp/loss_scale"), r.get("amp/skipped_steps"), r.get("val/loss"))
-            for r in _rows(run_dir)]
 
 
 class KillAt(Sink):
@@ -78,12 +53,7 @@ def _diagnostics(run_dir) -> list[dict]:
             (run_dir / "diagnostics.jsonl").read_text().splitlines()]
 
 
-def _interrupt(run_dir, overrides, at_step, signum=signal.SIGUSR2) -> Interrupted:
-    with pytest.raises(Interrupted) as stopped:
-        Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()
-    return stopped.value
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
     overrides = [*RUN, *PRECISION[precision]]
@@ -114,6 +84,7 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
                     if r["kind"] == "train"}) > 1
 
 
+@pytest.mark.slow
 def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     """A kill between a mid-window checkpoint and the next one: the resumed run's scale events,
     probe results and pitfall verdicts are those of an uninterrupted run (no invented events,
@@ -133,6 +104,7 @@ def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_path, caplog):
     _interrupt(tmp_path, RUN, at_step=5)
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
@@ -184,6 +156,7 @@ def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
     assert summary["status"].startswith("interrupted: SIGUSR2 at step 4")
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys):
     stopped = _interrupt(tmp_path / "once", RUN, at_step=5, signum=signal.SIGINT)
     assert stopped.code == 130 and "SIGINT at step 5: checkpoint" in str(stopped)
@@ -269,6 +242,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog
     assert _curve(run) == _curve(whole)
 
 
+@pytest.mark.slow
 def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, monkeypatch):
     _interrupt(tmp_path / "run", [*RUN, "checkpoint.every_steps=2"], at_step=5)
     files = sorted((tmp_path / "run" / "checkpoints").iterdir())
@@ -315,6 +289,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
+@pytest.mark.slow
 def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_path):
     """The checkpoint was written with diagnostics=off; the resumed run watches from its step
     on, from the scale it resumed at (1 for the scaler-less half_model loop), inventing no

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 import pytest
-from conftest import CONF_DIR, FAST, compose_cfg, leaves, run_cli, settings
+from helpers import CONF_DIR, FAST, compose_cfg, leaves, run_cli, settings
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -107,6 +107,7 @@ def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     (["model.name=resnet5"], "amp_lab: error: model.name='resnet5' is not a timm model"),
     (["precision=fp17"], "Could not find 'precision/fp17'"),
@@ -125,6 +126,7 @@ def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 2
@@ -145,6 +147,7 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
         result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_help_lists_the_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
@@ -153,6 +156,7 @@ def test_help_lists_the_groups(tmp_path):
     assert "scaler.init_scale=32768" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_path):
     command = Path(sys.executable).with_name("amp_lab")  # the venv's console script
     result = subprocess.run([str(command), "--help"], cwd=tmp_path, capture_output=True,

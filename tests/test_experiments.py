@@ -6,7 +6,7 @@ import itertools
 import json
 
 import pytest
-from conftest import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
+from helpers import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -36,6 +36,7 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
         assert study in index
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", [f"experiment={s}" for s in STUDIES]
                          + [f"+experiment/cpu={s}" for s in STUDIES])
 def test_every_job_of_every_study_composes(experiment):
@@ -48,6 +49,7 @@ def test_every_job_of_every_study_composes(experiment):
             assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_job_of_every_cpu_study_builds(study, tmp_path):
     """Each job's model takes its images and its mode runs here: the CPU variants are what a
@@ -57,6 +59,7 @@ def test_every_job_of_every_cpu_study_builds(study, tmp_path):
         Trainer(validate(compose_cfg(experiment, *job, fast=False)), tmp_path / str(i))
 
 
+@pytest.mark.slow
 def test_grad_accum_study_keeps_the_global_batch():
     for experiment in ["experiment=grad_accum", "+experiment/cpu=grad_accum"]:
         trainers = [validate(compose_cfg(experiment, *job, fast=False)).trainer

@@ -44,6 +44,14 @@ FORMAT = 2  # bumped when the layout of the saved dict changes (2: the diagnosti
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
+def _step_of(path: Path) -> int:
+    """The step in a checkpoint's file name (`Checkpointer.checkpoints()` lists only those)."""
+    match = _NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a checkpoint file name (step_N.pt)")
+    return int(match.group(1))
+
+
 def rng_state() -> dict[str, Any]:
     """Every global RNG the run draws from, as tensors and plain Python data."""
     version, internal, gauss = random.getstate()

@@ -107,7 +107,8 @@ class Doctor:
         `scaled` (the autocast+scaler probe) is the run with the `start` set; a set already run
         is not run again (the probes are deterministic for a seed)."""
         extra = [f"precision={self.low}", "scaler.enabled=true"]
-        chosen, tried = list(start), []
+        chosen = list(start)
+        tried: list[dict[str, Any]] = []
         runs: dict[tuple[str, ...], Probe] = {tuple(start): scaled}
 
         def clean(modules: list[str]) -> bool:
@@ -163,7 +164,8 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
         table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
     for name, p in probes.items():
         if p.unavailable or p.crashed:
-            table.add_row(name, verdict(p, base), escape(p.unavailable or p.crashed), *[""] * 7)
+            why = p.unavailable or p.crashed or ""
+            table.add_row(name, verdict(p, base), escape(why), *[""] * 7)
             continue
         nf = (p.diag.get("nonfinite") or {})
         where = "-" if not nf.get("first_step") else (

@@ -154,7 +154,8 @@ def _set_tf32(enabled: bool) -> None:
     # An fp32 baseline must really be fp32: TF32 keeps only 10 mantissa bits in matmuls.
     precision = "tf32" if enabled else "ieee"
     torch.backends.cuda.matmul.fp32_precision = precision
-    torch.backends.cudnn.conv.fp32_precision = precision
+    # set at import by torch.backends.cudnn, but absent from its type stubs
+    torch.backends.cudnn.conv.fp32_precision = precision  # type: ignore[attr-defined]
 
 
 def resolve_precision(name: str, device: torch.device,
