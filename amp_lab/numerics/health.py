@@ -63,7 +63,9 @@ class RunHealth:
         """Feed one log window; returns the warning lines of rules that fired for the first time."""
         self.windows.append(window)
         lines = []
-        if zero_grad_share is not None and zero_grad_share >= self.cfg.health_zero_grad_share:
+        # a window that skipped says nothing about underflow: its gradients held inf/nan
+        if (zero_grad_share is not None and not window.skipped
+                and zero_grad_share >= self.cfg.health_zero_grad_share):
             lines.append(self._add(UNDERFLOW, window.last_step, (
                 f"{zero_grad_share:.0%} of gradient elements are exactly zero (>= "
                 f"diagnostics.health_zero_grad_share={self.cfg.health_zero_grad_share:g}): they "
