@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test test-fast bench lint clean
+.PHONY: run test test-fast bench doctor-bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ run: $(VENV)/.installed  ## the default experiment (test_convnext on digits, fp3
 
 bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python -m amp_lab.bench)
 	$(PY) -m amp_lab.bench $(ARGS)
+
+doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 min): figures
+	$(PY) -m amp_lab.doctor --suite $(ARGS)
 
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
 	$(PY) -m pytest $(ARGS)

@@ -68,8 +68,8 @@ CASES = [
 ]
 
 
-def run_case(case: Case, out: Path, console: Console) -> dict[str, Any]:
-    """The doctor on one case, quietly; the figures the suite table shows."""
+def run_case(case: Case, out: Path) -> dict[str, Any]:
+    """The doctor on one case, its output in <out>/<case>.txt; the figures the table shows."""
     from amp_lab.doctor.diagnose import parse_args, run
 
     args = parse_args([*SUITE_BASE, *case.overrides, "--steps", str(case.steps),
@@ -126,7 +126,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
     rows = []
     for case in [known[n] for n in args.cases] if args.cases else CASES:
         console.print(f"case {case.name}: {' '.join(case.overrides)}")
-        rows.append(run_case(case, out, console))
+        rows.append(run_case(case, out))
     console.print(table(rows))
     result = figures(rows)
     console.print(f"right cause first: {result['right_first']}/{result['cases']} "
