@@ -58,12 +58,12 @@ def _rec(cause: str, score: int, problem: str, evidence: str, override: str | No
 
 
 def baseline_fixes(advice: Advice) -> list[str]:
-    """What to try when fp32 does not train, gentlest first: a lower LR with warmup, then
-    clipping too, then a much lower LR (each is checked with an fp32 probe)."""
-    warm = max(advice.warmup_steps, advice.steps // 5, 1)
+    """What to try when fp32 does not train, gentlest first: a longer warmup, then a lower LR
+    with it, then clipping too, then a much lower LR (each is checked with an fp32 probe)."""
+    warm = max(advice.warmup_steps * 2, advice.steps // 3, 1)  # a third of the probe
     clip = "" if advice.clip_grad > 0 else " trainer.clip_grad=1.0"
-    return [f"lr.scale={advice.lr_scale / 10:g} lr.warmup_steps={warm}",
-            f"lr.scale={advice.lr_scale / 10:g} lr.warmup_steps={warm}{clip}",
+    lower = f"lr.scale={advice.lr_scale / 10:g} lr.warmup_steps={warm}"
+    return [f"lr.warmup_steps={warm}", lower, f"{lower}{clip}",
             f"lr.scale={advice.lr_scale / 100:g} lr.warmup_steps={warm}{clip}"]
 
 
