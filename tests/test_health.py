@@ -105,3 +105,15 @@ def test_a_healthy_run_and_one_transient_skip_raise_no_alarm(tmp_path, extra):
                    "diagnostics.every=4", *extra)
     assert summary["health"] == [] and summary["status"] == "completed"
     assert summary["skipped_steps"] == (1 if extra else 0)
+
+
+def test_the_report_shows_each_runs_health(tmp_path, capsys):
+    from amp_lab.report.compare import main as report
+
+    for name, extra in [("fine", []), ("rising", ["lr.base=1"])]:
+        Trainer(settings(*TINY, "trainer.max_steps=20", "trainer.log_every=10", *extra),
+                tmp_path / "sweep" / name).fit()
+    assert report([str(tmp_path / "sweep")]) == 0
+    table = (tmp_path / "sweep" / "report" / "report.md").read_text()
+    assert "completed (health: loss_rises)" in table
+    assert table.count("(health:") == 1  # the healthy run has no health note
