@@ -1,10 +1,12 @@
-"""`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--out DIR]`.
+"""`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`.
 
 Automates the debugging flow of docs/amp_pitfalls.md §5 on the user's own config: short
 in-process probes with the same seed and data order — (1) the fp32 baseline, (2) autocast without
-a scaler, (3) autocast with the scaler, (4) bf16 where the device has it — compared with the
-baseline step by step. Prints a verdict table and ranked recommendations; writes doctor.json.
-`--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite values.
+a scaler, (3) autocast with the scaler, (4) bf16 where the device has it — judged by the
+run-health rules and compared with the baseline step by step. Prints a verdict table and ranked
+recommendations (advice.py), runs the top ones as probes to verify them (fixes.py) and writes
+doctor.json. `--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite
+values; `--suite` runs the doctor benchmark (suite.py) instead of the user's config.
 """
 
 from __future__ import annotations
