@@ -23,7 +23,7 @@ def _doctor(tmp_path, capsys, *args: str) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_underflow_without_scaler_stalls_and_the_scaler_is_recommended(tmp_path, capsys):
+def test_underflow_without_scaler_is_named_and_the_scaler_is_recommended(tmp_path, capsys):
     report, out = _doctor(tmp_path, capsys, "precision=fp16_noscale", "lr.base=1e-2",
                           "fault.loss_multiplier=1e-6", "--steps", "12")
     probes = report["probes"]
