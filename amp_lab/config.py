@@ -255,11 +255,25 @@ class DiagnosticsConfig:
     every: int = 100
     skip_warn_rate: float = 0.25  # warn when more than this share of a log window's steps skip
     top_layers: int = 5  # layers named per probe (least fp16 headroom, most underflow)
+    # run health (amp_lab/numerics/health.py; defaults justified in docs/diagnostics.md)
+    health_zero_grad_share: float = 0.5  # underflow: this share of gradients exactly zero
+    health_rise: float = 0.25  # loss rises: the last steps' mean > (1 + this) x the first's
+    health_min_drop: float = 0.01  # loss stalls: fell by less than this share of its start...
+    health_min_steps: int = 100  # ...in a run of at least this many steps (short runs are noisy)
+    health_skip_rate: float = 0.2  # unstable: more than this share of all steps skipped
+    health_min_scale: float = 1.0  # scale collapse: a dynamic loss scale below this
+    health_window: int = 10  # steps (whole log windows) in the first and the final window
 
     def __post_init__(self) -> None:
         _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
         _require(0 < self.skip_warn_rate <= 1,
                  f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]")
+        for name in ("health_zero_grad_share", "health_min_drop", "health_skip_rate"):
+            _require(0 < getattr(self, name) <= 1,
+                     f"diagnostics.{name}={getattr(self, name)} must be in (0, 1]")
+        _require(self.health_rise > 0, f"diagnostics.health_rise={self.health_rise} must be > 0")
+        _require(self.health_min_steps >= 1 and self.health_window >= 1,
+                 "diagnostics.health_min_steps and diagnostics.health_window must be >= 1")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.numerics.diagnostics import attach_diagnostics
+from amp_lab.numerics.health import RunHealth, Window
 from amp_lab.numerics.pitfalls import make_step, prepare_model
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import resolve_device, resolve_precision
@@ -151,6 +153,10 @@ class Trainer:
             settings.diagnostics, self.train_step, settings.scaler,
             uses_dynamic_scaling(settings.scaler, self.policy), t.log_every,
             self.out_dir if self.dist.is_main else None)
+        self.health = RunHealth(settings.diagnostics,
+                                uses_dynamic_scaling(settings.scaler, self.policy),
+                                float(self.scaler.get_scale()),
+                                math.log(self.data.spec.num_classes))
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
@@ -213,6 +219,7 @@ class Trainer:
             sinks.start({**info, "step": self.state.step})
             with self.checkpointer.active():  # RNG states restored; stop signals caught
                 self._loop(sinks, started)
+            self._finish_health()
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
         except BaseException as err:  # a stop signal's clean stop is resumable, not a crash
@@ -274,7 +281,7 @@ class Trainer:
         if (reason := scaler_stop_reason(self.scaler)) is not None:
             st.diverged = True
             log.warning("step %d: %s; stopping as diverged", st.step, reason)
-        return {
+        record = {
             "kind": "train", "step": st.step, "epoch": st.step / self.steps_per_epoch,
             "time_s": time.perf_counter() - started,
             "train/loss": c["loss_sum"] / c["loss_count"] if c["loss_count"] else float("nan"),
@@ -287,6 +294,26 @@ class Trainer:
             **self._device_figures(meter),
             **self.diagnostics.read(st.step),
         }
+        self._observe_health(c, steps_in_window, record)
+        return record
+
+    def _observe_health(self, c: dict[str, float], steps: int, record: dict[str, Any]) -> None:
+        """The run-health rules, fed with what this log step has read already (no sync)."""
+        window = Window(self.state.step, steps, round(c["loss_count"] / self.dist.world_size),
+                        int(c["window_skipped"]), record["train/loss"], record["amp/loss_scale"])
+        for line in self.health.observe(window, record.get("diag/grad_zero_share")):
+            if self.dist.is_main:
+                log.warning(line)
+
+    def _finish_health(self) -> None:
+        """The whole-run rules; a final window with no finite loss ends the run diverged."""
+        for line in self.health.finish(self.state.step, self.skipped_total):
+            if self.dist.is_main:
+                log.warning(line)
+        if self.health.final_nonfinite():
+            self.state.diverged = True
+        if self.dist.is_main:
+            log.info(self.health.summary_line())
 
     def _device_figures(self, meter: ThroughputMeter) -> dict[str, float]:
         """Throughput and memory: totals over the ranks, and per-device figures."""
@@ -348,6 +375,7 @@ class Trainer:
             "wall_time_s": wall_time_s,
             "output_dir": str(self.out_dir),
             "diagnostics": self.diagnostics.summary(),
+            "health": list(self.health.entries),  # silent failures (amp_lab/numerics/health.py)
             **self.describe(),
         }
 
