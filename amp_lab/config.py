@@ -187,6 +187,9 @@ class TrainerConfig:
     progress: bool = True  # rich progress bar on a terminal
     resume: bool = True  # continue from the run dir's newest good checkpoint; false: start fresh
     strategy: str = "single"  # single | ddp (DistributedDataParallel, world from torchrun/SLURM)
+    # torch CPU threads; 0: $OMP_NUM_THREADS if set, else the CPUs this job was given
+    # (SLURM_CPUS_PER_TASK, the CPU affinity mask) less the DataLoader workers
+    threads: int = 0
 
     def __post_init__(self) -> None:
         _require(self.device in ("auto", "cpu", "cuda"),
@@ -205,6 +208,7 @@ class TrainerConfig:
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
+        _require(self.threads >= 0, f"trainer.threads={self.threads} must be >= 0 (0: auto)")
         _require(self.strategy in ("single", "ddp"),
                  f"trainer.strategy={self.strategy!r} is unknown; use single or ddp")
 

@@ -1,0 +1,78 @@
+"""A new user's first hour: honest clocks, threads that follow the CPUs, presets that fit."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import settings
+
+from amp_lab.components.threads import plan_threads
+from amp_lab.tracking.sinks import Sink
+from amp_lab.trainer import Trainer
+
+SLOW_START_S = 1.5
+
+
+class SlowStart(Sink):
+    """A tracker whose start-up takes a while, as W&B's does when it waits for its time-out."""
+
+    def start(self, info: dict) -> None:
+        time.sleep(SLOW_START_S)
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tracker_start_up_is_setup_not_training_time(tmp_path):
+    # target_acc=0: the target is reached at the first evaluation (step 2)
+    summary = Trainer(settings("trainer.eval_every=2", "trainer.target_acc=0"), tmp_path,
+                      sinks=[SlowStart()]).fit()
+    records = _records(tmp_path)
+    assert [r["step"] for r in records if r["kind"] == "val"] == [2, 4, 6]
+    # every record's time_s, and time-to-target, are on the training clock
+    assert max(r["time_s"] for r in records) < SLOW_START_S
+    assert summary["steps_to_target"] == 2
+    assert summary["time_to_target_s"] < SLOW_START_S
+    assert summary["setup_s"] >= SLOW_START_S
+    # evaluation is reported apart: the training clock is the loop's wall time less it
+    assert summary["eval_s"] > 0
+    assert summary["train_time_s"] == pytest.approx(summary["wall_time_s"] - summary["eval_s"])
+    assert records[-1]["time_s"] <= summary["train_time_s"]
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["setup_s"] == pytest.approx(summary["setup_s"])
+
+
+def test_threads_follow_the_cpus_a_slurm_job_was_given(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))  # a 64-core node
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    plan = plan_threads(threads=0, workers=0)
+    assert (plan.cpus, plan.cpus_from, plan.threads) == (2, "SLURM_CPUS_PER_TASK", 2)
+    plan = plan_threads(threads=0, workers=4)  # workers capped: the main process keeps a CPU
+    assert (plan.workers, plan.threads) == (1, 1)
+    assert plan_threads(threads=3, workers=0).threads == 3  # trainer.threads wins
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})  # taskset -c 0-2
+    assert plan_threads(threads=0, workers=0).threads == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a choice already made is kept
+    assert plan_threads(threads=0, workers=0).threads == 1
+
+
+def test_the_run_uses_and_records_its_threads(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    try:
+        summary = Trainer(settings("trainer.threads=2", "trainer.max_steps=2"), tmp_path).fit()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert summary["threads"]["threads"] == 2
+    assert summary["threads"]["threads_from"] == "trainer.threads"
+    summary = Trainer(settings("trainer.max_steps=2", "trainer.resume=false"), tmp_path).fit()
+    assert summary["threads"] == {"cpus": 1, "cpus_from": "SLURM_CPUS_PER_TASK", "threads": 1,
+                                  "threads_from": "cpus less workers", "workers": 0}
