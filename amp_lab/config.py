@@ -354,5 +354,6 @@ def compose_settings(overrides: list[str]) -> AmpLabConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return validate(compose(config_name="config", overrides=overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"{str(err).strip().splitlines()[0]} (overrides: "
-                          f"{' '.join(overrides)})") from err
+        from amp_lab.errors import one_line  # errors.py reads this module's schema
+
+        raise ConfigError(f"{one_line(err)} (overrides: {' '.join(overrides)})") from err

@@ -40,6 +40,7 @@ import torch
 
 from amp_lab.components.distributed import DistContext
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.errors import first_sentence
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class Checkpointer:
             if self.dist.is_main:
                 self._set_aside()
             return False
-        unreadable: list[str] = []
+        unreadable: dict[str, list[str]] = {}  # reason -> files: one reason told once
         for path in self.checkpoints():
             try:
                 payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -162,10 +163,10 @@ class Checkpointer:
                     raise ValueError(f"written by another amp_lab version (format "
                                      f"{payload['format']}; this one reads {FORMAT})")
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                reason = first_sentence(err)
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", path,
                             reason)
-                unreadable.append(f"{path.name}: {reason}")
+                unreadable.setdefault(reason, []).append(path.name)
                 continue
             self._load(path, payload)
             if self.dist.is_main:
@@ -176,7 +177,8 @@ class Checkpointer:
                 self._truncate_records(self.state.step)
             return True
         if unreadable:
-            raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
+            reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in unreadable.items())
+            raise ConfigError(f"no usable checkpoint in {self.dir} ({reasons}); "
                               "move that folder away or set trainer.resume=false to start fresh")
         if self.dist.is_main and self._truncate_records(0):  # died before its first checkpoint
             log.warning("%s holds an earlier attempt's records but no checkpoint: starting over "
