@@ -10,7 +10,6 @@ import importlib
 import logging
 import os
 import sys
-import warnings
 from difflib import get_close_matches
 from pathlib import Path
 
@@ -27,9 +26,6 @@ from amp_lab.errors import one_line
 
 log = logging.getLogger("amp_lab")
 register()
-# conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose,
-# so `hydra/launcher=submitit_slurm` brings amp_lab's requeue-safe cluster defaults.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
 
 
 TOOLS = {"doctor": "amp_lab.doctor.diagnose", "report": "amp_lab.report.compare",
