@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import settings
+from conftest import CONF_DIR, ROOT, run_cli, settings
 
 from amp_lab.components.threads import plan_threads
 from amp_lab.tracking.sinks import Sink
@@ -76,3 +76,34 @@ def test_the_run_uses_and_records_its_threads(tmp_path, monkeypatch):
     summary = Trainer(settings("trainer.max_steps=2", "trainer.resume=false"), tmp_path).fit()
     assert summary["threads"] == {"cpus": 1, "cpus_from": "SLURM_CPUS_PER_TASK", "threads": 1,
                                   "threads_from": "cpus less workers", "workers": 0}
+
+
+def test_synthetic_data_is_sized_for_a_first_run(tmp_path):
+    small = settings("data=synthetic", fast=False).data
+    assert (small.name, small.img_size, small.num_classes) == ("synthetic", 32, 10)
+    full = settings("data=synthetic_imagenet", fast=False).data
+    assert (full.name, full.img_size, full.num_classes) == ("synthetic", 224, 1000)
+    summary = Trainer(settings("data=synthetic", "data.num_samples=128"), tmp_path).fit()
+    assert summary["status"] == "completed" and summary["data"] == "synthetic"
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {title}")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_every_option_help_lists_is_in_the_readme_table(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    listing = result.stdout.split("Config groups")[1].split("Current config")[0]
+    groups = dict(line.split(": ", 1) for line in listing.splitlines() if ": " in line)
+    groups["hydra/launcher"] = ", ".join(p.stem for p in (CONF_DIR / "hydra" / "launcher")
+                                         .glob("*.yaml"))
+    assert {"accum", "model", "experiment/cpu"} <= set(groups)
+    rows = [line for line in _readme_section("Config groups").splitlines()
+            if line.startswith("| `")]
+    for group, options in groups.items():
+        [row] = [r for r in rows if f"`{group}`" in r.split("|")[1]]
+        missing = [o for o in options.split(", ") if f"`{o}`" not in row]
+        assert not missing, (group, missing)
