@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,22 @@ def test_every_option_help_lists_is_in_the_readme_table(tmp_path):
         [row] = [r for r in rows if f"`{group}`" in r.split("|")[1]]
         missing = [o for o in options.split(", ") if f"`{o}`" not in row]
         assert not missing, (group, missing)
+
+
+def test_pending_advice_names_the_override_only_when_the_job_cannot_fit(monkeypatch):
+    from amp_lab import slurm_queue
+    from amp_lab.slurm_queue import QueuedJob, advice, mem_gb
+
+    assert [mem_gb(t) for t in ("64G", "4000M", "23081", "0", "")] == pytest.approx(
+        [64, 3.90625, 22.54, None, None], abs=0.01)
+    monkeypatch.setattr(slurm_queue, "partition_size", lambda partition: (2, 4.0))
+    big = QueuedJob("7_0", "PENDING", "PartitionConfig", 8, 64.0, "debug")
+    assert advice([big, replace(big, job_id="7_1")], 61).startswith(
+        "SLURM jobs 7_0, 7_1 pending for 61 s (PartitionConfig): each asks 8 CPUs / 64 GB")
+    assert advice([big], 61).endswith(
+        "asks 8 CPUs / 64 GB; partition debug has 2 CPUs / 4 GB per node: set "
+        "hydra.launcher.cpus_per_task / hydra.launcher.mem_gb (or "
+        "hydra/launcher=submitit_slurm_cpu on a small cluster)")
+    fits = QueuedJob("8", "PENDING", "Resources", 2, None, "debug")
+    assert advice([fits], 90) == ("SLURM job 8 pending for 90 s (Resources): asks 2 CPUs; "
+                                  "waiting for a free node (squeue -j 8 shows the queue)")
