@@ -250,7 +250,7 @@ def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
     assert run.config["logger"]["mode"] == "offline"
     assert run.config["tracking"]["wandb_fallback"] == tracking["wandb_fallback"]
     assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4]
-    # the fall-back's wait is setup, never training time
-    assert summary["setup_s"] > summary["train_time_s"]
+    if case == "fake key, no network":  # wandb retries until its time-out: setup, not training
+        assert summary["setup_s"] >= 8 > summary["train_time_s"]
     assert max(r["time_s"] for r in _jsonl(run_dir, "train")) <= summary["train_time_s"]
     _no_key_anywhere(run_dir)
