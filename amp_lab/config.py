@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab.choices import (
     ClipMode,
@@ -197,6 +197,9 @@ class TrainerConfig:
     # continue from the run dir's newest good checkpoint; false: start fresh
     resume: bool = field(default=True, metadata=FREE_ON_RESUME)
     strategy: Strategy = Strategy.single  # ddp: DistributedDataParallel (torchrun/SLURM world)
+    # torch CPU threads; 0: $OMP_NUM_THREADS if set, else the CPUs this job was given
+    # (SLURM_CPUS_PER_TASK, the CPU affinity mask) less the DataLoader workers
+    threads: int = field(default=0, metadata=FREE_ON_RESUME)
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
@@ -211,6 +214,7 @@ class TrainerConfig:
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
+        _require(self.threads >= 0, f"trainer.threads={self.threads} must be >= 0 (0: auto)")
 
 
 @dataclass
@@ -388,15 +392,6 @@ def compose_settings(overrides: list[str]) -> AmpLabConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return validate(compose(config_name="config", overrides=overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_unknown_choice(err) or f"{str(err).strip().splitlines()[0]} "
-                          f"(overrides: {' '.join(overrides)})") from err
+        from amp_lab.errors import one_line  # errors.py reads this module's schema
 
-
-def _unknown_choice(err: Exception) -> str | None:
-    """`key='value' is unknown; use one of ...` when a choice field got a value it lacks."""
-    cause = err if isinstance(err, ValidationError) else err.__cause__
-    choices = getattr(getattr(cause, "child_node", None), "enum_type", None)
-    if not (isinstance(cause, ValidationError) and choices is not None):
-        return None
-    return (f"{cause.full_key}={cause.value!r} is unknown; use one of "
-            f"{', '.join(c.name for c in choices)}")
+        raise ConfigError(f"{one_line(err)} (overrides: {' '.join(overrides)})") from err
