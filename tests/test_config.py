@@ -38,9 +38,10 @@ def test_every_option_composes_into_the_schema(group, option, tmp_path):
     assert isinstance(cfg, AmpLabConfig)
     node = getattr(cfg, group)
     if hasattr(node, "name"):
-        # a model preset is named after its timm model (vit_small_patch4: vit_small, 4x4 patches)
+        # a model preset is named after its timm model (vit_small_patch4: vit_small, 4x4 patches),
+        # a data preset after its data set (synthetic_imagenet: synthetic data, ImageNet's shape)
         family = node.name.split("_patch")[0]
-        assert node.name == option or group == "model" and option.startswith(family)
+        assert node.name == option or group in ("model", "data") and option.startswith(family)
 
 
 def test_every_group_has_options():
