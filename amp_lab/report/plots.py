@@ -26,9 +26,9 @@ from amp_lab.report.runs import RunData  # noqa: E402
 Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # steps, mean, min, max
 
 
-def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, bool]:
+def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, float | None]:
     """Mean, min and max of `key` at the steps every run logged, up to the first step where one
-    is not finite; and whether it was cut there (diverged)."""
+    is not finite; and that step (None when all are finite)."""
     per_run = [{r["step"]: r[key] for r in getattr(run, kind) if r.get(key) is not None}
                for run in runs]
     steps = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
@@ -36,18 +36,24 @@ def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, bool]:
     bad = ~np.isfinite(ys).all(axis=1)
     cut = int(np.argmax(bad)) if bad.any() else len(steps)
     ys, xs = ys[:cut], np.array(steps[:cut], dtype=float)
+    stop = float(steps[cut]) if bad.any() else None
     if not len(xs):
-        return (xs, xs, xs, xs), bool(bad.any())
-    return (xs, ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)), bool(bad.any())
+        return (xs, xs, xs, xs), stop
+    return (xs, ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)), stop
 
 
-def _draw(ax: Axes, c: Curve, cut: bool, color: str, label: str, band: bool) -> None:
+def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: bool) -> None:
+    """The mean line (and band); a diverged curve ends in an x at its last finite point, or at
+    the top edge over its divergence step when it has none."""
     xs, mean, lo, hi = c
     ax.plot(xs, mean, color=color, marker="o", markersize=2, label=label)
     if band:
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
-    if cut and len(xs):
+    if stop is not None and len(xs):
         ax.plot(xs[-1:], mean[-1:], "x", color=color, markersize=10, markeredgewidth=2)
+    elif stop is not None:
+        ax.plot([stop], [0.97], "x", color=color, markersize=10, markeredgewidth=2,
+                transform=ax.get_xaxis_transform(), clip_on=False)
 
 
 Cells = list[tuple[dict[str, Any], list[RunData]]]
@@ -55,8 +61,8 @@ Cells = list[tuple[dict[str, Any], list[RunData]]]
 
 def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str) -> None:
     for cell, runs in cells:
-        c, cut = curve(runs, kind, key)
-        _draw(ax, c, cut, colors[cell["value"]], _label(cell), len(runs) > 1)
+        c, stop = curve(runs, kind, key)
+        _draw(ax, c, stop, colors[cell["value"]], _label(cell), len(runs) > 1)
 
 
 def _label(cell: dict[str, Any]) -> str:
@@ -70,19 +76,36 @@ def loss_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     ax.set(title="train loss", xlabel="optimizer step")
 
 
+def _paired_delta(runs: list[RunData], refs: list[RunData]) -> tuple[Curve, float | None]:
+    """Train loss minus the reference's, run by run with the reference run of the same seed
+    (the reference's mean where no seed matches), averaged at the steps all pairs share."""
+    by_seed = {ref.seed: ref for ref in refs}
+    diffs, stops = [], []
+    for run in runs:
+        (xs, mine, _, _), stop = curve([run], "train", "train/loss")
+        (rx, theirs, _, _), _ = curve([by_seed[run.seed]] if run.seed in by_seed else refs,
+                                      "train", "train/loss")
+        common, i, j = np.intersect1d(xs, rx, return_indices=True)
+        diffs.append(dict(zip(common, mine[i] - theirs[j])))
+        stops.append(stop)
+    steps = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
+    ys = np.array([[d[s] for d in diffs] for s in steps], dtype=float).reshape(-1, len(diffs))
+    mean = ys.mean(axis=1) if len(steps) else np.array([])
+    stop = min((s for s in stops if s is not None), default=None)
+    return (np.array(steps, dtype=float), mean, mean, mean), stop
+
+
 def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
-    """Train loss minus the reference's at the steps both logged (0 is the reference)."""
-    ref = next(((c, r) for c, r in cells if c["reference"]), None)
+    """Train loss minus the reference's, paired by seed (0 is the reference)."""
+    ref = next((r for c, r in cells if c["reference"]), None)
     ax.set(title="Δ train loss vs reference", xlabel="optimizer step")
     if ref is None:
         ax.text(0.5, 0.5, "no reference", ha="center", va="center", transform=ax.transAxes)
         return
-    (rx, rmean, _, _), _ = curve(ref[1], "train", "train/loss")
+    refs = [run for run in ref if run.ok] or ref
     for cell, runs in cells:
-        (xs, mean, _, _), cut = curve(runs, "train", "train/loss")
-        common, mine, theirs = np.intersect1d(xs, rx, return_indices=True)
-        delta = mean[mine] - rmean[theirs]
-        _draw(ax, (common, delta, delta, delta), cut, colors[cell["value"]], _label(cell), False)
+        c, stop = _paired_delta(refs if cell["reference"] else runs, refs)
+        _draw(ax, c, stop, colors[cell["value"]], _label(cell), False)
     ax.axhline(0.0, color="grey", linewidth=0.8)
 
 
