@@ -43,6 +43,8 @@ def _num(stat: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
 def _scale(stat: dict[str, Any]) -> str:
     """A loss scale as a power of two (`2^16`) when it is one, as the scaler keeps it."""
     mean = stat["mean"]
+    if mean == 1.0 and not stat["std"]:
+        return "1"  # not scaled
     if mean is not None and mean > 0 and math.log2(mean).is_integer() and not stat["std"]:
         return f"2^{int(math.log2(mean))}"
     return _num(stat, ".4g")

@@ -108,6 +108,21 @@ def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> s
     return " ".join(parts)
 
 
+def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list[str]:
+    """The keys that tell groups apart, less those a `group.name` key implies (a model's own
+    kwargs come with its name): what a person needs to read to know the group."""
+    column = {k: [g[i] for g in group_keys] for i, k in enumerate(others)}
+    apart = [k for k in others if len(set(column[k])) > 1]
+
+    def implied(key: str) -> bool:
+        name = key.split(".")[0] + ".name"
+        if key == name or name not in apart:
+            return False
+        return all(len({v for n, v in zip(column[name], column[key]) if n == chosen}) == 1
+                   for chosen in set(column[name]))
+    return [k for k in apart if not implied(k)]
+
+
 def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
     """The runs in comparison groups (first-seen order), cells in first-seen order; no reference
     is chosen yet (see set_references)."""
@@ -116,7 +131,7 @@ def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
     shown = _varying(settings, keys)
     others = sorted({k for s in settings for k in s if k not in keys and not _is_ignored(k)})
     group_keys = [tuple(s.get(k) for k in others) for s in settings]
-    apart = [k for i, k in enumerate(others) if len({g[i] for g in group_keys}) > 1]
+    apart = _naming(others, group_keys)
     groups: dict[tuple[str | None, ...], Group] = {}
     for run, setting, key in zip(runs, settings, group_keys):
         if key not in groups:

@@ -47,10 +47,19 @@ def _literal(value: str) -> str:
         return repr(value)
 
 
+def _scalar(value: str | None) -> bool:
+    try:
+        return not isinstance(json.loads(value or "null"), (dict, list))
+    except json.JSONDecodeError:
+        return True
+
+
 def varying_leaves(runs: list[RunData]) -> list[str]:
-    """Settings keys (W&B config leaf keys) whose value differs between runs."""
+    """Settings keys with one number or string each (W&B config leaf keys) that differ between
+    runs; a dict such as `model.kwargs` is not a leaf."""
     keys = sorted({k for run in runs for k in run.settings})
     return [k for k in keys if len({run.settings.get(k) for run in runs}) > 1
+            and all(_scalar(run.settings.get(k)) for run in runs)
             and not any(k == i or k.startswith(i + ".") for i in IGNORED)]
 
 
