@@ -216,3 +216,22 @@ def test_wandb_report_groups_like_the_report(tmp_path, monkeypatch):
     if os.environ.get("UPDATE_SNAPSHOTS"):
         SNAPSHOT.write_text(json.dumps(snap, indent=2, sort_keys=True) + "\n")
     assert snap == json.loads(SNAPSHOT.read_text())
+
+
+def test_readme_findings_replace_only_the_marked_block(tmp_path):
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_precision=fp32", "precision=fp32")
+    run(sweep, "1_precision=bf16", "precision=bf16")
+    readme = tmp_path / "study" / "README.md"
+    readme.parent.mkdir()
+    readme.write_text("# study\n\nintro\n<!-- amp_lab.report:start -->\nold\n"
+                      "<!-- amp_lab.report:end -->\n\nReading the report: ...\n")
+    out = tmp_path / "study" / "report"
+    data = report(str(sweep), "--out", str(out), "--readme", str(readme))
+    text = readme.read_text()
+    assert text.startswith("# study\n\nintro\n<!-- amp_lab.report:start -->\nMade with:")
+    assert text.endswith("<!-- amp_lab.report:end -->\n\nReading the report: ...\n")
+    assert "stale findings" not in text and f"**Verdict:** {data['groups'][0]['verdict']}" in text
+    assert "![overview of the report](report/overview.png)" in text
+    assert "Speed and memory are **not representative**" in text
+    assert main([str(sweep), "--readme", str(tmp_path / "missing.md")]) == 2

@@ -74,17 +74,23 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def group_sections(data: dict[str, Any], level: str = "##") -> list[str]:
+    """Per group: a heading, its verdict and its table (markdown lines)."""
+    parts = []
+    for group in data["groups"]:
+        parts += [f"{level} Group {group['id']}: {group['name']}", "",
+                  f"**Verdict:** {group['verdict']}", "",
+                  markdown_table([data["axis"], *COLUMNS],
+                                 [cell_row(c) for c in group["cells"]]), ""]
+    return parts
+
+
 def write_markdown(out: Path, data: dict[str, Any], plots: list[Path]) -> Path:
     """report.md: context, rules, then per group its verdict and table, then the plots."""
     n = len(data["groups"])
     parts = [f"# amp_lab comparison: {len(data['runs'])} runs in {n} group{'s' * (n != 1)} "
              f"along `{data['axis']}`", "", context_markdown(data["context"]), "",
-             data["rules"], ""]
-    for group in data["groups"]:
-        parts += [f"## Group {group['id']}: {group['name']}", "",
-                  f"**Verdict:** {group['verdict']}", "",
-                  markdown_table([data["axis"], *COLUMNS],
-                                 [cell_row(c) for c in group["cells"]]), ""]
+             data["rules"], "", *group_sections(data)]
     flagged = [r for r in data["runs"] if r["health"] or r["summary_health"]]
     if flagged:
         parts += ["## Run health", ""]
@@ -120,7 +126,7 @@ def default_out(paths: list[Path]) -> Path:
 
 def make_report(paths: list[Path], out: Path | None = None, ref: str | None = None,
                 by: str = DEFAULT_AXIS, wandb: bool = False, console: Console | None = None,
-                argv: list[str] | None = None) -> Path:
+                argv: list[str] | None = None, readme: Path | None = None) -> Path:
     """Load the runs, compare them, print and write the report; returns report.md."""
     from amp_lab.report.plots import write_plots
 
@@ -128,6 +134,8 @@ def make_report(paths: list[Path], out: Path | None = None, ref: str | None = No
         console = Console()
         if not console.is_terminal:
             console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
+    if readme is not None and not readme.is_file():
+        raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
     runs = load_runs(paths)
     data = build(runs, by, ref, argv if argv is not None else [str(p) for p in paths])
     out = out or default_out(paths)
@@ -137,6 +145,11 @@ def make_report(paths: list[Path], out: Path | None = None, ref: str | None = No
     plots = write_plots(runs, data, out)
     report = write_markdown(out, data, plots)
     console.print(f"report: {report}")
+    if readme is not None:
+        from amp_lab.report.readme import update_readme
+
+        update_readme(readme, data, plots[0])
+        console.print(f"findings written into {readme}")
     if wandb:
         from amp_lab.report.wandb_report import publish
 
@@ -162,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="output folder (default: <PATH>/report)")
     parser.add_argument("--wandb", action="store_true",
                         help="also build a W&B Report (offline: its spec as JSON)")
+    parser.add_argument("--readme", type=Path, metavar="FILE",
+                        help="also write the verdicts, tables and overview into FILE, between "
+                             "its amp_lab.report markers (a study's README)")
     args = parser.parse_args(argv)
     try:
         make_report(args.paths, args.out, args.ref, args.by, args.wandb,
-                    argv=sys.argv[1:] if argv is None else argv)
+                    argv=sys.argv[1:] if argv is None else argv, readme=args.readme)
     except ReportError as err:
         print(f"amp_lab.report: error: {err}", file=sys.stderr)
         return 2

@@ -51,12 +51,17 @@ def _is_ignored(key: str) -> bool:
 
 
 def axis_keys(runs: list[RunData], by: str) -> list[str]:
-    """The settings keys the axis covers: `by` itself, or every `by.*` key."""
-    keys = sorted({k for run in runs for k in run.settings if k == by or k.startswith(by + ".")})
-    if not keys:
-        known = sorted({k.split(".")[0] for run in runs for k in run.settings})
-        raise ReportError(f"--by {by}: no run has this setting; use a settings key such as "
-                          f"scaler.init_scale or a group ({', '.join(known) or 'none found'})")
+    """The settings keys the axis covers: each comma-separated part of `by` itself, or every
+    `part.*` key (`trainer.grad_accum,trainer.batch_size` moves both together)."""
+    keys: list[str] = []
+    for part in by.split(","):
+        found = sorted({k for run in runs for k in run.settings
+                        if k == part or k.startswith(part + ".")})
+        if not found:
+            known = sorted({k.split(".")[0] for run in runs for k in run.settings})
+            raise ReportError(f"--by {part}: no run has this setting; use a settings key such "
+                              f"as scaler.init_scale or a group ({', '.join(known) or 'none'})")
+        keys += [k for k in found if k not in keys]
     return keys
 
 
@@ -102,7 +107,8 @@ def _varying(settings: list[dict[str, str]], keys: list[str]) -> list[str]:
 
 def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> str:
     """`fp16`, or `fp16 fp32_modules=["head"]` when another key of the axis varies too."""
-    first = next((k for k in keys if k.endswith(".name")), keys[0])
+    candidates = [k for k in keys if k in shown] or keys
+    first = next((k for k in candidates if k.endswith(".name")), candidates[0])
     parts = [_plain(setting.get(first))]
     parts += [f"{k.split('.', 1)[-1]}={_plain(setting.get(k))}" for k in shown if k != first]
     return " ".join(parts)
@@ -163,9 +169,10 @@ def schema_default(key: str) -> str | None:
 
 
 def _default_value(by: str) -> str:
-    if by == DEFAULT_AXIS or by == "precision.name":
+    first = by.split(",")[0]
+    if first in (DEFAULT_AXIS, "precision.name"):
         return REFERENCE_PRECISION
-    return _plain(schema_default(by))
+    return _plain(schema_default(first))
 
 
 def set_references(groups: list[Group], by: str, ref: str | None) -> None:
