@@ -114,7 +114,8 @@ def _accuracy_words(value: str, ref: str, comp: Comparison) -> str:
         verb = "is worse than"
     else:
         verb = "is better than"
-    return f"{value} {verb} {ref} (Δacc {_pp(acc)}{loss})"
+    noise = "; one seed: noise unknown" if verb != "matches" and acc.n < 2 else ""
+    return f"{value} {verb} {ref} (Δacc {_pp(acc)}{loss}{noise})"
 
 
 def _speed_words(comp: Comparison) -> str:
