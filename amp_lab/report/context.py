@@ -73,7 +73,7 @@ def gather(runs: list[RunData], argv: list[str]) -> dict[str, Any]:
     devices = sorted({run_device(run) for run in runs})
     reasons = []
     if any(d == "cpu" or d == "?" for d in devices):
-        reasons.append("the runs trained on a CPU (its fp16/bf16 kernels say nothing about a GPU)")
+        reasons.append("the runs trained on a CPU, whose fp16/bf16 kernels say nothing about a GPU")
     if load is not None and load[0] > cores:
         reasons.append(f"the load average ({load[0]:.1f}) was above the {cores} cores")
     return {

@@ -7,6 +7,7 @@ seed noise common to both cancels; with no common seed they are the difference o
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,7 +32,8 @@ class Stat:
 
     @classmethod
     def of(cls, values: list[float | None], paired: bool = True) -> Stat:
-        known = [float(v) for v in values if isinstance(v, (int, float))]
+        # a diverged run's nan/inf is left out: its health says what happened
+        known = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
         if not known:
             return cls(None, None, 0, paired)
         return cls(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else 0.0,
@@ -50,7 +52,7 @@ def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
     ref_by_seed = {run.seed: run.summary.get(key) for run in refs if run.ok}
     pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
     paired = [a - b for a, b in pairs if isinstance(a, (int, float)) and
-              isinstance(b, (int, float))]
+              isinstance(b, (int, float)) and math.isfinite(a - b)]
     if paired:
         return Stat.of(paired)
     mine, theirs = Stat.of([run.summary.get(key) for run in runs]), \

@@ -26,8 +26,8 @@ def findings(data: dict[str, Any], picture: str) -> str:
              + ("unknown" if load is None else f"{load[0]:.1f}") + f"), {context['date'][:10]}, "
              f"torch {host['torch']}, timm {host['timm']}."]
     if not context["speed_representative"]:
-        lines.append(f"Speed and memory are **not representative** ({context['speed_note']}): "
-                     "shown in the tables, left out of the verdicts.")
+        lines.append(f"Speed and memory are **not representative**: {context['speed_note']}. "
+                     "They are shown in the tables and left out of the verdicts.")
     lines += ["", data["rules"], "", *group_sections(data, "####"),
               f"![overview of the report]({picture})"]
     return "\n".join(lines)
