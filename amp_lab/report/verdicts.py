@@ -136,12 +136,13 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
     """One clause for a non-reference cell: its problems, else its accuracy (and speed)."""
     problems = sorted({p for run in cell.runs for p in health(run)})
     if problems and all(health(run) for run in cell.runs):
-        return f"{cell.value} {'; '.join(problems)}"
+        figures = "" if comp.acc.mean is None else f" (Δacc {_pp(comp.acc)} vs {ref.value})"
+        return f"{cell.value} {', '.join(problems)}{figures}"
     clause = _accuracy_words(cell.value, ref.value, comp)
     if speed_ok and (speed := _speed_words(comp)):
         clause += f", {speed}"
     if problems:
-        clause += f" (but {'; '.join(problems)} in {sum(bool(health(r)) for r in cell.runs)} "\
+        clause += f" (but {', '.join(problems)} in {sum(bool(health(r)) for r in cell.runs)} "\
                   f"of {len(cell.runs)} runs)"
     return clause
 
@@ -150,7 +151,7 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
     """The group's sentence: every cell against the reference, or why there is none."""
     ref = group.reference
     if ref is None:
-        named = [f"{c.value} {'; '.join(sorted({p for r in c.runs for p in health(r)}))}"
+        named = [f"{c.value} {', '.join(sorted({p for r in c.runs for p in health(r)}))}"
                  for c in group.cells if any(health(r) for r in c.runs)]
         note = group.reference_note
         return "; ".join([note[:1].upper() + note[1:], *named]) + "."
@@ -158,7 +159,7 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
                if c is not ref]
     ref_problems = sorted({p for run in ref.runs for p in health(run)})
     if ref_problems:
-        clauses.append(f"the reference {ref.value} itself: {'; '.join(ref_problems)}")
+        clauses.append(f"the reference {ref.value} itself: {', '.join(ref_problems)}")
     if not clauses:
         return f"Only the reference ({ref.value}) in this group: nothing to compare."
     return "; ".join(clauses) + "."
