@@ -13,7 +13,9 @@ import yaml
 from conftest import settings
 
 from amp_lab.report.compare import main
+from amp_lab.report.figures import Comparison, Stat
 from amp_lab.report.runs import load_runs
+from amp_lab.report.verdicts import accuracy_words
 from amp_lab.report.wandb_report import build_report, report_spec
 from amp_lab.trainer import Trainer
 
@@ -235,3 +237,19 @@ def test_readme_findings_replace_only_the_marked_block(tmp_path):
     assert "![overview of the report](report/overview.png)" in text
     assert "Speed and memory are **not representative**" in text
     assert main([str(sweep), "--readme", str(tmp_path / "missing.md")]) == 2
+
+
+@pytest.mark.parametrize("acc, std, n, rel, words", [
+    (0.004, 0.003, 3, 0.004, "bf16 matches fp32 (Δacc +0.4 ± 0.3 pp, 3 seeds; loss within 0.4%)"),
+    (-0.03, 0.02, 3, 0.001, "bf16 matches fp32 (Δacc -3.0 ± 2.0 pp, 3 seeds; loss within 0.1%)"),
+    (-0.03, 0.0, 1, 0.001, "bf16 is worse than fp32 (Δacc -3.0 pp; loss within 0.1%; one seed: "
+                           "noise unknown)"),
+    (0.0, 0.0, 1, 0.05, "bf16 is worse than fp32 (Δacc +0.0 pp; loss +5%; one seed: noise "
+                        "unknown)"),
+    (0.02, 0.001, 2, -0.03, "bf16 is better than fp32 (Δacc +2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+    (-0.02, 0.001, 2, -0.03, "bf16 differs from fp32 (Δacc -2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+])
+def test_verdict_words_follow_the_thresholds(acc, std, n, rel, words):
+    """1 pp or 2 std of the paired Δ (whichever is larger) for accuracy, 2% for the loss."""
+    comp = Comparison(Stat(acc, std, n), Stat(rel, 0.0, n), rel, None, None)
+    assert accuracy_words("bf16", "fp32", comp) == words

@@ -29,7 +29,9 @@ THRESHOLDS: dict[str, float] = {
 }
 RULES = (f"Thresholds: a mode *matches* its reference when |Δacc| ≤ {THRESHOLDS['acc_pp']:g} pp "
          f"(or ≤ {THRESHOLDS['acc_noise_std']:g} std of the paired Δ over seeds, if larger) and "
-         f"|Δloss| ≤ {THRESHOLDS['loss_rel']:.0%} of the reference's val loss; speed and memory "
+         f"|Δloss| ≤ {THRESHOLDS['loss_rel']:.0%} of the reference's val loss; it *is better* or "
+         "*worse* when accuracy or loss is past its threshold and the other is not the opposite, "
+         "else it *differs*; speed and memory "
          f"within ±{THRESHOLDS['speed_band']:.0%} are *the same*; a run is *unstable* above "
          f"{THRESHOLDS['skip_rate']:.0%} skipped steps, *stalled* when its train loss over the "
          f"last quarter is less than {THRESHOLDS['stall']:.0%} below the first quarter's, "
@@ -99,7 +101,8 @@ def _pp(stat: Stat) -> str:
     return text
 
 
-def _accuracy_words(value: str, ref: str, comp: Comparison) -> str:
+def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
+    """The accuracy-and-loss clause of a verdict, by THRESHOLDS."""
     acc, rel = comp.acc, comp.loss_rel
     if acc.mean is None:
         return f"{value}: no val accuracy to compare with {ref}"
@@ -108,12 +111,15 @@ def _accuracy_words(value: str, ref: str, comp: Comparison) -> str:
     loss_ok = rel is None or abs(rel) <= THRESHOLDS["loss_rel"]
     loss = "" if rel is None else (f"; loss within {abs(rel) * 100:.2g}%" if loss_ok else
                                    f"; loss {rel * 100:+.2g}%")
-    if acc_ok and loss_ok:
+    # each of accuracy and loss is -1 (worse), 0 (within its threshold) or +1 (better)
+    acc_sign = 0 if acc_ok else (1 if acc.mean > 0 else -1)
+    loss_sign = 0 if loss_ok or rel is None else (-1 if rel > 0 else 1)
+    if acc_sign == loss_sign == 0:
         verb = "matches"
-    elif acc.mean < -limit or (acc_ok and rel is not None and rel > 0):
-        verb = "is worse than"
+    elif acc_sign * loss_sign < 0:
+        verb = "differs from"  # one better, the other worse
     else:
-        verb = "is better than"
+        verb = "is better than" if acc_sign + loss_sign > 0 else "is worse than"
     noise = "; one seed: noise unknown" if verb != "matches" and acc.n < 2 else ""
     return f"{value} {verb} {ref} (Δacc {_pp(acc)}{loss}{noise})"
 
@@ -138,7 +144,7 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
     if problems and all(health(run) for run in cell.runs):
         figures = "" if comp.acc.mean is None else f" (Δacc {_pp(comp.acc)} vs {ref.value})"
         return f"{cell.value} {', '.join(problems)}{figures}"
-    clause = _accuracy_words(cell.value, ref.value, comp)
+    clause = accuracy_words(cell.value, ref.value, comp)
     if speed_ok and (speed := _speed_words(comp)):
         clause += f", {speed}"
     if problems:
