@@ -253,3 +253,45 @@ def test_verdict_words_follow_the_thresholds(acc, std, n, rel, words):
     """1 pp or 2 std of the paired Δ (whichever is larger) for accuracy, 2% for the loss."""
     comp = Comparison(Stat(acc, std, n), Stat(rel, 0.0, n), rel, None, None)
     assert accuracy_words("bf16", "fp32", comp) == words
+
+
+def test_speed_is_judged_only_on_an_unloaded_gpu(tmp_path, monkeypatch):
+    """The same runs: on a (pretended) idle GPU the verdict states the speed-up and memory; with
+    the load above the cores it says why not, and the verdict has no speed words."""
+    import amp_lab.report.context as context
+
+    sweep = tmp_path / "sweep"
+    fp32 = run(sweep, "0_precision=fp32", "precision=fp32")
+    bf16 = run(sweep, "1_precision=bf16", "precision=bf16")
+    monkeypatch.setattr(context, "run_device", lambda run: "cuda")
+    monkeypatch.setattr(context.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    data = report(str(sweep))
+    assert data["context"]["speed_representative"] and data["context"]["devices"] == ["cuda"]
+    speedup = summary(bf16)["mean_samples_per_s"] / summary(fp32)["mean_samples_per_s"]
+    memory = summary(bf16)["peak_memory_mb"] / summary(fp32)["peak_memory_mb"]
+    speed = ("the same speed" if abs(speedup - 1) <= 0.05 else
+             f"{speedup:.2g}× " + ("faster" if speedup > 1 else "the speed"))
+    if abs(memory - 1) > 0.05:
+        speed += f", {abs(1 - memory):.0%} {'less' if memory < 1 else 'more'} memory"
+    assert data["groups"][0]["verdict"].endswith(f"), {speed}.")
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(context.os, "getloadavg", lambda: (cores + 1.0, 1.0, 1.0))
+    loaded = report(str(sweep))
+    assert not loaded["context"]["speed_representative"]
+    assert loaded["context"]["speed_note"] == (f"the load average ({cores + 1.0:.1f}) was above "
+                                               f"the {cores} cores")
+    assert loaded["groups"][0]["verdict"].endswith(").")
+
+
+def test_the_runners_health_entries_are_shown(tmp_path):
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_precision=fp32", "precision=fp32")
+    bf16 = run(sweep, "1_precision=bf16", "precision=bf16")
+    record = summary(bf16)
+    record["health"] = [{"check": "grad_norm", "message": "gradient norm spiked at step 3"}]
+    (bf16 / "summary.json").write_text(json.dumps(record))
+    data = report(str(sweep))
+    [row] = [r for r in data["runs"] if r["value"] == "bf16"]
+    assert row["summary_health"] == ["grad_norm: gradient norm spiked at step 3"]
+    md = (sweep / "report" / "report.md").read_text()
+    assert "- `1_precision=bf16`: grad_norm: gradient norm spiked at step 3" in md
