@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,11 +201,3 @@ def matches(run: RunData, name: str) -> bool:
         return Path(name).resolve() == run.path.resolve()
     except OSError:
         return False
-
-
-def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation of the known values (None when there are none)."""
-    known = [v for v in values if v is not None]
-    if not known:
-        return None, None
-    return statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else 0.0
