@@ -95,6 +95,7 @@ def test_no_loss_scale_panel_without_scaling_and_a_diverged_run_is_marked(tmp_pa
     data = report(str(sweep))
     fig = overview(load_runs([sweep]), data)
     assert len(fig.axes) == 2 * 4  # fp16 scales its loss: a loss-scale column
+    assert [t.get_text() for t in fig.axes[3].texts] == ["no run scales its loss"]  # fp32, bf16
     marks = [line for line in fig.axes[4].get_lines() if line.get_marker() == "x"]
     first_bad = next(r["step"] for r in map(json.loads, (fp16 / "metrics.jsonl").read_text()
                                             .splitlines())

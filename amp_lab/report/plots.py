@@ -116,10 +116,15 @@ def val_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
 
 def scale_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     """The loss scale (log2 axis), cells whose runs do not scale their loss left out."""
-    _lines(ax, [(c, r) for c, r in cells if any(scales_loss(run) for run in r)], colors,
-           "train", "amp/loss_scale")
-    ax.set_yscale("log", base=2)
     ax.set(title="loss scale", xlabel="optimizer step")
+    scaled = [(c, r) for c, r in cells if any(scales_loss(run) for run in r)]
+    if not scaled:  # another group scales; this one does not
+        ax.text(0.5, 0.5, "no run scales its loss", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set(xticks=[], yticks=[])
+        return
+    _lines(ax, scaled, colors, "train", "amp/loss_scale")
+    ax.set_yscale("log", base=2)
 
 
 def scales_loss(run: RunData) -> bool:
