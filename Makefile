@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 SOURCES := amp_lab tests
 
-.PHONY: help run test test-fast bench doctor-bench check lint format-check typecheck format clean
+.PHONY: help run test test-fast bench doctor-bench studies check lint format-check typecheck format clean
 
 help:  ## this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-13s %s\n", $$1, $$2}' \
@@ -32,6 +32,23 @@ bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python
 
 doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 min): figures
 	$(PY) -m amp_lab.doctor --suite $(ARGS)
+
+# Each study's CPU variant, then its report (verdicts, tables, overview.png) written into
+# experiments/<study>/README.md; `make study-scaler_grid` runs one.
+STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast
+REPORT_scaler_grid := --by scaler.init_scale
+REPORT_fp16_lr_warmup := --by lr.warmup_steps
+REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size
+REPORT_beyond_autocast := --ref bf16
+
+studies: $(addprefix study-,$(STUDIES))  ## run every study's CPU variant and its report (CPU, minutes each)
+
+study-%: $(VENV)/.installed
+	rm -rf multirun/studies/$*
+	OMP_NUM_THREADS=1 $(PY) -m amp_lab -m +experiment/cpu=$* logger=disabled \
+		hydra.sweep.dir=multirun/studies/$*
+	$(PY) -m amp_lab.report multirun/studies/$* $(REPORT_$*) --out experiments/$*/report \
+		--readme experiments/$*/README.md
 
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
 	$(PY) -m pytest $(ARGS)

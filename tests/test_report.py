@@ -1,99 +1,181 @@
-"""`python -m amp_lab.report`: the table, seed groups, crashed runs, plots, bad input, W&B spec."""
+"""`python -m amp_lab.report` on real runs: groups, references, deltas, health, verdicts, context,
+unfinished and damaged runs, bad input, the W&B spec; asserted through report.json."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import re
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import FAST, run_cli, settings
-from helpers.sinks import Boom
-from helpers.wandb_records import offline_runs, read_run
+from helpers import settings
 
 from amp_lab.report.compare import main
+from amp_lab.report.figures import Comparison, Stat
+from amp_lab.report.runs import load_runs
+from amp_lab.report.verdicts import accuracy_words
 from amp_lab.report.wandb_report import build_report, report_spec
 from amp_lab.trainer import Trainer
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "wandb_report_spec.json"
+# fp16 activations past 65504 in the first block: every fp16 step is non-finite, fp32's are not
+OVERFLOW = ("fault.overflow_module=blocks.0.mlp.fc1", "trainer.max_bad_steps=3")
 
 
-def _run(root: Path, name: str, *overrides: str, sinks=None) -> Path:
+def run(root: Path, name: str, *overrides: str, steps: int = 4) -> Path:
     """A real run in root/name, with the .hydra/overrides.yaml a Hydra job would write."""
     run_dir = root / name
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
-    try:
-        Trainer(settings(*overrides, "trainer.max_steps=4"), run_dir, sinks=sinks).fit()
-    except RuntimeError:
-        pass  # a crashed run still leaves its files
+    Trainer(settings(*overrides, f"trainer.max_steps={steps}"), run_dir).fit()
     return run_dir
 
 
-def _table(report_md: str) -> list[list[str]]:
-    """The first markdown table of report.md: header, then body rows, split into cells."""
-    lines = report_md.split("\n\n| ")[1].split("\n\n")[0].splitlines()
-    return [[cell.strip() for cell in line.strip("| ").split("|")] for line in lines]
+def report(*args: str) -> dict:
+    """Run the report command; its report.json."""
+    assert main(list(args)) == 0
+    paths = [a for a in args if not a.startswith("--")]
+    out = Path(args[args.index("--out") + 1]) if "--out" in args else Path(paths[0]) / "report"
+    return json.loads((out / "report.json").read_text())
 
 
-def _rows(report_md: str) -> list[list[str]]:
-    return _table(report_md)[2:]
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
 
 
-@pytest.mark.slow
-def test_report_groups_seeds_marks_crashes_and_plots(tmp_path, capsys):
+def cells(group: dict) -> dict[str, dict]:
+    return {cell["value"]: cell for cell in group["cells"]}
+
+
+def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    for num, (precision, seed) in enumerate([("fp32", 0), ("fp32", 1), ("bf16", 0)]):
-        _run(sweep, f"{num}_p={precision},s={seed}", f"precision={precision}",
-             f"trainer.seed={seed}")
-    _run(sweep, "3_crash", "precision=fp16", "trainer.seed=0", sinks=[Boom()])
-    assert main([str(sweep)]) == 0
-    out = sweep / "report"
-    report = (out / "report.md").read_text()
-    rows = {row[0]: row for row in _rows(report)}
-    assert set(rows) == {"job 0 (ref)", "job 1", "job 2", "job 3"}  # first fp32 is the reference
-    header = _table(report)[0]
-    assert header[1] == "trainer.seed" and "Δacc vs ref" in header  # the override that differs
-    assert rows["job 3"][-1] == "**crashed: RuntimeError: boom**"
-    summaries = [json.loads((sweep / f"{i}_p=fp32,s={i}" / "summary.json").read_text())
-                 for i in (0, 1)]
-    ref_acc = sum(s["final_val_acc"] for s in summaries) / 2  # the fp32 seed group's mean
-    bf16 = json.loads((sweep / "2_p=bf16,s=0" / "summary.json").read_text())
-    delta = float(rows["job 2"][header.index("Δacc vs ref")])
-    assert delta == pytest.approx(bf16["final_val_acc"] - ref_acc, abs=1e-4)
-    assert re.search(r"\| precision=fp32 \| 2 \| [\d.]+ ± [\d.e-]+ \|", report)  # seed group
-    for name in ["loss_vs_step", "loss_vs_time", "val_acc", "loss_scale", "throughput",
-                 "peak_memory", "overview"]:
-        assert (out / f"{name}.png").stat().st_size > 5000, name
-        assert f"]({name}.png)" in report
-    assert "job 3" in capsys.readouterr().out  # the terminal table
+    dirs = {(p, b): run(sweep, f"{i}_precision={p},trainer.batch_size={b}", f"precision={p}",
+                        f"trainer.batch_size={b}")
+            for i, (p, b) in enumerate([("fp32", 16), ("bf16", 16), ("fp32", 8), ("bf16", 8)])}
+    data = report(str(sweep))
+    assert data["axis"] == "precision" and "precision.name" in data["axis_keys"]
+    groups = {g["name"]: g for g in data["groups"]}
+    assert set(groups) == {"trainer.batch_size=16", "trainer.batch_size=8"}
+    for batch in (16, 8):
+        group = groups[f"trainer.batch_size={batch}"]
+        assert group["reference"] == "fp32"
+        ref, bf16 = cells(group)["fp32"], cells(group)["bf16"]
+        assert ref["reference"] and ref["runs"] == [f"{list(dirs).index(('fp32', batch))}_"
+                                                    f"precision=fp32,trainer.batch_size={batch}"]
+        assert ref["delta"]["acc"]["mean"] == 0.0 and ref["delta"]["loss"]["mean"] == 0.0
+        assert ref["delta"]["speedup"] == 1.0
+        mine, theirs = summary(dirs[("bf16", batch)]), summary(dirs[("fp32", batch)])
+        assert bf16["delta"]["acc"]["mean"] == pytest.approx(
+            mine["final_val_acc"] - theirs["final_val_acc"])
+        assert bf16["delta"]["loss"]["mean"] == pytest.approx(
+            mine["final_val_loss"] - theirs["final_val_loss"])
+        assert bf16["delta"]["speedup"] == pytest.approx(
+            mine["mean_samples_per_s"] / theirs["mean_samples_per_s"])
+        assert bf16["figures"]["final_val_loss"]["mean"] == mine["final_val_loss"]
+        assert group["verdict"].startswith("bf16 ")  # one sentence from the numbers
+        assert "faster" not in group["verdict"]  # CPU speed is not a finding
+    assert not data["context"]["speed_representative"]
+    assert "CPU" in data["context"]["speed_note"] and data["context"]["devices"] == ["cpu"]
+    assert data["context"]["host"]["torch"] and data["context"]["host"]["timm"]
+    md = (sweep / "report" / "report.md").read_text()
+    assert "**speed and memory are not representative**" in md and data["rules"] in md
+    assert "verdict: bf16" in capsys.readouterr().out  # the terminal tables
 
 
-@pytest.mark.slow
-def test_ref_option_and_bad_input(tmp_path, capsys, monkeypatch):
-    run = _run(tmp_path / "runs", "a", "precision=bf16")
-    (run / "wandb_run_id").write_text("abc12345\n")  # a single run: no sweep group
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    assert main([str(run), "--ref", "a", "--out", str(tmp_path / "out"), "--wandb"]) == 0
-    assert _rows((tmp_path / "out" / "report.md").read_text())[0][0] == "a (ref)"
-    spec = json.loads((tmp_path / "out" / "wandb_report.json").read_text())
-    [grid] = [block for block in spec["blocks"] if "runsets" in block]
-    assert [r["filters"] for r in grid["runsets"]] == ["Metric('ID') == 'abc12345'"]
-    capsys.readouterr()
+def test_diverged_mode_is_named_with_its_step_and_scale(tmp_path):
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_precision=fp32", "precision=fp32", *OVERFLOW, steps=8)
+    fp16 = run(sweep, "1_precision=fp16", "precision=fp16", *OVERFLOW, steps=8)
+    data = report(str(sweep))
+    [group] = data["groups"]
+    first = summary(fp16)["diagnostics"]["nonfinite"]["first_step"]
+    scales = [r["amp/loss_scale"] for r in map(json.loads, (fp16 / "metrics.jsonl").read_text()
+                                               .splitlines()) if r["kind"] == "train"]
+    collapsed = f"diverged at step {first} (scale collapsed to 2^{math.log2(min(scales)):.0f})"
+    assert cells(group)["fp16"]["health"] == [collapsed]
+    assert group["verdict"].startswith(f"fp16 {collapsed}")
+    assert cells(group)["fp16"]["status"] == "diverged"
+    [row] = [r for r in data["runs"] if r["value"] == "fp16"]
+    assert row["health"] == [collapsed]
+
+
+def test_ref_by_value_and_by_label_and_a_group_without_reference(tmp_path):
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_precision=bf16", "precision=bf16")
+    run(sweep, "1_precision=fp16", "precision=fp16")
+    data = report(str(sweep))
+    [group] = data["groups"]
+    assert group["reference"] is None and "no precision=fp32 run" in group["reference_note"]
+    assert group["verdict"].startswith("No reference: no precision=fp32 run in this group")
+    assert all(c["delta"]["acc"]["mean"] is None for c in group["cells"])
+    by_value = report(str(sweep), "--ref", "bf16")
+    assert by_value["groups"][0]["reference"] == "bf16"
+    by_label = report(str(sweep), "--ref", "1_precision=fp16")
+    assert by_label["groups"][0]["reference"] == "fp16"
+    by_path = report(str(sweep), "--ref", str(sweep / "0_precision=bf16"))
+    assert by_path["groups"][0]["reference"] == "bf16"
+
+
+def test_killed_damaged_and_refused_runs_are_read_as_far_as_they_go(tmp_path, caplog):
+    sweep = tmp_path / "sweep"
+    killed = run(sweep, "0_precision=fp32,trainer.seed=0", "precision=fp32", "trainer.seed=0")
+    run(sweep, "1_precision=fp32,trainer.seed=1", "precision=fp32", "trainer.seed=1")
+    damaged = run(sweep, "2_precision=bf16,trainer.seed=0", "precision=bf16", "trainer.seed=0")
+    (killed / "summary.json").unlink()  # killed before its summary: the metrics hold the rest
+    (damaged / "summary.json").write_text('{"status": "compl')  # cut short on a full disk
+    (damaged / ".hydra" / "config.yaml").write_text("precision: [unclosed")
+    with (damaged / "metrics.jsonl").open("a") as f:
+        f.write("[1, 2]\n")  # valid JSON, not a record
+    with (damaged / "metrics.jsonl").open("ab") as f:
+        f.write(b"\xff\xfe\n")  # not even UTF-8
+    refused = sweep / "3_precision=fp16,trainer.seed=0" / ".hydra"  # refused: .hydra/ only
+    refused.mkdir(parents=True)
+    (refused / "overrides.yaml").write_text(yaml.safe_dump(["precision=fp16", "trainer.seed=0"]))
+    with caplog.at_level("WARNING", logger="amp_lab.report.runs"):
+        data = report(str(sweep))
+    assert "summary.json is unreadable" in caplog.text
+    [group] = data["groups"]  # the refused run's missing settings are the others' shared ones
+    fp32, bf16, fp16 = (cells(group)[v] for v in ("fp32", "bf16", "fp16"))
+    val = [r for r in map(json.loads, (killed / "metrics.jsonl").read_text().splitlines())
+           if r["kind"] == "val"]
+    assert fp32["figures"]["final_val_acc"]["n"] == 2
+    assert fp32["status"] == "1× incomplete: no summary.json, 1× completed"
+    runs = {r["label"]: r for r in data["runs"]}
+    assert runs["0_precision=fp32,trainer.seed=0"]["final_val_acc"] == val[-1]["val/acc"]
+    assert runs["0_precision=fp32,trainer.seed=0"]["health"] == ["incomplete: no summary.json"]
+    # the only completed fp32 run (seed 1) is the reference: bf16 seed 0 has no pair
+    assert bf16["delta"]["acc"]["paired"] is False and bf16["delta"]["acc"]["mean"] is not None
+    assert fp16["status"] == "not started: no records (refused, or never ran)"
+    assert "fp16 not started" in group["verdict"]
+
+
+def test_labels_are_unique_across_sweeps_and_accepted_by_ref(tmp_path):
+    for sweep in ("a", "b"):
+        run(tmp_path / sweep, "0_precision=fp32", "precision=fp32")
+    labels = [r.label for r in load_runs([tmp_path / "a", tmp_path / "b"])]
+    assert labels == ["a/0_precision=fp32", "b/0_precision=fp32"]
+    data = report(str(tmp_path / "a"), str(tmp_path / "b"), "--ref", "b/0_precision=fp32",
+                  "--out", str(tmp_path / "out"))
+    [group] = data["groups"]  # identical settings: one cell of two runs
+    assert group["cells"][0]["runs"] == labels
+
+
+def test_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
+    good = run(tmp_path / "runs", "a", "precision=bf16")
     (tmp_path / "empty").mkdir()
-    (tmp_path / "foreign").mkdir()
-    (tmp_path / "foreign" / "notes.txt").write_text("not a run")
+    capsys.readouterr()  # the run's own output
     for args, message in [([str(tmp_path / "empty")], "holds no amp_lab runs"),
-                          ([str(tmp_path / "foreign")], "holds no amp_lab runs"),
                           ([str(tmp_path / "nope")], "is not a directory"),
-                          ([str(run), "--ref", "zzz"], "--ref zzz is not one of the runs")]:
+                          ([str(good), "--by", "scaler.nope"], "--by scaler.nope: no run has"),
+                          ([str(good), "--ref", "zzz"], "--ref zzz is neither a run nor a "
+                                                        "value of precision")]:
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert err.startswith("amp_lab.report: error: ") and message in err
+        assert err.startswith("amp_lab.report: error: ") and message in err, err
         assert err.count("\n") == 1  # one line, no traceback
-    assert (run / "summary.json").exists()  # nothing already written is lost
+    assert (good / "summary.json").exists() and not (good / "report").exists()
 
 
 def _normalise(spec: object) -> object:
@@ -105,81 +187,111 @@ def _normalise(spec: object) -> object:
     return spec
 
 
-def test_wandb_report_spec_snapshot():
-    """The W&B report for a precision x init_scale sweep, built offline, against the snapshot."""
-    report = build_report("amp_lab", "my-team", ["2026-11-29/21-40-00"],
-                          ["precision", "scaler.init_scale"], "| run | acc |\n|---|---|")
-    spec = _normalise(report_spec(report))
-    if os.environ.get("UPDATE_SNAPSHOTS"):
-        SNAPSHOT.parent.mkdir(exist_ok=True)
-        SNAPSHOT.write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
-    assert spec == json.loads(SNAPSHOT.read_text())
-
-
-@pytest.mark.slow
-def test_multirun_is_one_wandb_group_and_one_report(tmp_path, monkeypatch):
-    """`python -m amp_lab -m precision=fp32,fp16,bf16`: one W&B group, three job types, a report."""
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    fast = [o for o in FAST if not o.startswith("logger.")]
-    result = run_cli("-m", "precision=fp32,fp16,bf16", *fast, "logger.mode=offline",
-                     "hydra.sweep.dir=multirun/2026-11-29/22-00-00", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    sweep = tmp_path / "multirun" / "2026-11-29" / "22-00-00"
-    runs = [read_run(offline_runs(job)[0]) for job in sorted(sweep.glob("[0-9]_*"))]
-    assert {run.group for run in runs} == {"2026-11-29/22-00-00"}
-    assert [run.job_type for run in runs] == ["fp32", "fp16", "bf16"]
-    assert all(f"precision={run.job_type}" in run.name for run in runs)
-    assert all(run.summary["status"] == "completed" and run.exit_code == 0 for run in runs)
-
+def test_wandb_report_groups_like_the_report(tmp_path, monkeypatch):
+    """Per comparison group a run set narrowed to its settings and grouped by them plus the
+    axis; parallel coordinates over leaf keys; the spec against the snapshot."""
+    sweep = tmp_path / "sweep"
+    for i, (p, b) in enumerate([("fp32", 16), ("bf16", 16), ("fp32", 8)]):
+        run(sweep, f"{i}_p={p},b={b}", f"precision={p}", f"trainer.batch_size={b}")
+        (sweep / f"{i}_p={p},b={b}" / "wandb_run_id").write_text(f"id{i}\n")
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert main([str(sweep), "--wandb"]) == 0
-    out = sweep / "report"
-    rows = _rows((out / "report.md").read_text())
-    assert [row[:2] for row in rows] == [["job 0 (ref)", "fp32"], ["job 1", "fp16"],
-                                         ["job 2", "bf16"]]
-    assert rows[0][5] == "+0.0000" and rows[0][9] == "1.00×"  # the reference against itself
-    assert all((out / f"{name}.png").stat().st_size > 5000 for name in ["loss_vs_step",
-               "loss_scale", "throughput", "overview"])
-    spec = json.loads((out / "wandb_report.json").read_text())
-    [grid] = [block for block in spec["blocks"] if "runsets" in block]
-    assert grid["runsets"][0]["filters"] == "Metric('Group') == '2026-11-29/22-00-00'"
-    [parallel] = [panel for panel in grid["panels"] if "columns" in panel]
-    assert parallel["columns"][0]["metric"]["name"] == "precision"
+    spec = json.loads((sweep / "report" / "wandb_report.json").read_text())
+    grids = [block for block in spec["blocks"] if "runsets" in block]
+    assert len(grids) == 3  # two comparison groups, then all runs
+    ids = "(Metric('ID') == 'id0' or Metric('ID') == 'id1' or Metric('ID') == 'id2')"
+    assert [g["runsets"][0]["filters"] for g in grids[:2]] == \
+        [f"{ids} and Config('trainer.batch_size') == {b}" for b in (16, 8)]
+    assert [g["runsets"][0]["groupby"] for g in grids[:2]] == \
+        [["trainer.batch_size", "precision.name"]] * 2
+    [parallel] = grids[2]["panels"]
+    names = [c["metric"]["name"] for c in parallel["columns"]]
+    assert names[:2] == ["precision.name", "trainer.batch_size"]
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    report_obj = build_report("amp_lab", "my-team", ["2026-11-29/21-40-00"],
+                              {**data, "context": {}}, ["precision.name", "trainer.batch_size"])
+    snap = _normalise(report_spec(report_obj))
+    snap = json.loads(json.dumps(snap).replace(str(tmp_path), "TMP"))
+    for block in snap["blocks"]:  # the verdicts hold this machine's figures
+        if "Verdict" in json.dumps(block):
+            block.clear()
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        SNAPSHOT.write_text(json.dumps(snap, indent=2, sort_keys=True) + "\n")
+    assert snap == json.loads(SNAPSHOT.read_text())
 
 
-@pytest.mark.slow
-def test_damaged_and_unfinished_runs_are_read_as_far_as_they_go(tmp_path, caplog):
+def test_readme_findings_replace_only_the_marked_block(tmp_path):
     sweep = tmp_path / "sweep"
-    killed = _run(sweep, "0_p=fp32,s=0", "precision=fp32", "trainer.seed=0")
-    _run(sweep, "1_p=fp32,s=1", "precision=fp32", "trainer.seed=1")
-    damaged = _run(sweep, "2_p=bf16,s=0", "precision=bf16", "trainer.seed=0")
-    (killed / "summary.json").unlink()  # killed before its summary: the metrics hold the rest
-    (damaged / "summary.json").write_text('{"status": "compl')  # cut short on a full disk
-    (damaged / ".hydra" / "config.yaml").write_text("precision: [unclosed")
-    with (damaged / "metrics.jsonl").open("a") as f:
-        f.write("[1, 2]\n")  # valid JSON, not a record
-    with (damaged / "metrics.jsonl").open("ab") as f:
-        f.write(b"\xff\xfe\n")  # not even UTF-8
-    with caplog.at_level("WARNING", logger="amp_lab.report.runs"):
-        assert main([str(sweep)]) == 0
-    assert "summary.json is unreadable" in caplog.text and "config.yaml is unreadable" in \
-        caplog.text
-    rows = {row[0]: row for row in _rows((sweep / "report" / "report.md").read_text())}
-    header = _table((sweep / "report" / "report.md").read_text())[0]
-    assert "job 1 (ref)" in rows  # the finished fp32 run, not the killed one
-    final_acc = [r["val/acc"] for r in map(json.loads, (killed / "metrics.jsonl").read_text()
-                                           .splitlines()) if r["kind"] == "val"][-1]
-    killed_row = rows["job 0"]
-    assert float(killed_row[header.index("final acc")]) == pytest.approx(final_acc, abs=1e-4)
-    assert killed_row[-1] == "**incomplete: no summary.json**"
-    assert rows["job 2"][header.index("Δacc vs ref")] != "—"  # read from its metrics
-    assert rows["job 2"][header.index("precision")] == "bf16"  # from its overrides.yaml
-    refused = sweep / "3_p=fp16,s=0" / ".hydra"  # a job refused at start-up: .hydra/ only
-    refused.mkdir(parents=True)
-    (refused / "overrides.yaml").write_text(yaml.safe_dump(["precision=fp16", "trainer.seed=0"]))
-    (sweep / "1_p=fp32,s=1" / "summary.json").unlink()  # no completed fp32 run is left
-    assert main([str(sweep)]) == 0
-    report = (sweep / "report" / "report.md").read_text()
-    rows = {row[0]: row for row in _rows(report)}
-    assert rows["job 3"][-1] == "**not started: no records (refused, or never ran)**"
-    assert "No reference (no completed fp32 run; pass --ref RUN)" in report
+    run(sweep, "0_precision=fp32", "precision=fp32")
+    run(sweep, "1_precision=bf16", "precision=bf16")
+    readme = tmp_path / "study" / "README.md"
+    readme.parent.mkdir()
+    readme.write_text("# study\n\nintro\n<!-- amp_lab.report:start -->\nold\n"
+                      "<!-- amp_lab.report:end -->\n\nReading the report: ...\n")
+    out = tmp_path / "study" / "report"
+    data = report(str(sweep), "--out", str(out), "--readme", str(readme))
+    text = readme.read_text()
+    assert text.startswith("# study\n\nintro\n<!-- amp_lab.report:start -->\nMade with:")
+    assert text.endswith("<!-- amp_lab.report:end -->\n\nReading the report: ...\n")
+    assert "stale findings" not in text and f"**Verdict:** {data['groups'][0]['verdict']}" in text
+    assert "![overview of the report](report/overview.png)" in text
+    assert "Speed and memory are **not representative**" in text
+    assert main([str(sweep), "--readme", str(tmp_path / "missing.md")]) == 2
+
+
+@pytest.mark.parametrize("acc, std, n, rel, words", [
+    (0.004, 0.003, 3, 0.004, "bf16 matches fp32 (Δacc +0.4 ± 0.3 pp, 3 seeds; loss within 0.4%)"),
+    (-0.03, 0.02, 3, 0.001, "bf16 matches fp32 (Δacc -3.0 ± 2.0 pp, 3 seeds; loss within 0.1%)"),
+    (-0.03, 0.0, 1, 0.001, "bf16 is worse than fp32 (Δacc -3.0 pp; loss within 0.1%; one seed: "
+                           "noise unknown)"),
+    (0.0, 0.0, 1, 0.05, "bf16 is worse than fp32 (Δacc +0.0 pp; loss +5%; one seed: noise "
+                        "unknown)"),
+    (0.02, 0.001, 2, -0.03, "bf16 is better than fp32 (Δacc +2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+    (-0.02, 0.001, 2, -0.03, "bf16 differs from fp32 (Δacc -2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+])
+def test_verdict_words_follow_the_thresholds(acc, std, n, rel, words):
+    """1 pp or 2 std of the paired Δ (whichever is larger) for accuracy, 2% for the loss."""
+    comp = Comparison(Stat(acc, std, n), Stat(rel, 0.0, n), rel, None, None)
+    assert accuracy_words("bf16", "fp32", comp) == words
+
+
+def test_speed_is_judged_only_on_an_unloaded_gpu(tmp_path, monkeypatch):
+    """The same runs: on a (pretended) idle GPU the verdict states the speed-up and memory; with
+    the load above the cores it says why not, and the verdict has no speed words."""
+    import amp_lab.report.context as context
+
+    sweep = tmp_path / "sweep"
+    fp32 = run(sweep, "0_precision=fp32", "precision=fp32")
+    bf16 = run(sweep, "1_precision=bf16", "precision=bf16")
+    monkeypatch.setattr(context, "run_device", lambda run: "cuda")
+    monkeypatch.setattr(context.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    data = report(str(sweep))
+    assert data["context"]["speed_representative"] and data["context"]["devices"] == ["cuda"]
+    speedup = summary(bf16)["mean_samples_per_s"] / summary(fp32)["mean_samples_per_s"]
+    memory = summary(bf16)["peak_memory_mb"] / summary(fp32)["peak_memory_mb"]
+    speed = ("the same speed" if abs(speedup - 1) <= 0.05 else
+             f"{speedup:.2g}× " + ("faster" if speedup > 1 else "the speed"))
+    if abs(memory - 1) > 0.05:
+        speed += f", {abs(1 - memory):.0%} {'less' if memory < 1 else 'more'} memory"
+    assert data["groups"][0]["verdict"].endswith(f"), {speed}.")
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(context.os, "getloadavg", lambda: (cores + 1.0, 1.0, 1.0))
+    loaded = report(str(sweep))
+    assert not loaded["context"]["speed_representative"]
+    assert loaded["context"]["speed_note"] == (f"the load average ({cores + 1.0:.1f}) was above "
+                                               f"the {cores} cores")
+    assert loaded["groups"][0]["verdict"].endswith(").")
+
+
+def test_the_runners_health_entries_are_shown(tmp_path):
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_precision=fp32", "precision=fp32")
+    bf16 = run(sweep, "1_precision=bf16", "precision=bf16")
+    record = summary(bf16)
+    record["health"] = [{"check": "grad_norm", "message": "gradient norm spiked at step 3"}]
+    (bf16 / "summary.json").write_text(json.dumps(record))
+    data = report(str(sweep))
+    [row] = [r for r in data["runs"] if r["value"] == "bf16"]
+    assert row["summary_health"] == ["grad_norm: gradient norm spiked at step 3"]
+    md = (sweep / "report" / "report.md").read_text()
+    assert "- `1_precision=bf16`: grad_norm: gradient norm spiked at step 3" in md

@@ -1,13 +1,16 @@
-"""`python -m amp_lab.report PATH... [--out DIR] [--ref RUN] [--wandb]`: compare runs side by side.
+"""`python -m amp_lab.report PATH... [--by KEY] [--ref RUN|VALUE] [--out DIR] [--wandb]`.
 
-Reads each run's metrics.jsonl, summary.json and .hydra/overrides.yaml; prints a table (rich),
-writes report.md and PNG plots to DIR (default: `<PATH>/report`), and with --wandb builds the same
-comparison as a W&B Report. Runs that differ only in their seed are grouped (mean ± std).
+Compares runs along one axis (`precision` unless `--by KEY`), group by group: runs equal in every
+other setting, seeds aside, against their own reference (see amp_lab.report.groups). Prints the
+tables and verdicts (rich), writes report.json, report.md and overview.png to DIR (default:
+`<PATH>/report`), and with --wandb the same comparison as a W&B Report.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -16,86 +19,54 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from amp_lab.report.runs import (
-    SEED_KEY,
-    ReportError,
-    RunData,
-    differing_keys,
-    group_label,
-    group_runs,
-    load_runs,
-    mean_std,
-)
+from amp_lab.report.context import markdown as context_markdown
+from amp_lab.report.document import build
+from amp_lab.report.groups import DEFAULT_AXIS
+from amp_lab.report.runs import ReportError, load_runs
 
-COLUMNS = ["precision", "model", "final acc", "best acc", "Δacc vs ref", "steps→target",
-           "time→target s", "samples/s", "speedup", "peak MB", "skipped", "status"]
+REPORT_JSON = "report.json"
+COLUMNS = ["n", "runs", "final acc %", "best acc %", "val loss", "Δacc pp", "Δloss",
+           "steps→target", "time→target s", "samples/s", "speed-up", "peak MB", "skipped",
+           "loss scale", "status"]
 
 
-def _f(value: Any, fmt: str = ".4g") -> str:
-    return "—" if value is None else format(value, fmt)
+def _num(stat: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
+    """`mean ± std` (std only over several runs), `—` when unknown."""
+    if stat["mean"] is None:
+        return "—"
+    text = format(stat["mean"] * scale, fmt)
+    if stat["n"] > 1 and stat["std"] is not None:
+        text += " ± " + format(stat["std"] * scale, fmt.lstrip("+"))
+    return text
 
 
-def pick_reference(runs: list[RunData], ref: str | None) -> RunData | None:
-    """--ref (a run directory or its name) if given, else the first completed fp32 run, else
-    none: figures relative to a crashed or unfinished run would mislead."""
-    if ref:
-        for run in runs:
-            names = (run.label, run.short_name().removeprefix("job "), run.path.name)
-            if ref in names or Path(ref).resolve() == run.path.resolve():
-                return run
-        raise ReportError(f"--ref {ref} is not one of the runs; use a run directory's name, "
-                          f"e.g. {runs[0].path.name}")
-    return next((run for run in runs if run.precision == "fp32" and run.ok), None)
+def _scale(stat: dict[str, Any]) -> str:
+    """A loss scale as a power of two (`2^16`) when it is one, as the scaler keeps it."""
+    mean = stat["mean"]
+    if mean == 1.0 and not stat["std"]:
+        return "1"  # not scaled
+    if mean is not None and mean > 0 and math.log2(mean).is_integer() and not stat["std"]:
+        return f"2^{int(math.log2(mean))}"
+    return _num(stat, ".4g")
 
 
-def _ref_values(runs: list[RunData], ref: RunData | None) -> tuple[float | None, float | None]:
-    """Reference accuracy and samples/s: the mean over the reference's seed group."""
-    if ref is None:
-        return None, None
-    group = [run for run in runs if run.group_key() == ref.group_key()]
-    acc, _ = mean_std([run.summary.get("final_val_acc") for run in group])
-    sps, _ = mean_std([run.summary.get("mean_samples_per_s") for run in group])
-    return acc, sps
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
 
 
-def run_rows(runs: list[RunData], ref: RunData | None) -> tuple[list[str], list[list[str]]]:
-    """Header and one row per run: differing overrides, then the COLUMNS."""
-    keys = [k for k in differing_keys(runs) if k not in ("precision", "model")]  # own columns
-    ref_acc, ref_sps = _ref_values(runs, ref)
-    rows = []
-    for run in runs:
-        s = run.summary
-        acc, sps = s.get("final_val_acc"), s.get("mean_samples_per_s")
-        delta = acc - ref_acc if acc is not None and ref_acc is not None else None
-        speedup = sps / ref_sps if sps and ref_sps else None
-        status = run.status if run.ok else f"**{run.status}**"  # bold (red in the terminal)
-        found = [e["rule"] for e in s.get("health") or []]  # amp_lab/numerics/health.py
-        status += f" (health: {', '.join(found)})" if found else ""
-        rows.append([run.label + (" (ref)" if run is ref else ""),
-                     *[run.overrides.get(k, "—") for k in keys],
-                     run.precision, run.model, _f(acc), _f(s.get("best_val_acc")),
-                     _f(delta, "+.4f"), _f(s.get("steps_to_target")),
-                     _f(s.get("time_to_target_s"), ".1f"), _f(sps, ".1f"),
-                     _f(speedup, ".2f") + ("×" if speedup else ""),
-                     _f(s.get("peak_memory_mb"), ".0f"), _f(s.get("skipped_steps")), status])
-    return ["run", *keys, *COLUMNS], rows
-
-
-def group_rows(runs: list[RunData]) -> tuple[list[str], list[list[str]]] | None:
-    """Header and one row per seed group (mean ± std), or None when no group has two runs."""
-    groups = group_runs(runs)
-    if all(len(members) < 2 for members in groups.values()):
-        return None
-    keys = differing_keys(runs)
-    rows = []
-    for members in groups.values():
-        cells = [group_label(members, keys), str(len(members))]
-        for key in ("final_val_acc", "best_val_acc", "mean_samples_per_s", "peak_memory_mb"):
-            mean, std = mean_std([run.summary.get(key) for run in members])
-            cells.append("—" if mean is None else f"{mean:.4g} ± {std:.2g}")
-        rows.append(cells)
-    header = ["group (without seed)", "runs", "final acc", "best acc", "samples/s", "peak MB"]
-    return header, rows
+def cell_row(cell: dict[str, Any]) -> list[str]:
+    """One table row: the axis value (ref marked), then COLUMNS."""
+    f, d = cell["figures"], cell["delta"]
+    status = cell["status"] if not cell["health"] else "; ".join(cell["health"])
+    return [cell["value"] + (" (ref)" if cell["reference"] else ""), str(cell["n"]),
+            ", ".join(cell["runs"]), _num(f["final_val_acc"], ".1f", 100),
+            _num(f["best_val_acc"], ".1f", 100), _num(f["final_val_loss"], ".4f"),
+            _num(d["acc"], "+.1f", 100), _num(d["loss"], "+.3g"),
+            _num(f["steps_to_target"], ".0f"), _num(f["time_to_target_s"], ".1f"),
+            _num(f["mean_samples_per_s"], ".1f"), _ratio(d["speedup"]),
+            _num(f["peak_memory_mb"], ".0f"), _num(f["skipped_steps"], ".0f"),
+            _scale(f["final_loss_scale"]), status if status == "completed" else
+            f"**{status}**"]
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -103,28 +74,49 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
-    table = Table(title=title)
-    for name in header:
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        style = None if "**" not in row[-1] else "bold red"
-        table.add_row(*[cell.replace("**", "") for cell in row], style=style)
-    return table
+def group_sections(data: dict[str, Any], level: str = "##") -> list[str]:
+    """Per group: a heading, its verdict and its table (markdown lines)."""
+    parts = []
+    for group in data["groups"]:
+        parts += [f"{level} Group {group['id']}: {group['name']}", "",
+                  f"**Verdict:** {group['verdict']}", "",
+                  markdown_table([data["axis"], *COLUMNS],
+                                 [cell_row(c) for c in group["cells"]]), ""]
+    return parts
 
 
-def write_markdown(out: Path, runs: list[RunData], ref: RunData | None,
-                   tables: list[tuple[list[str], list[list[str]]]], plots: list[Path]) -> Path:
-    """report.md: the tables, then the plots."""
-    ref_line = (f"Reference: `{ref.label}` ({ref.precision})" if ref else
-                "No reference (no completed fp32 run; pass --ref RUN)")
-    parts = [f"# amp_lab comparison: {len(runs)} runs", "", ref_line, "",
-             "Sources: " + ", ".join(f"`{run.path}`" for run in runs), ""]
-    parts += [markdown_table(*table) + "\n" for table in tables]
+def write_markdown(out: Path, data: dict[str, Any], plots: list[Path]) -> Path:
+    """report.md: context, rules, then per group its verdict and table, then the plots."""
+    n = len(data["groups"])
+    parts = [f"# amp_lab comparison: {len(data['runs'])} runs in {n} group{'s' * (n != 1)} "
+             f"along `{data['axis']}`", "", context_markdown(data["context"]), "",
+             data["rules"], "", *group_sections(data)]
+    flagged = [r for r in data["runs"] if r["health"] or r["summary_health"]]
+    if flagged:
+        parts += ["## Run health", ""]
+        parts += [f"- `{r['label']}`: " + "; ".join(r["health"] + r["summary_health"])
+                  for r in flagged]
+        parts.append("")
     parts += [f"![{plot.stem}]({os.path.relpath(plot, out)})" for plot in plots]
     path = out / "report.md"
     path.write_text("\n".join(parts) + "\n")
     return path
+
+
+def print_tables(console: Console, data: dict[str, Any]) -> None:
+    """The groups as rich tables, each with its verdict under it."""
+    for group in data["groups"]:
+        table = Table(title=f"group {group['id']}: {group['name']}")
+        for name in [data["axis"], *COLUMNS]:
+            table.add_column(name, overflow="fold")
+        for cell in group["cells"]:
+            row = cell_row(cell)
+            table.add_row(*[c.replace("**", "") for c in row],
+                          style=None if "**" not in row[-1] else "bold red")
+        console.print(table)
+        console.print(f"verdict: {group['verdict']}")
+    if not data["context"]["speed_representative"]:
+        console.print(f"speed not representative: {data['context']['speed_note']}")
 
 
 def default_out(paths: list[Path]) -> Path:
@@ -133,29 +125,35 @@ def default_out(paths: list[Path]) -> Path:
 
 
 def make_report(paths: list[Path], out: Path | None = None, ref: str | None = None,
-                wandb: bool = False, console: Console | None = None) -> Path:
-    """Load the runs, print the table, write report.md and the plots; returns report.md."""
+                by: str = DEFAULT_AXIS, wandb: bool = False, console: Console | None = None,
+                argv: list[str] | None = None, readme: Path | None = None) -> Path:
+    """Load the runs, compare them, print and write the report; returns report.md."""
     from amp_lab.report.plots import write_plots
 
     if console is None:
         console = Console()
         if not console.is_terminal:
             console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
+    if readme is not None and not readme.is_file():
+        raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
     runs = load_runs(paths)
-    reference = pick_reference(runs, ref)
+    data = build(runs, by, ref, argv if argv is not None else [str(p) for p in paths])
     out = out or default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
-    tables = [run_rows(runs, reference)]
-    tables += [g] if (g := group_rows(runs)) else []
-    for (header, rows), title in zip(tables, ["runs", "seed groups"]):
-        console.print(rich_table(f"amp_lab comparison: {title}", header, rows))
-    plots = write_plots(runs, out, [k for k in differing_keys(runs) if k != SEED_KEY])
-    report = write_markdown(out, runs, reference, tables, plots)
+    (out / REPORT_JSON).write_text(json.dumps(data, indent=1) + "\n")
+    print_tables(console, data)
+    plots = write_plots(runs, data, out)
+    report = write_markdown(out, data, plots)
     console.print(f"report: {report}")
+    if readme is not None:
+        from amp_lab.report.readme import update_readme
+
+        update_readme(readme, data, plots[0])
+        console.print(f"findings written into {readme}")
     if wandb:
         from amp_lab.report.wandb_report import publish
 
-        publish(runs, out, markdown_table(*tables[0]), console)
+        publish(runs, data, out, console)
     return report
 
 
@@ -163,21 +161,28 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; exit code 2 on bad input."""
     parser = argparse.ArgumentParser(
         prog="python -m amp_lab.report",
-        description="Compare amp_lab runs side by side: a table, report.md and PNG plots.")
+        description="Compare amp_lab runs group by group along one axis: tables, verdicts, "
+                    "report.json, report.md and plots.")
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="multirun directories or run directories")
+    parser.add_argument("--by", default=DEFAULT_AXIS, metavar="KEY",
+                        help="the axis compared: a settings group or key, e.g. "
+                             "scaler.init_scale (default: precision)")
+    parser.add_argument("--ref", metavar="RUN|VALUE",
+                        help="each group's reference: a value on the axis (e.g. 65536), or a "
+                             "run's label or directory (default: fp32, or the key's default)")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="output folder (default: <PATH>/report)")
-    parser.add_argument("--ref", metavar="RUN",
-                        help="reference run: its directory, its name or its sweep job number "
-                             "(default: the fp32 run)")
     parser.add_argument("--wandb", action="store_true",
                         help="also build a W&B Report (offline: its spec as JSON)")
+    parser.add_argument("--readme", type=Path, metavar="FILE",
+                        help="also write the verdicts, tables and overview into FILE, between "
+                             "its amp_lab.report markers (a study's README)")
     args = parser.parse_args(argv)
     try:
-        make_report(args.paths, args.out, args.ref, args.wandb)
+        make_report(args.paths, args.out, args.ref, args.by, args.wandb,
+                    argv=sys.argv[1:] if argv is None else argv, readme=args.readme)
     except ReportError as err:
         print(f"amp_lab.report: error: {err}", file=sys.stderr)
         return 2
     return 0
-

@@ -1,13 +1,17 @@
-"""The comparison plots (matplotlib, Agg): curves per seed group (mean line, min-max band), bars.
+"""overview.png: one row of panels per comparison group (small multiples), matplotlib (Agg).
 
-Every plot is drawn by a function on one Axes, so the same drawing goes to its own PNG and to
-`overview.png` (all six on one page).
+Panels: train loss vs step, train loss minus the reference's, val accuracy, and the loss scale
+when a run of the group scales its loss. A cell is one line (mean over its seeds, min-max band);
+a diverged cell is drawn up to its last finite point and marked with an x. Each row has one
+legend, outside its axes and inside the figure, labelled only with what differs (`fp16`,
+`bf16 (3 seeds)`), in colours that mean the same axis value in every row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -15,112 +19,164 @@ matplotlib.use("Agg")  # files only, never a window (SLURM nodes have no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
-from amp_lab.report.runs import RunData, group_label, group_runs, mean_std  # noqa: E402
+from amp_lab.report.runs import RunData  # noqa: E402
 
-Groups = list[tuple[str, list[RunData]]]
+Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # steps, mean, min, max
 
 
-def _curve(runs: list[RunData], kind: str, key: str, x: str) -> tuple[np.ndarray, ...]:
-    """Mean, min and max of `key` over the runs, at the steps every run logged."""
-    per_run = [{r["step"]: (r.get(x), r.get(key)) for r in getattr(run, kind) if key in r}
+def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, float | None]:
+    """Mean, min and max of `key` at the steps every run logged, up to the first step where one
+    is not finite; and that step (None when all are finite)."""
+    per_run = [{r["step"]: r[key] for r in getattr(run, kind) if r.get(key) is not None}
                for run in runs]
     steps = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
-    xs = np.array([[p[s][0] for p in per_run] for s in steps], dtype=float).reshape(-1, len(runs))
-    ys = np.array([[p[s][1] for p in per_run] for s in steps], dtype=float).reshape(-1, len(runs))
-    return xs.mean(axis=1), ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)
+    ys = np.array([[p[s] for p in per_run] for s in steps], dtype=float).reshape(-1, len(runs))
+    bad = ~np.isfinite(ys).all(axis=1)
+    cut = int(np.argmax(bad)) if bad.any() else len(steps)
+    ys, xs = ys[:cut], np.array(steps[:cut], dtype=float)
+    stop = float(steps[cut]) if bad.any() else None
+    if not len(xs):
+        return (xs, xs, xs, xs), stop
+    return (xs, ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)), stop
 
 
-def _lines(ax: Axes, groups: Groups, kind: str, key: str, x: str, ylabel: str) -> None:
-    for label, runs in groups:
-        xs, mean, lo, hi = _curve(runs, kind, key, x)
-        (line,) = ax.plot(xs, mean, marker="o", markersize=3,
-                          label=label + (f" (n={len(runs)})" if len(runs) > 1 else ""))
-        if len(runs) > 1:
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("optimizer step" if x == "step" else "training time (s)")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: bool) -> None:
+    """The mean line (and band); a diverged curve ends in an x at its last finite point, or at
+    the top edge over its divergence step when it has none."""
+    xs, mean, lo, hi = c
+    ax.plot(xs, mean, color=color, marker="o", markersize=2, label=label)
+    if band:
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
+    if stop is not None and len(xs):
+        ax.plot(xs[-1:], mean[-1:], "x", color=color, markersize=10, markeredgewidth=2)
+    elif stop is not None:
+        ax.plot([stop], [0.97], "x", color=color, markersize=10, markeredgewidth=2,
+                transform=ax.get_xaxis_transform(), clip_on=False)
 
 
-def loss_vs_step(ax: Axes, groups: Groups) -> None:
-    _lines(ax, groups, "train", "train/loss", "step", "train loss")
-    ax.set_title("train loss vs step")
+Cells = list[tuple[dict[str, Any], list[RunData]]]
 
 
-def loss_vs_time(ax: Axes, groups: Groups) -> None:
-    _lines(ax, groups, "train", "train/loss", "time_s", "train loss")
-    ax.set_title("train loss vs training time")
+def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str) -> None:
+    for cell, runs in cells:
+        c, stop = curve(runs, kind, key)
+        _draw(ax, c, stop, colors[cell["value"]], _label(cell), len(runs) > 1)
 
 
-def val_acc(ax: Axes, groups: Groups) -> None:
-    _lines(ax, groups, "val", "val/acc", "step", "val accuracy")
-    ax.set_title("val accuracy")
+def _label(cell: dict[str, Any]) -> str:
+    n = cell["n"]
+    return cell["value"] + (f" ({n} seeds)" if n > 1 else "") + (" ref" if cell["reference"]
+                                                                 else "")
 
 
-def loss_scale(ax: Axes, groups: Groups) -> None:
-    """Loss scale per run (log scale); an x marks each log step where steps were skipped."""
-    for label, runs in groups:
-        for run in runs:
-            steps = [r["step"] for r in run.train]
-            scale = [r.get("amp/loss_scale", np.nan) for r in run.train]
-            (line,) = ax.plot(steps, scale, label=f"{label} [{run.label}]")
-            skipped = [r.get("amp/skipped_steps", 0) for r in run.train]
-            marks = [i for i, n in enumerate(skipped) if n > (skipped[i - 1] if i else 0)]
-            ax.plot([steps[i] for i in marks], [scale[i] for i in marks], "x",
-                    color=line.get_color(), markersize=8)
+def loss_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
+    _lines(ax, cells, colors, "train", "train/loss")
+    ax.set(title="train loss", xlabel="optimizer step")
+
+
+def _paired_delta(runs: list[RunData], refs: list[RunData]) -> tuple[Curve, float | None]:
+    """Train loss minus the reference's, run by run with the reference run of the same seed
+    (the reference's mean where no seed matches), averaged at the steps all pairs share."""
+    by_seed = {ref.seed: ref for ref in refs}
+    diffs, stops = [], []
+    for run in runs:
+        (xs, mine, _, _), stop = curve([run], "train", "train/loss")
+        (rx, theirs, _, _), _ = curve([by_seed[run.seed]] if run.seed in by_seed else refs,
+                                      "train", "train/loss")
+        common, i, j = np.intersect1d(xs, rx, return_indices=True)
+        diffs.append(dict(zip(common, mine[i] - theirs[j])))
+        stops.append(stop)
+    steps = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
+    ys = np.array([[d[s] for d in diffs] for s in steps], dtype=float).reshape(-1, len(diffs))
+    mean = ys.mean(axis=1) if len(steps) else np.array([])
+    stop = min((s for s in stops if s is not None), default=None)
+    return (np.array(steps, dtype=float), mean, mean, mean), stop
+
+
+def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
+    """Train loss minus the reference's, paired by seed (0 is the reference)."""
+    ref = next((r for c, r in cells if c["reference"]), None)
+    ax.set(title="Δ train loss vs reference", xlabel="optimizer step")
+    if ref is None:
+        ax.text(0.5, 0.5, "no reference", ha="center", va="center", transform=ax.transAxes)
+        return
+    refs = [run for run in ref if run.ok] or ref
+    for cell, runs in cells:
+        c, stop = _paired_delta(refs if cell["reference"] else runs, refs)
+        _draw(ax, c, stop, colors[cell["value"]], _label(cell), False)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+
+
+def val_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
+    _lines(ax, cells, colors, "val", "val/acc")
+    ax.set(title="val accuracy", xlabel="optimizer step")
+
+
+def scale_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
+    """The loss scale (log2 axis), cells whose runs do not scale their loss left out."""
+    ax.set(title="loss scale", xlabel="optimizer step")
+    scaled = [(c, r) for c, r in cells if any(scales_loss(run) for run in r)]
+    if not scaled:  # another group scales; this one does not
+        ax.text(0.5, 0.5, "no run scales its loss", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set(xticks=[], yticks=[])
+        return
+    _lines(ax, scaled, colors, "train", "amp/loss_scale")
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss scale (x: skipped steps)")
-    ax.set_title("loss scale and skipped steps")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
 
 
-def _bars(ax: Axes, groups: Groups, key: str, ylabel: str) -> None:
-    stats = [mean_std([run.summary.get(key) for run in runs]) for _, runs in groups]
-    means = [m if m is not None else 0.0 for m, _ in stats]
-    ax.bar(range(len(groups)), means, yerr=[s or 0.0 for _, s in stats], capsize=4,
-           color=[f"C{i}" for i in range(len(groups))])
-    ax.set_xticks(range(len(groups)), [label for label, _ in groups], rotation=20, ha="right",
-                  fontsize="small")
-    ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
+def scales_loss(run: RunData) -> bool:
+    """Whether the run scaled its loss: dynamic scaling resolved on, or a scale other than 1."""
+    if (run.summary.get("precision") or {}).get("dynamic_scaling"):
+        return True
+    return any(r.get("amp/loss_scale") not in (None, 1.0) for r in run.train)
 
 
-def throughput(ax: Axes, groups: Groups) -> None:
-    _bars(ax, groups, "mean_samples_per_s", "samples/s (warm-up excluded)")
-    ax.set_title("throughput")
+Panel = Callable[[Axes, Cells, dict[str, str]], None]
 
 
-def peak_memory(ax: Axes, groups: Groups) -> None:
-    _bars(ax, groups, "peak_memory_mb", "peak memory (MB)")
-    ax.set_title("peak memory")
+def overview(runs: list[RunData], data: dict[str, Any]) -> Figure:
+    """The figure: a row per group, a column per panel, a legend right of each row."""
+    by_label = {run.label: run for run in runs}
+    rows = [(g, [(c, [by_label[r] for r in c["runs"]]) for c in g["cells"]])
+            for g in data["groups"]]
+    panels: list[Panel] = [loss_panel, delta_panel, val_panel]
+    if any(scales_loss(run) for run in runs):
+        panels.append(scale_panel)
+    values = list(dict.fromkeys(c["value"] for g in data["groups"] for c in g["cells"]))
+    colors = {v: f"C{i % 10}" for i, v in enumerate(values)}
+    fig, axes = plt.subplots(len(rows), len(panels), figsize=(3.6 * len(panels) + 2.6,
+                             2.9 * len(rows)), squeeze=False, layout="constrained")
+    for ax_row, (group, cells) in zip(axes, rows):
+        for ax, panel in zip(ax_row, panels):
+            panel(ax, cells, colors)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize="small")
+        ax_row[0].set_ylabel(f"group {group['id']}", fontsize="medium", fontweight="bold")
+        handles, labels = ax_row[0].get_legend_handles_labels()
+        ax_row[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.03, 1.0),
+                          borderaxespad=0.0, fontsize="small",
+                          title="\n".join(_wrap(group["name"], 28)), title_fontsize="small")
+    return fig
 
 
-PLOTS: dict[str, Callable[[Axes, Groups], None]] = {
-    "loss_vs_step": loss_vs_step, "loss_vs_time": loss_vs_time, "val_acc": val_acc,
-    "loss_scale": loss_scale, "throughput": throughput, "peak_memory": peak_memory,
-}
+def _wrap(text: str, width: int) -> list[str]:
+    """The group's name over lines of about `width` characters, split at its commas."""
+    lines: list[str] = []
+    for part in text.split(", "):
+        if lines and len(lines[-1]) + len(part) + 2 <= width:
+            lines[-1] += ", " + part
+        else:
+            lines.append(part)
+    return lines
 
 
-def write_plots(runs: list[RunData], out: Path, keys: list[str]) -> list[Path]:
-    """One PNG per plot plus overview.png, in `out`; returns their paths."""
-    groups = [(group_label(members, keys), members) for members in group_runs(runs).values()]
-    paths = []
-    for name, draw in PLOTS.items():
-        fig, ax = plt.subplots(figsize=(6, 4))
-        draw(ax, groups)
-        fig.tight_layout()
-        paths.append(out / f"{name}.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for ax, draw in zip(axes.flat, PLOTS.values()):
-        draw(ax, groups)
-    fig.tight_layout()
-    paths.append(out / "overview.png")
-    fig.savefig(paths[-1], dpi=70)  # small enough to commit as a picture
+def write_plots(runs: list[RunData], data: dict[str, Any], out: Path) -> list[Path]:
+    """overview.png in `out`; returns its path."""
+    fig = overview(runs, data)
+    path = out / "overview.png"
+    fig.savefig(path, dpi=80)  # small enough to commit as a picture
     plt.close(fig)
-    return paths
+    return [path]

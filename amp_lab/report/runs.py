@@ -1,6 +1,7 @@
 """Finished (or crashed) runs read back from their directories, for reports.
 
-A run directory holds `metrics.jsonl`, `summary.json` and `.hydra/{config,overrides}.yaml`. A run
+A run directory holds `metrics.jsonl`, `summary.json`, `settings.json` (the run's settings, flat)
+and `.hydra/{config,overrides}.yaml`. A run
 killed before its summary still loads, from its metrics alone, and is marked incomplete. A file
 that cannot be parsed is left out with a warning (and a line of metrics.jsonl that is not a
 record is skipped), so one damaged run does not stop a report over a sweep.
@@ -11,14 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from amp_lab.records import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE
+from amp_lab.records import HYDRA_DIR, METRICS_FILE, SETTINGS_FILE, SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 RUN_FILES = (METRICS_FILE, SUMMARY_FILE)
@@ -39,13 +39,13 @@ class RunData:
     summary: dict[str, Any]
     train: list[dict[str, Any]] = field(default_factory=list)
     val: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)  # `group.key` -> JSON value
 
-    label: str = ""  # short name, set by load_runs
+    label: str = ""  # unique short name, set by load_runs
 
-    def short_name(self) -> str:
-        """A sweep job's number (`job 3` for `3_precision=fp16,...`), else the folder's name."""
-        match = re.match(r"(\d+)_", self.path.name)
-        return f"job {match.group(1)}" if match else self.path.name[:40]
+    @property
+    def seed(self) -> str | None:
+        return self.settings.get(SEED_KEY)
 
     @property
     def precision(self) -> str:
@@ -63,15 +63,11 @@ class RunData:
             return str(self.summary["status"]).strip()
         if not (self.train or self.val):
             return "not started: no records (refused, or never ran)"
-        return f"incomplete: no {SUMMARY_FILE}"
+        return "incomplete: no summary.json"
 
     @property
     def ok(self) -> bool:
         return self.status == "completed"
-
-    def group_key(self) -> tuple[tuple[str, str], ...]:
-        """Runs that share all overrides except the seed share this key."""
-        return tuple(sorted((k, v) for k, v in self.overrides.items() if k != SEED_KEY))
 
 
 def _natural(path: Path) -> tuple[Any, ...]:
@@ -116,16 +112,35 @@ def _read(file: Path, parse: Any, kind: type) -> Any:
 
 def _overrides(path: Path) -> dict[str, str]:
     items = _read(path / HYDRA_DIR / "overrides.yaml", yaml.safe_load, list)
-    pairs = (item.lstrip("+~").split("=", 1) for item in items if "=" in str(item))
+    pairs = (str(item).lstrip("+~").split("=", 1) for item in items if "=" in str(item))
     return {k: v for k, v in pairs if not k.startswith("hydra")}
+
+
+def _settings(path: Path, config: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
+    """The run's flat settings: settings.json, else the resolved config, else its overrides
+    (a run refused at start-up has only those; `precision=fp16` stands for `precision.name`)."""
+    flat = _read(path / SETTINGS_FILE, json.loads, dict)
+    if not flat:
+        flat = {f"{group}.{key}": json.dumps(value, sort_keys=True)
+                for group, values in config.items() if isinstance(values, dict)
+                for key, value in values.items()}
+    if not flat:
+        for key, value in overrides.items():
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                parsed = value
+            flat[key if "." in key else f"{key}.name"] = json.dumps(parsed, sort_keys=True)
+    return {k: str(v) for k, v in flat.items()}
 
 
 def load_run(path: Path) -> RunData:
     """One run from its directory; a truncated last line of metrics.jsonl is ignored. Without
     a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
-    run = RunData(path, _overrides(path), _read(path / HYDRA_DIR / "config.yaml",
-                                                yaml.safe_load, dict),
-                  _read(path / SUMMARY_FILE, json.loads, dict))
+    overrides = _overrides(path)
+    config = _read(path / HYDRA_DIR / "config.yaml", yaml.safe_load, dict)
+    run = RunData(path, overrides, config, _read(path / SUMMARY_FILE, json.loads, dict),
+                  settings=_settings(path, config, overrides))
     metrics = path / METRICS_FILE
     for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:
@@ -137,47 +152,53 @@ def load_run(path: Path) -> RunData:
     if not run.summary and (run.train or run.val):
         accs = [r["val/acc"] for r in run.val if r.get("val/acc") is not None]
         last = run.train[-1] if run.train else {}
+        losses = [r["val/loss"] for r in run.val if r.get("val/loss") is not None]
         run.summary = {"final_val_acc": accs[-1] if accs else None,
                        "best_val_acc": max(accs, default=None),
+                       "final_val_loss": losses[-1] if losses else None,
+                       "final_loss_scale": last.get("amp/loss_scale"),
                        "steps": max((r.get("step", 0) for r in run.train + run.val), default=0),
                        "skipped_steps": last.get("amp/skipped_steps"),
                        "peak_memory_mb": last.get("memory/peak_mb")}
     return run
 
 
+def _short(names: list[str]) -> list[str]:
+    """Job directory names without the `key=value` items every one of them shares
+    (`3_data.img_size=16,precision=fp16` and `4_data.img_size=16,precision=bf16` give
+    `3_precision=fp16`, `4_precision=bf16`); a name left empty keeps its whole form."""
+    def items(name: str) -> list[str]:
+        return re.sub(r"^\d+_", "", name).split(",")
+    common = set.intersection(*(set(items(n)) for n in names)) if len(names) > 1 else set()
+    shorts = []
+    for name in names:
+        kept = [item for item in items(name) if item not in common]
+        num = re.match(r"(\d+)_", name)
+        shorts.append((num.group(0) if num else "") + ",".join(kept) if kept else name)
+    return shorts
+
+
 def load_runs(paths: list[Path]) -> list[RunData]:
-    """Every run below the given paths, labelled; `<sweep>/job N` when several sweeps share N."""
+    """Every run below the given paths, each with a unique label: its job directory's name
+    (shared items left out), prefixed by its parent folders where names repeat."""
     runs = [load_run(path) for path in find_runs(paths)]
-    names = [run.short_name() for run in runs]
-    for run, name in zip(runs, names):
-        run.label = name if names.count(name) == 1 else f"{run.path.parent.name}/{name}"
+    labels = _short([run.path.name for run in runs])
+    for depth in range(1, 64):
+        if len(set(labels)) == len(labels):
+            break
+        labels = [label if labels.count(label) == 1 else
+                  "/".join([*run.path.parent.parts[-depth:], label.split("/")[-1]])
+                  for run, label in zip(runs, labels)]
+    for run, label in zip(runs, labels):
+        run.label = label
     return runs
 
 
-def differing_keys(runs: list[RunData]) -> list[str]:
-    """Override keys whose value is not the same in every run."""
-    keys = sorted({k for run in runs for k in run.overrides})
-    return [k for k in keys if len({run.overrides.get(k) for run in runs}) > 1]
-
-
-def group_runs(runs: list[RunData]) -> dict[tuple[tuple[str, str], ...], list[RunData]]:
-    """Runs grouped by their overrides without the seed, in first-seen order."""
-    groups: dict[tuple[tuple[str, str], ...], list[RunData]] = {}
-    for run in runs:
-        groups.setdefault(run.group_key(), []).append(run)
-    return groups
-
-
-def group_label(runs: list[RunData], keys: list[str]) -> str:
-    """A group's name: its differing overrides without the seed, else its precision."""
-    first = runs[0]
-    parts = [f"{k}={first.overrides[k]}" for k in keys if k != SEED_KEY and k in first.overrides]
-    return ",".join(parts) or first.precision
-
-
-def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation of the known values (None when there are none)."""
-    known = [v for v in values if v is not None]
-    if not known:
-        return None, None
-    return statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else 0.0
+def matches(run: RunData, name: str) -> bool:
+    """Whether `name` (a label, a job directory's name or a path) names this run."""
+    if name in (run.label, run.path.name):
+        return True
+    try:
+        return Path(name).resolve() == run.path.resolve()
+    except OSError:
+        return False

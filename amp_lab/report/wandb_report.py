@@ -1,8 +1,10 @@
 """The comparison as a W&B Report (wandb-workspaces): saved online, or its spec as JSON offline.
 
-The run set is the sweep's W&B group (one per multirun directory); panels: train loss and val
-accuracy grouped by precision, loss scale and skipped steps, throughput and memory bars, and
-parallel coordinates over the swept keys.
+The same grouping as report.json: per comparison group a heading, its verdict and a panel grid
+whose run set is the sweep's W&B group narrowed to the group's settings and grouped by those
+settings plus the axis (a model x precision sweep never merges models into one line): train
+loss, val accuracy, loss scale, throughput and memory. A last grid holds parallel coordinates
+over the leaf keys that vary (`precision.name`, `scaler.init_scale`, ...).
 """
 
 from __future__ import annotations
@@ -10,19 +12,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
 from amp_lab.records import WANDB_ID_FILE
-from amp_lab.report.runs import RunData, differing_keys
+from amp_lab.report.groups import IGNORED
+from amp_lab.report.runs import RunData
 from amp_lab.tracking.wandb_sink import redact, sweep_group
 
-if TYPE_CHECKING:
-    from wandb_workspaces.reports.v2.interface import PanelTypes
-
 SPEC_FILE = "wandb_report.json"
-BY_PRECISION = "precision.name"  # the config key every run has
 
 
 def run_groups(runs: list[RunData]) -> tuple[list[str], list[str]]:
@@ -40,42 +39,76 @@ def run_groups(runs: list[RunData]) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(groups)), loose
 
 
-def build_report(project: str, entity: str, groups: list[str], swept: list[str],
-                 table_md: str, run_ids: tuple[str, ...] | list[str] = ()) -> Any:
-    """The Report object: one run set per group (and one for single runs), the comparison panels,
-    the local table."""
+def _literal(value: str) -> str:
+    """A config value in a W&B filter expression: numbers bare, everything else quoted."""
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return repr(value)
+
+
+def _scalar(value: str | None) -> bool:
+    try:
+        return not isinstance(json.loads(value or "null"), (dict, list))
+    except json.JSONDecodeError:
+        return True
+
+
+def varying_leaves(runs: list[RunData]) -> list[str]:
+    """Settings keys with one number or string each (W&B config leaf keys) that differ between
+    runs; a dict such as `model.kwargs` is not a leaf."""
+    keys = sorted({k for run in runs for k in run.settings})
+    return [k for k in keys if len({run.settings.get(k) for run in runs}) > 1
+            and all(_scalar(run.settings.get(k)) for run in runs)
+            and not any(k == i or k.startswith(i + ".") for i in IGNORED)]
+
+
+def _panels(wr: Any, axis: Any) -> list[Any]:
+    curves = {"groupby": axis, "groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
+    return [wr.LinePlot(title="train loss", x="step", y=["train/loss"], **curves),
+            wr.LinePlot(title="val accuracy", x="step", y=["val/acc"], **curves),
+            wr.LinePlot(title="loss scale", x="step", y=["amp/loss_scale"], log_y=True,
+                        **curves),
+            wr.BarPlot(title="throughput (samples/s)",
+                       metrics=[wr.SummaryMetric("mean_samples_per_s")], groupby=axis),
+            wr.BarPlot(title="peak memory (MB)", metrics=[wr.SummaryMetric("peak_memory_mb")],
+                       groupby=axis)]
+
+
+def build_report(project: str, entity: str, sweeps: list[str], data: dict[str, Any],
+                 leaves: list[str], run_ids: tuple[str, ...] | list[str] = ()) -> Any:
+    """The Report object: per comparison group its verdict and panels, then parallel
+    coordinates over `leaves`."""
     import wandb_workspaces.reports.v2 as wr
 
-    runsets = [wr.Runset(entity=entity, project=project, name=f"sweep {group}",
-                         filters=f"Metric('Group') == '{group}'") for group in groups]
-    if run_ids:
-        runsets.append(wr.Runset(entity=entity, project=project, name="single runs",
-                                 filters=" or ".join(f"Metric('ID') == '{i}'" for i in run_ids)))
-    by_precision = wr.Config(BY_PRECISION)
-    columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(key)) for key in swept]
+    where = [f"Metric('Group') == '{sweep}'" for sweep in sweeps]
+    where += [f"Metric('ID') == '{i}'" for i in run_ids]
+    source = "(" + " or ".join(where) + ")" if where else ""
+    varying = [k for k in data["axis_keys"] if k in leaves] or data["axis_keys"][:1]
+    axis = wr.Config(varying[0])
+    blocks: list[Any] = [wr.H1(f"amp_lab comparison along {data['axis']}"),
+                         wr.MarkdownBlock(data["rules"])]
+    for group in data["groups"]:
+        settings = {k: v for k, v in group["settings"].items() if v != "—"}
+        filters = " and ".join(filter(None, [source, *[
+            f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]]))
+        runset = wr.Runset(entity=entity, project=project, name=f"group {group['id']}",
+                           filters=filters, groupby=[*settings, *varying])
+        blocks += [wr.H2(f"Group {group['id']}: {group['name']}"),
+                   wr.MarkdownBlock(f"**Verdict:** {group['verdict']}"),
+                   wr.PanelGrid(runsets=[runset], panels=_panels(wr, axis))]
+    columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(key)) for key in leaves]
     columns += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(name))
-                for name in ("best_val_acc", "mean_samples_per_s", "skipped_steps")]
-    panels: list[PanelTypes] = [
-        wr.LinePlot(title="train loss by precision", x="step", y=["train/loss"],
-                    groupby=by_precision, groupby_aggfunc="mean", groupby_rangefunc="minmax"),
-        wr.LinePlot(title="train loss vs training time", x="time_s", y=["train/loss"],
-                    groupby=by_precision, groupby_aggfunc="mean", groupby_rangefunc="minmax"),
-        wr.LinePlot(title="val accuracy", x="step", y=["val/acc"], groupby=by_precision,
-                    groupby_aggfunc="mean", groupby_rangefunc="minmax"),
-        wr.LinePlot(title="loss scale and skipped steps", x="step",
-                    y=["amp/loss_scale", "amp/skipped_steps"], log_y=True),
-        wr.BarPlot(title="throughput (samples/s)",
-                   metrics=[wr.SummaryMetric("mean_samples_per_s")], groupby=by_precision),
-        wr.BarPlot(title="peak memory (MB)", metrics=[wr.SummaryMetric("peak_memory_mb")],
-                   groupby=by_precision),
-        wr.ParallelCoordinatesPlot(title="swept keys", columns=columns),
-    ]
-    return wr.Report(
-        project=project, entity=entity,
-        title=f"amp_lab comparison: {', '.join(groups) or f'{len(run_ids)} runs'}",
-        description="Precision modes and scaler/LR settings side by side (amp_lab.report).",
-        blocks=[wr.H1("Runs"), wr.MarkdownBlock(table_md),
-                wr.PanelGrid(runsets=runsets, panels=panels)])
+                for name in ("final_val_acc", "final_val_loss", "mean_samples_per_s",
+                             "skipped_steps")]
+    blocks += [wr.H2("All runs"), wr.PanelGrid(
+        runsets=[wr.Runset(entity=entity, project=project, name="all runs", filters=source)],
+        panels=[wr.ParallelCoordinatesPlot(title="settings that vary", columns=columns)])]
+    return wr.Report(project=project, entity=entity,
+                     title=f"amp_lab comparison: {', '.join(sweeps) or f'{len(run_ids)} runs'}",
+                     description=f"{len(data['groups'])} comparison groups along "
+                                 f"{data['axis']} (amp_lab.report).", blocks=blocks)
 
 
 def report_spec(report: Any) -> dict[str, Any]:
@@ -98,24 +131,25 @@ def _online() -> bool:
     return True
 
 
-def publish(runs: list[RunData], out: Path, table_md: str, console: Console) -> Path | None:
+def publish(runs: list[RunData], data: dict[str, Any], out: Path,
+            console: Console) -> Path | None:
     """Save the report online and print its URL; offline, write its spec and say how to publish."""
     logger = runs[0].config.get("logger", {})
     project, entity = logger.get("project") or "amp_lab", logger.get("entity") or ""
-    swept = differing_keys(runs)
+    leaves = varying_leaves(runs)
     groups, run_ids = run_groups(runs)
     if _online():
         import wandb
 
         try:
             online_entity = entity or wandb.Api().default_entity or ""
-            report = build_report(project, online_entity, groups, swept, table_md, run_ids)
+            report = build_report(project, online_entity, groups, data, leaves, run_ids)
             report.save()
             console.print(f"W&B report: {report.url}")
             return None
         except Exception as err:  # noqa: BLE001 - fall back to the offline spec
             console.print(f"W&B report could not be saved ({redact(str(err))}); writing its spec")
-    report = build_report(project, entity, groups, swept, table_md, run_ids)
+    report = build_report(project, entity, groups, data, leaves, run_ids)
     path = out / SPEC_FILE
     path.write_text(json.dumps(report_spec(report), indent=2) + "\n")
     syncs = " ".join(sorted({f"{run.path.parent}/*/wandb/offline-run-*" for run in runs}))

@@ -1,0 +1,106 @@
+"""Where and how the compared runs were made: date, devices, versions, load, commands.
+
+Speed and memory figures are findings only from a GPU on a machine that was not overloaded: a
+CPU's fp16/bf16 kernels say nothing about a GPU's, and a load average above the core count means
+other work shared the cores. The load is read when the report is made, so it describes the runs
+when the report follows them on the same machine (as `make studies` does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from amp_lab.records import HYDRA_DIR
+from amp_lab.report.runs import RunData
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_device(run: RunData) -> str:
+    """The device the run trained on: as resolved in its summary, else as configured."""
+    device = (run.summary.get("precision") or {}).get("device")
+    if device:
+        return str(device)
+    configured = run.settings.get("trainer.device", '"?"')
+    try:
+        return str(json.loads(configured))
+    except json.JSONDecodeError:
+        return configured
+
+
+def _task(hydra_file: Path, key: str) -> list[str] | None:
+    """The command-line overrides Hydra saved in `hydra_file` (multirun.yaml or hydra.yaml)."""
+    try:
+        data = yaml.safe_load(hydra_file.read_text())
+        return [str(o) for o in data["hydra"]["overrides"][key]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
+def commands(runs: list[RunData]) -> list[str]:
+    """The commands that made the runs: one per sweep folder (its multirun.yaml holds the last
+    launch into it), one per single run."""
+    found: list[str] = []
+    for run in runs:
+        sweep = run.path.parent / "multirun.yaml"
+        if sweep.exists():
+            task, flag = _task(sweep, "task"), "-m "
+        else:
+            task, flag = _task(run.path / HYDRA_DIR / "hydra.yaml", "task"), ""
+        if task is not None:
+            command = f"python -m amp_lab {flag}" + " ".join(shlex.quote(o) for o in task)
+            found.append(command.rstrip())
+    return list(dict.fromkeys(found))
+
+
+def gather(runs: list[RunData], argv: list[str]) -> dict[str, Any]:
+    """The report's context, with `speed_representative` and why not."""
+    cores = os.cpu_count() or 1
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    devices = sorted({run_device(run) for run in runs})
+    reasons = []
+    if any(d == "cpu" or d == "?" for d in devices):
+        reasons.append("the runs trained on a CPU, whose fp16/bf16 kernels say nothing about a GPU")
+    if load is not None and load[0] > cores:
+        reasons.append(f"the load average ({load[0]:.1f}) was above the {cores} cores")
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "devices": devices,
+        "host": {"python": platform.python_version(), "torch": _version("torch"),
+                 "timm": _version("timm"), "cores": cores, "load_avg": load,
+                 "platform": platform.platform()},
+        "commands": commands(runs),
+        "report_command": "python -m amp_lab.report " + " ".join(shlex.quote(a) for a in argv),
+        "speed_representative": not reasons,
+        "speed_note": "; ".join(reasons),
+    }
+
+
+def markdown(context: dict[str, Any]) -> str:
+    """The context as a short markdown section."""
+    host = context["host"]
+    load = host["load_avg"]
+    lines = [f"- date: {context['date']}; devices: {', '.join(context['devices'])}",
+             f"- torch {host['torch']}, timm {host['timm']}, Python {host['python']} on "
+             f"{host['platform']}; {host['cores']} cores, load average "
+             + ("unknown" if load is None else " / ".join(f"{v:.1f}" for v in load)),
+             *[f"- runs: `{command}`" for command in context["commands"]],
+             f"- report: `{context['report_command']}`"]
+    if not context["speed_representative"]:
+        lines.append(f"- **speed and memory are not representative**: {context['speed_note']}; "
+                     "they are shown, not judged")
+    return "\n".join(lines)

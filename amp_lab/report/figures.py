@@ -1,0 +1,99 @@
+"""The numbers of a comparison: per-cell figures over seeds, and deltas against the reference.
+
+Δacc and Δloss are paired by seed (run minus the reference run with the same seed), so seed-to-
+seed noise common to both cancels; with no common seed they are the difference of the means
+(`paired: false`). The reference cell's deltas are its runs minus themselves: exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from amp_lab.report.groups import Cell
+from amp_lab.report.runs import RunData
+
+# summary.json keys shown per cell (mean ± std over its seeds)
+FIGURES = ("final_val_acc", "best_val_acc", "final_val_loss", "steps_to_target",
+           "time_to_target_s", "mean_samples_per_s", "peak_memory_mb", "skipped_steps",
+           "final_loss_scale")
+
+
+@dataclass
+class Stat:
+    """Mean, sample standard deviation (0 for one value) and count of the known values."""
+
+    mean: float | None
+    std: float | None
+    n: int
+    paired: bool = True
+
+    @classmethod
+    def of(cls, values: Sequence[object], paired: bool = True) -> Stat:
+        # a diverged run's nan/inf is left out: its health says what happened
+        known = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        if not known:
+            return cls(None, None, 0, paired)
+        return cls(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else 0.0,
+                   len(known), paired)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def figures(cell: Cell) -> dict[str, Stat]:
+    """Each of FIGURES over the cell's runs that have it."""
+    return {key: Stat.of([run.summary.get(key) for run in cell.runs]) for key in FIGURES}
+
+
+def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
+    ref_by_seed = {run.seed: run.summary.get(key) for run in refs if run.ok}
+    pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
+    paired = [a - b for a, b in pairs if isinstance(a, (int, float)) and
+              isinstance(b, (int, float)) and math.isfinite(a - b)]
+    if paired:
+        return Stat.of(paired)
+    mine, theirs = Stat.of([run.summary.get(key) for run in runs]), \
+        Stat.of(list(ref_by_seed.values()))
+    if mine.mean is None or theirs.mean is None:
+        return Stat(None, None, 0, False)
+    return Stat(mine.mean - theirs.mean, None, mine.n, paired=False)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+@dataclass
+class Comparison:
+    """A cell against its group's reference (all None when the group has none)."""
+
+    acc: Stat  # Δ final val accuracy (fraction; the report shows percentage points)
+    loss: Stat  # Δ final val loss
+    loss_rel: float | None  # mean Δloss / the reference's mean val loss
+    speedup: float | None  # mean samples/s / the reference's
+    memory_ratio: float | None  # mean peak memory / the reference's
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"acc": self.acc.as_dict(), "loss": self.loss.as_dict(),
+                "loss_rel": self.loss_rel, "speedup": self.speedup,
+                "memory_ratio": self.memory_ratio}
+
+
+def compare(cell: Cell, ref: Cell | None) -> Comparison:
+    """The cell's deltas and ratios against `ref`."""
+    if ref is None:
+        none = Stat(None, None, 0)
+        return Comparison(none, none, None, None, None)
+    refs = [run for run in ref.runs if run.ok]
+    runs = refs if cell is ref else cell.runs  # the reference against its own completed runs
+    mine, theirs = figures(Cell(cell.value, runs)), figures(Cell(ref.value, refs))
+    loss = _delta(runs, refs, "final_val_loss")
+    return Comparison(
+        acc=_delta(runs, refs, "final_val_acc"), loss=loss,
+        loss_rel=_ratio(loss.mean, theirs["final_val_loss"].mean),
+        speedup=_ratio(mine["mean_samples_per_s"].mean, theirs["mean_samples_per_s"].mean),
+        memory_ratio=_ratio(mine["peak_memory_mb"].mean, theirs["peak_memory_mb"].mean))

@@ -1,0 +1,205 @@
+"""Comparison groups: runs compared along one axis, each group against its own reference.
+
+The axis is a settings key or a whole group (`precision`: the mode and its own options). Runs equal
+in every other setting, seeds and the settings in IGNORED aside, form a group; inside a group the
+runs with one axis value form a cell (its seeds). A group's reference cell is its fp32 run on the
+precision axis, the schema's default value on another axis, or what `--ref` names. So no run is
+ever compared across models, data sets or batch sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from amp_lab.report.runs import SEED_KEY, ReportError, RunData, matches
+
+DEFAULT_AXIS = "precision"
+REFERENCE_PRECISION = "fp32"
+# Settings that change neither what a run learns nor how fast it runs: where the output, the
+# logs, the checkpoints and the data files go, progress bars, resuming, the seed (it pairs runs).
+IGNORED = ("logger", "checkpoint", "data.root", "trainer.progress", "trainer.resume",
+           "trainer.timing_warmup", "trainer.log_every", "trainer.eval_every", SEED_KEY)
+
+
+@dataclass
+class Cell:
+    """The runs of one group at one axis value (its seeds)."""
+
+    value: str
+    runs: list[RunData]
+    is_reference: bool = False
+
+
+@dataclass
+class Group:
+    """Runs equal in every setting but the axis (and seeds), with their reference cell."""
+
+    name: str  # the settings that set this group apart from the others, or "all runs"
+    settings: dict[str, str]  # those settings, key -> value
+    cells: list[Cell] = field(default_factory=list)
+    reference_note: str = ""  # why there is no reference, when there is none
+
+    @property
+    def reference(self) -> Cell | None:
+        return next((cell for cell in self.cells if cell.is_reference), None)
+
+
+def _is_ignored(key: str) -> bool:
+    return any(key == name or key.startswith(name + ".") for name in IGNORED)
+
+
+def axis_keys(runs: list[RunData], by: str) -> list[str]:
+    """The settings keys the axis covers: each comma-separated part of `by` itself, or every
+    `part.*` key (`trainer.grad_accum,trainer.batch_size` moves both together)."""
+    keys: list[str] = []
+    for part in by.split(","):
+        found = sorted({k for run in runs for k in run.settings
+                        if k == part or k.startswith(part + ".")})
+        if not found:
+            known = sorted({k.split(".")[0] for run in runs for k in run.settings})
+            raise ReportError(f"--by {part}: no run has this setting; use a settings key such "
+                              f"as scaler.init_scale or a group ({', '.join(known) or 'none'})")
+        keys += [k for k in found if k not in keys]
+    return keys
+
+
+def _filled(runs: list[RunData]) -> list[dict[str, str]]:
+    """Each run's settings; a key a run lacks (a run refused at start-up) takes the value every
+    other run shares, else stays missing."""
+    keys = {k for run in runs for k in run.settings}
+    shared = {}
+    for key in keys:
+        values = {run.settings[key] for run in runs if key in run.settings}
+        if len(values) == 1:
+            shared[key] = values.pop()
+    return [{**shared, **run.settings} for run in runs]
+
+
+def _plain(value: str | None) -> str:
+    """A JSON setting as a person writes it: `fp16`, not `"fp16"`."""
+    if value is None:
+        return "—"
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    if isinstance(parsed, float) and parsed.is_integer() and abs(parsed) < 1e15:
+        parsed = int(parsed)  # init_scale=65536, not 65536.0
+    return parsed if isinstance(parsed, str) else json.dumps(parsed)
+
+
+def same_value(label: str, wanted: str) -> bool:
+    """Whether a cell's axis label is `wanted` (its first word; numbers compared as numbers)."""
+    first = label.split(" ")[0]
+    if wanted in (label, first):
+        return True
+    try:
+        return float(first) == float(wanted)
+    except ValueError:
+        return False
+
+
+def _varying(settings: list[dict[str, str]], keys: list[str]) -> list[str]:
+    return [k for k in keys if len({s.get(k) for s in settings}) > 1]
+
+
+def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> str:
+    """`fp16`, or `fp16 fp32_modules=["head"]` when another key of the axis varies too."""
+    candidates = [k for k in keys if k in shown] or keys
+    first = next((k for k in candidates if k.endswith(".name")), candidates[0])
+    parts = [_plain(setting.get(first))]
+    parts += [f"{k.split('.', 1)[-1]}={_plain(setting.get(k))}" for k in shown if k != first]
+    return " ".join(parts)
+
+
+def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list[str]:
+    """The keys that tell groups apart, less those a `group.name` key implies (a model's own
+    kwargs come with its name): what a person needs to read to know the group."""
+    column = {k: [g[i] for g in group_keys] for i, k in enumerate(others)}
+    apart = [k for k in others if len(set(column[k])) > 1]
+
+    def implied(key: str) -> bool:
+        name = key.split(".")[0] + ".name"
+        if key == name or name not in apart:
+            return False
+        return all(len({v for n, v in zip(column[name], column[key]) if n == chosen}) == 1
+                   for chosen in set(column[name]))
+    return [k for k in apart if not implied(k)]
+
+
+def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
+    """The runs in comparison groups (first-seen order), cells in first-seen order; no reference
+    is chosen yet (see set_references)."""
+    keys = axis_keys(runs, by)
+    settings = _filled(runs)
+    shown = _varying(settings, keys)
+    others = sorted({k for s in settings for k in s if k not in keys and not _is_ignored(k)})
+    group_keys = [tuple(s.get(k) for k in others) for s in settings]
+    apart = _naming(others, group_keys)
+    groups: dict[tuple[str | None, ...], Group] = {}
+    for run, setting, key in zip(runs, settings, group_keys):
+        if key not in groups:
+            own = {k: _plain(setting.get(k)) for k in apart}
+            name = ", ".join(f"{k}={v}" for k, v in own.items()) or "all runs"
+            groups[key] = Group(name, own)
+        value = _axis_label(setting, keys, shown)
+        cell = next((c for c in groups[key].cells if c.value == value), None)
+        if cell is None:
+            groups[key].cells.append(Cell(value, [run]))
+        else:
+            cell.runs.append(run)
+    return list(groups.values())
+
+
+def schema_default(key: str) -> str | None:
+    """The schema's default for a settings key, as JSON (the value a run gets unless told)."""
+    from amp_lab.config import AmpLabConfig
+
+    node: Any = AmpLabConfig()
+    for part in key.split("."):
+        if not hasattr(node, part):
+            return None
+        node = getattr(node, part)
+    try:
+        return json.dumps(node, sort_keys=True)
+    except TypeError:
+        return None
+
+
+def _default_value(by: str) -> str:
+    first = by.split(",")[0]
+    if first in (DEFAULT_AXIS, "precision.name"):
+        return REFERENCE_PRECISION
+    return _plain(schema_default(first))
+
+
+def set_references(groups: list[Group], by: str, ref: str | None) -> None:
+    """Mark each group's reference cell: the one holding run `ref`, else the one whose axis value
+    is `ref`, else the default (fp32, or the axis key's schema default). A reference must have a
+    completed run: figures relative to a crashed run would mislead."""
+    cells = [cell for group in groups for cell in group.cells]
+    wanted = _default_value(by)
+    if ref is not None:
+        by_run = next((c for c in cells if any(matches(run, ref) for run in c.runs)), None)
+        if by_run is not None:
+            wanted = by_run.value
+        elif any(same_value(c.value, ref) for c in cells):
+            wanted = ref
+        else:
+            values = sorted({c.value for c in cells})
+            raise ReportError(f"--ref {ref} is neither a run nor a value of {by}; use a run's "
+                              f"label (e.g. {cells[0].runs[0].label}) or one of: "
+                              f"{', '.join(values)}")
+    for group in groups:
+        candidates = [c for c in group.cells if c.value == wanted] or \
+            [c for c in group.cells if same_value(c.value, wanted)]
+        done = [c for c in candidates if any(run.ok for run in c.runs)]
+        if done:
+            done[0].is_reference = True
+        elif candidates:
+            group.reference_note = f"no reference: the {wanted} run did not complete"
+        else:
+            group.reference_note = (f"no reference: no {by}={wanted} run in this group "
+                                    "(pass --ref VALUE or a run's label)")

@@ -1,0 +1,46 @@
+"""A report's findings written into a markdown file (a study's README), between two markers.
+
+Everything between `<!-- amp_lab.report:start -->` and `<!-- amp_lab.report:end -->` is replaced;
+a file without the markers gets them, with the findings, at its end. The text around them (the
+question, how to read the report, what a finding means) stays the author's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from amp_lab.report.compare import group_sections
+
+START, END = "<!-- amp_lab.report:start -->", "<!-- amp_lab.report:end -->"
+
+
+def findings(data: dict[str, Any], picture: str) -> str:
+    """The commands, the context, the rules, each group's verdict and table, the overview."""
+    context = data["context"]
+    host = context["host"]
+    load = host["load_avg"]
+    lines = ["Made with:", "```bash", *context["commands"], context["report_command"], "```",
+             f"on {', '.join(context['devices'])} ({host['cores']} cores, load average "
+             + ("unknown" if load is None else f"{load[0]:.1f}") + f"), {context['date'][:10]}, "
+             f"torch {host['torch']}, timm {host['timm']}."]
+    if not context["speed_representative"]:
+        lines.append(f"Speed and memory are **not representative**: {context['speed_note']}. "
+                     "They are shown in the tables and left out of the verdicts.")
+    lines += ["", data["rules"], "", *group_sections(data, "####"),
+              f"![overview of the report]({picture})"]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, data: dict[str, Any], overview: Path) -> None:
+    """Replace the findings between the markers of `readme` (appended when it has none)."""
+    text = readme.read_text()
+    picture = os.path.relpath(overview, readme.parent)
+    block = f"{START}\n{findings(data, picture)}\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text)
