@@ -22,8 +22,10 @@ import torch
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
+from amp_lab.numerics.optimizer_state import probe_state, read_state_probe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
+from amp_lab.precision.optimizer_state import CHOSEN_STATE
 from amp_lab.step import StepObserver, StepResult, TrainStep
 
 log = logging.getLogger(__name__)
@@ -36,11 +38,12 @@ LOW_PRECISION_LOSS = "loss_in_low_precision"
 def low_precision_state(named: list[tuple[str, torch.Tensor]],
                         optimizer: torch.optim.Optimizer) -> list[str]:
     """Names of the given weights and of optimizer-state entries that are not fp32 (host
-    metadata only); the bf16 Kahan compensation buffer is bf16 by design."""
+    metadata only); the bf16 Kahan compensation buffer is bf16 by design, and so is a state
+    dtype chosen with optim.state_dtype."""
     names = {id(p): n for n, p in named}
     bad = [f"{n} ({p.dtype})" for n, p in named
            if p.is_floating_point() and p.dtype != torch.float32]
-    for param, state in optimizer.state.items():
+    for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():
         bad += [f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
                 for key, t in state.items() if key != KAHAN_COMP
                 and torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32]
@@ -114,6 +117,7 @@ class Diagnostics(StepObserver):
             self.window["update_ratio"] = torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(delta))) / torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
+            self.window["state"] = probe_state(self.step_fn.optimizer, before, delta)
         if self.probe.attached:
             self.probe.end_step(self.step)
             if not (self.cfg.mode == "full" or self.armed):
@@ -206,6 +210,7 @@ class Diagnostics(StepObserver):
         record["diag/applied_grad_norm"] = applied
         if "update_ratio" in w:
             record["diag/update_ratio"] = float(w["update_ratio"])
+        record.update(read_state_probe(w.get("state"), w["grad_names"]))
         self._check_clip(applied)
         detail.update(grad_layers=stats["layers"], grad_log2_hist={
             "low": HIST_LOW, "high": HIST_HIGH, "counts": w["hist"].tolist()})
