@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from conftest import ROOT, run_cli, settings
+from test_hot_path import LOOP, watched_fit
 
+from amp_lab.bench import cli as bench
 from amp_lab.components.optim import build_optimizer
 from amp_lab.config import ConfigError
 from amp_lab.numerics.optimizer_state import _zero_and_subnormal
@@ -211,3 +217,83 @@ def test_block_size_reaches_torchao(tmp_path):
     blocks = {s["exp_avg_sq"].block_size for s in trainer.optimizer.state.values()
               if hasattr(s["exp_avg_sq"], "block_size")}
     assert blocks == {128}
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+def test_bench_throughput_table_shows_the_state_memory(state_dtype, tmp_path):
+    code = bench.main(["--parts", "throughput", "--models", "test_vit", "--precisions", "fp32",
+                       "--img-size", "16", "--batch-size", "8", "--steps", "2", "--warmup", "1",
+                       "--device", "cpu", "--out", str(tmp_path), "--override",
+                       f"optim.state_dtype={state_dtype}", "data.num_classes=10"])
+    assert code == 0
+    [row] = json.loads((tmp_path / "bench.json").read_text())["throughput"]
+    params = sum(p.numel() for p in Trainer(settings("data=synthetic", "data.img_size=16"),
+                                            tmp_path / "count").model.parameters())
+    assert row["state_dtype"] == state_dtype
+    fp32_mb = 8 * params / 2**20
+    if state_dtype == "fp32":
+        assert row["state_mb"] == pytest.approx(fp32_mb)
+    else:
+        assert 0.1 * fp32_mb < row["state_mb"] < 0.31 * fp32_mb
+    assert f"| {state_dtype} | {row['state_mb']:.2f} |" in (tmp_path / "bench.md").read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_int8_state_under_ddp_matches_one_process(tmp_path):
+    """Two gloo ranks with half the batch each step exactly as one process with the whole."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    common = ["model=test_vit", "data.img_size=16", "trainer.max_steps=4", "trainer.log_every=2",
+              "trainer.progress=false", "trainer.device=cpu", "logger.mode=disabled",
+              "optim.state_dtype=int8"]
+    runs = {"ddp": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                    f"--master_port={_free_port()}", "-m", "amp_lab", *common,
+                    "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp"],
+            "one": [sys.executable, "-m", "amp_lab", *common, "trainer.batch_size=16",
+                    "hydra.run.dir=one"]}
+    for command in runs.values():
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ddp, one = (json.loads((tmp_path / n / "summary.json").read_text()) for n in runs)
+    assert ddp["world_size"] == 2 and ddp["optimizer_state_dtype"] == "int8"
+    assert ddp["optimizer_state_bytes"] == one["optimizer_state_bytes"]  # per rank: all of it
+    losses = [[r["train/loss"] for r in _rows(tmp_path / n)] for n in runs]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device(monkeypatch,
+                                                                                 tmp_path):
+    """GradScaler hands its inf flag to the step (no `.item()` per step); the step with an inf
+    gradient changes neither weights nor moments nor the step count."""
+    run = ["optim.state_dtype=bf16", "optim.state_rounding=stochastic"]
+    trainer = Trainer(settings(*run, *LOOP, "fault.inf_grad_at_step=2"), tmp_path / "inf")
+    watch = watched_fit(monkeypatch, trainer)
+    assert watch.calls == [], watch.calls[0]
+    assert _rows(tmp_path / "inf")[0]["amp/skipped_steps"] == 1
+    monkeypatch.undo()
+    runs = {}
+    for name, extra in [("one", ["trainer.max_steps=1"]),
+                        ("skip", ["trainer.max_steps=2", "fault.inf_grad_at_step=2"])]:
+        runs[name] = Trainer(settings(*run, "lr.schedule=constant", *extra), tmp_path / name)
+        runs[name].fit()
+    for a, b in zip(runs["one"].model.parameters(), runs["skip"].model.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(runs["one"].optimizer.state.values(), runs["skip"].optimizer.state.values()):
+        assert a["step"] == b["step"] == 1
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"],
+                                                                       b["exp_avg_sq"])
+
+
+def test_torchao_states_read_the_inf_flag_on_the_host_each_step(monkeypatch, tmp_path):
+    """What the README says: torchao's low-bit optimizers take no on-device inf flag, so
+    GradScaler reads it on the host before each of their steps (not only at state creation)."""
+    trainer = Trainer(settings("optim.state_dtype=int8", *LOOP), tmp_path)
+    watch = watched_fit(monkeypatch, trainer)
+    # one inf-flag read in each of the 5 steps (the step itself is never inside a log record)
+    assert len([call for call in watch.calls if "_maybe_opt_step" in call]) == 5

@@ -45,9 +45,15 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
         # load_state_dict casts the state to each weight's dtype: put the moments back
         self.register_load_state_dict_post_hook(lambda opt: opt._moments_to_state_dtype())
 
-    def _store(self, stored: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    # GradScaler hands over its on-device inf flag (`self.found_inf`) instead of reading it on
+    # the host before every step; a step with inf/nan gradients then leaves everything as it was.
+    _step_supports_amp_scaling = True
+
+    def _store(self, stored: torch.Tensor, exact: torch.Tensor,
+               skip: torch.Tensor | None) -> torch.Tensor:
         """Round the fp32 value into the stored moment; return what is stored, as fp32."""
-        stored.copy_(stochastic_round_to_bf16(exact) if self.stochastic else exact)
+        new = stochastic_round_to_bf16(exact) if self.stochastic else exact.to(stored.dtype)
+        stored.copy_(new if skip is None else torch.where(skip, stored, new))
         return stored.float()
 
     @torch.no_grad()
@@ -56,6 +62,8 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
+        skip = None if found_inf is None else found_inf > 0
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, decay = group["lr"], group["weight_decay"]
@@ -67,18 +75,23 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     state["step"] = torch.zeros((), device=p.device)  # device tensor: no sync
                     state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
-                step = state["step"].add_(1)
-                weight, grad = p.float(), p.grad.float()
+                step = state["step"].add_(1 if skip is None else (~skip).float())
+                # a copy: where the step is skipped, p must keep its value
+                weight, grad = p.to(torch.float32, copy=True), p.grad.float()
+                if grad_scale is not None:  # gradients still scaled: GradScaler did not unscale
+                    grad = grad / grad_scale
                 if self.decoupled:
                     weight.mul_(1 - lr * decay)
                 else:
                     grad = grad.add(weight, alpha=decay)
-                m = self._store(state["exp_avg"], state["exp_avg"].float().lerp_(grad, 1 - beta1))
+                m = self._store(state["exp_avg"],
+                                state["exp_avg"].float().lerp_(grad, 1 - beta1), skip)
                 v = self._store(state["exp_avg_sq"],
-                                state["exp_avg_sq"].float().lerp_(grad.square(), 1 - beta2))
-                denom = (v / (1 - beta2**step)).sqrt_().add_(group["eps"])
-                weight.addcdiv_(m / (1 - beta1**step), denom, value=-lr)
-                p.copy_(weight)
+                                state["exp_avg_sq"].float().lerp_(grad.square(), 1 - beta2), skip)
+                # clamp: a first step skipped leaves step at 0, whose bias correction is 0
+                denom = (v / (1 - beta2**step).clamp_min(1e-30)).sqrt_().add_(group["eps"])
+                weight.addcdiv_(m / (1 - beta1**step).clamp_min(1e-30), denom, value=-lr)
+                p.copy_(weight if skip is None else torch.where(skip, p, weight))
         return loss
 
     def _moments_to_state_dtype(self) -> None:
