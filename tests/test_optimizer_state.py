@@ -17,7 +17,7 @@ from test_hot_path import LOOP, watched_fit
 
 from amp_lab.bench import cli as bench
 from amp_lab.components.optim import build_optimizer
-from amp_lab.config import ConfigError
+from amp_lab.config import ConfigError, compose_settings
 from amp_lab.numerics.optimizer_state import _zero_and_subnormal
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
@@ -152,6 +152,12 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
     kinds = {type(s["exp_avg_sq"]).__name__ for s in saved.values()}
     assert kinds == {"Tensor"} if state_dtype == "bf16" else any(
         k.startswith("OptimState") for k in kinds)  # torchao's subclasses, loaded weights_only
+    if state_dtype != "bf16":  # torchao marks its state classes safe when torchao.optim loads
+        load = "import sys, torch; {}torch.load(sys.argv[1], weights_only=True)"
+        for first, works in [("", False), ("import torchao.optim; ", True)]:
+            done = subprocess.run([sys.executable, "-c", load.format(first), str(path)],
+                                  capture_output=True, text=True, timeout=300, check=False)
+            assert (done.returncode == 0) is works, done.stderr[-2000:]
     resumed = Trainer(settings(*run), tmp_path / "split")
     assert resumed.state.step == 3
     resumed.fit()
@@ -219,23 +225,23 @@ def test_block_size_reaches_torchao(tmp_path):
     assert blocks == {128}
 
 
-@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
-def test_bench_throughput_table_shows_the_state_memory(state_dtype, tmp_path):
-    code = bench.main(["--parts", "throughput", "--models", "test_vit", "--precisions", "fp32",
-                       "--img-size", "16", "--batch-size", "8", "--steps", "2", "--warmup", "1",
-                       "--device", "cpu", "--out", str(tmp_path), "--override",
-                       f"optim.state_dtype={state_dtype}", "data.num_classes=10"])
-    assert code == 0
-    [row] = json.loads((tmp_path / "bench.json").read_text())["throughput"]
-    params = sum(p.numel() for p in Trainer(settings("data=synthetic", "data.img_size=16"),
-                                            tmp_path / "count").model.parameters())
-    assert row["state_dtype"] == state_dtype
-    fp32_mb = 8 * params / 2**20
-    if state_dtype == "fp32":
-        assert row["state_mb"] == pytest.approx(fp32_mb)
-    else:
-        assert 0.1 * fp32_mb < row["state_mb"] < 0.31 * fp32_mb
-    assert f"| {state_dtype} | {row['state_mb']:.2f} |" in (tmp_path / "bench.md").read_text()
+def test_bench_throughput_table_shows_the_state_memory(tmp_path):
+    rows = {}
+    for state_dtype in ["fp32", "int8"]:
+        args = ["--parts", "throughput", "--models", "test_vit", "--precisions", "fp32",
+                "--img-size", "16", "--batch-size", "8", "--steps", "2", "--warmup", "1",
+                "--device", "cpu", "--out", str(tmp_path / state_dtype), "--override",
+                f"optim.state_dtype={state_dtype}", "data.num_classes=10"]
+        assert bench.main(args) == 0
+        [rows[state_dtype]] = json.loads((tmp_path / state_dtype / "bench.json").read_text())[
+            "throughput"]
+        table = (tmp_path / state_dtype / "bench.md").read_text()
+        assert f"| {state_dtype} | {rows[state_dtype]['state_mb']:.2f} |" in table
+    built = Trainer(compose_settings(bench.throughput_overrides(
+        bench.parse_args(args), "test_vit", "fp32", False)), tmp_path / "count")
+    fp32_mb = 8 * sum(p.numel() for p in built.model.parameters()) / 2**20
+    assert rows["fp32"]["state_mb"] == pytest.approx(fp32_mb)
+    assert 0.1 * fp32_mb < rows["int8"]["state_mb"] < 0.31 * fp32_mb
 
 
 def _free_port() -> int:
@@ -297,3 +303,16 @@ def test_torchao_states_read_the_inf_flag_on_the_host_each_step(monkeypatch, tmp
     watch = watched_fit(monkeypatch, trainer)
     # one inf-flag read in each of the 5 steps (the step itself is never inside a log record)
     assert len([call for call in watch.calls if "_maybe_opt_step" in call]) == 5
+
+
+@pytest.mark.parametrize(("name", "state_dtype", "expected"), [
+    ("adamw", "int8", "AdamW8bit"), ("adamw", "int4", "AdamW4bit"), ("adamw", "fp8", "AdamWFp8"),
+    ("adam", "int8", "Adam8bit"), ("adam", "int4", "Adam4bit"), ("adam", "fp8", "AdamFp8"),
+    ("adamw", "bf16", "LowPrecisionMomentsAdam"), ("adam", "fp16", "LowPrecisionMomentsAdam")])
+def test_the_state_dtype_table(name, state_dtype, expected):
+    cfg = settings(f"optim.name={name}", f"optim.state_dtype={state_dtype}").optim
+    optimizer = build_optimizer(torch.nn.Linear(64, 64), cfg, lr=1e-3)
+    assert type(optimizer).__name__ == expected
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, 0.05]  # bias, weight
+    if expected == "LowPrecisionMomentsAdam":
+        assert optimizer.decoupled is (name == "adamw")
