@@ -179,6 +179,7 @@ def test_low_bit_state_with_bf16_weights(master_weights, tmp_path):
     assert summary["status"] == "completed"
     train = _rows(tmp_path)
     assert train[-1]["train/loss"] < train[0]["train/loss"] - 0.05
+    assert all(r["diag/v_zero_share"] < 0.01 for r in train)  # probed on the masters' state
     masters = summary["master_weight_bytes"]
     assert masters == (4 * summary["params"] if master_weights == "true" else 0)
     assert summary["diagnostics"]["fp32_state_ok"] is True  # chosen, not the half_model mistake

@@ -118,6 +118,8 @@ class Diagnostics(StepObserver):
                 torch.stack(torch._foreach_norm(delta))) / torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
             self.window["state"] = probe_state(self.step_fn.optimizer, before, delta)
+        elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
+            self.window["state"] = probe_state(self.step_fn.optimizer, [], [])
         if self.probe.attached:
             self.probe.end_step(self.step)
             if not (self.cfg.mode == "full" or self.armed):
@@ -202,6 +204,7 @@ class Diagnostics(StepObserver):
                            if 0 < amax < math.inf else None})
             top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[:self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
+        record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
         if "counts" not in w:
             return detail
         stats = summarize(w["counts"].tolist(), w["sizes"], w["grad_names"], self.cfg.top_layers)
@@ -210,7 +213,6 @@ class Diagnostics(StepObserver):
         record["diag/applied_grad_norm"] = applied
         if "update_ratio" in w:
             record["diag/update_ratio"] = float(w["update_ratio"])
-        record.update(read_state_probe(w.get("state"), w["grad_names"]))
         self._check_clip(applied)
         detail.update(grad_layers=stats["layers"], grad_log2_hist={
             "low": HIST_LOW, "high": HIST_HIGH, "counts": w["hist"].tolist()})
