@@ -210,10 +210,14 @@ def test_bad_state_settings_are_one_line(overrides, message):
     assert "\n" not in str(err.value)
 
 
-def test_cli_refuses_an_unknown_state_dtype_with_exit_2(tmp_path):
-    done = run_cli("optim=sgd", "optim.state_dtype=int4", "hydra.run.dir=run", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "optim.state_dtype=int4 exists for ('adamw', 'adam') only" in done.stderr
+def test_cli_refuses_bad_state_settings_with_exit_2(tmp_path):
+    for overrides, message in [
+            (["optim.state_dtype=int3"], "optim.state_dtype='int3' is unknown; use one of"),
+            (["optim=sgd", "optim.state_dtype=int4"],
+             "optim.state_dtype=int4 exists for ('adamw', 'adam') only")]:
+        done = run_cli(*overrides, "hydra.run.dir=run", cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
 
 

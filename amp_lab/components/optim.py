@@ -35,7 +35,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
                           f"{len(list_optimizers())} optimizers (timm.optim.list_optimizers())")
     if cfg.state_dtype != "fp32":  # moments in 16 or fewer bits: optim.state_dtype's table
         # the groups timm's factory builds: no decay on norms, biases, the model's exclusions
-        skip = getattr(model, "no_weight_decay", set)()
+        skip: set[str] = getattr(model, "no_weight_decay", set)()
         groups = param_groups_weight_decay(model, cfg.weight_decay, no_weight_decay_list=skip)
         return build_state_optimizer(groups, cfg, lr)
     kwargs = dict(cfg.kwargs)

@@ -12,7 +12,7 @@ bitsandbytes does: norms and biases are a sliver of the weights and the most sen
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -43,7 +43,7 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                                   "weight_decay": weight_decay})
         self.state_dtype, self.stochastic, self.decoupled = state_dtype, stochastic, decoupled
         # load_state_dict casts the state to each weight's dtype: put the moments back
-        self.register_load_state_dict_post_hook(lambda opt: opt._moments_to_state_dtype())
+        self.register_load_state_dict_post_hook(lambda _: self._moments_to_state_dtype())
 
     # GradScaler hands over its on-device inf flag (`self.found_inf`) instead of reading it on
     # the host before every step; a step with inf/nan gradients then leaves everything as it was.
@@ -101,7 +101,7 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     state[key] = state[key].to(self.state_dtype)
 
 
-def _torchao_class(cfg: OptimConfig) -> type[torch.optim.Optimizer]:
+def _torchao_class(cfg: OptimConfig) -> Callable[..., torch.optim.Optimizer]:
     try:
         import torchao.optim
     except ImportError as err:
