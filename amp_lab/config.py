@@ -168,9 +168,37 @@ class OptimConfig:
     nesterov: bool = False  # sgd only
     fused: bool | None = None  # None: fused kernels when the optimizer has them
     kwargs: dict[str, Any] = field(default_factory=dict)  # extra optimizer arguments
+    # dtype the optimizer keeps its moments in: fp32 | bf16 | fp16 (reproduces the second-moment
+    # cliff) | int8 | int4 | fp8 (torchao's block-quantised low-bit family); arithmetic is fp32
+    state_dtype: str = "fp32"
+    state_rounding: str = "nearest"  # bf16 moments: nearest | stochastic (unbiased) rounding
+    block_size: int | None = None  # int8/int4/fp8: values per scale; None: torchao's (256/128)
 
     def __post_init__(self) -> None:
         _require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
+        _require(self.state_dtype in STATE_DTYPES, f"optim.state_dtype={self.state_dtype!r} is "
+                 f"unknown; use one of {STATE_DTYPES}")
+        _require(self.state_dtype == "fp32" or self.name in STATE_OPTIMIZERS,
+                 f"optim.state_dtype={self.state_dtype} exists for {STATE_OPTIMIZERS} only, not "
+                 f"optim.name={self.name}; use optim.state_dtype=fp32")
+        _require(self.state_rounding in ("nearest", "stochastic"),
+                 f"optim.state_rounding={self.state_rounding!r} is unknown; use nearest or "
+                 "stochastic")
+        _require(self.state_rounding == "nearest" or self.state_dtype == "bf16",
+                 f"optim.state_rounding=stochastic exists for optim.state_dtype=bf16 only, not "
+                 f"{self.state_dtype}")
+        _require(self.block_size is None or self.state_dtype in ("int8", "int4", "fp8"),
+                 f"optim.block_size applies to state_dtype int8, int4 or fp8, not "
+                 f"{self.state_dtype}; drop it")
+        _require(self.block_size is None or self.block_size >= 1,
+                 f"optim.block_size={self.block_size} must be >= 1")
+        _require(self.state_dtype == "fp32" or not self.fused,
+                 f"optim.fused=true has no kernel for optim.state_dtype={self.state_dtype}; use "
+                 "optim.fused=null")
+
+
+STATE_DTYPES = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+STATE_OPTIMIZERS = ("adamw", "adam")  # torchao.optim has these two in every low-bit dtype
 
 
 @dataclass

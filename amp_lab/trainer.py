@@ -34,6 +34,7 @@ from amp_lab.numerics.health import RunHealth, Window
 from amp_lab.numerics.pitfalls import make_step, prepare_model
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import resolve_device, resolve_precision
+from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes, state_dtype_of
 from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
 from amp_lab.records import METRICS_FILE, SUMMARY_FILE
 from amp_lab.step import StepResult, TrainStep, evaluate, take
@@ -390,6 +391,10 @@ class Trainer:
             "skipped_steps": getattr(self, "skipped_total", 0),
             "final_loss_scale": self.scaler.get_scale(),
             "peak_memory_mb": peak_memory_mb(self.device),
+            # per rank, from the tensors' sizes (state is created at the first step)
+            "optimizer_state_dtype": state_dtype_of(self.optimizer),
+            "optimizer_state_bytes": state_bytes(self.optimizer),
+            "master_weight_bytes": master_weight_bytes(self.optimizer, self.model),
             "wall_time_s": wall_time_s,  # the loop: training, evaluation, checkpoints
             "train_time_s": wall_time_s - st.eval_s,  # the training clock of time_s
             "eval_s": st.eval_s,

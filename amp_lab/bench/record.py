@@ -71,8 +71,9 @@ def overhead_table(results: list[OverheadResult]) -> str:
 
 def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) -> str:
     lines = ["| model | precision | compile | channels_last | batch | first step s | samples/s | "
-             "step ms | fwd ms | bwd ms | opt ms | peak MB | TFLOP/s | MFU | vs fp32 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "step ms | fwd ms | bwd ms | opt ms | peak MB | state | state MB | TFLOP/s | MFU | "
+             "vs fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"
         speedup = f"{r.speedup_vs_fp32:.2f}×" if r.speedup_vs_fp32 is not None else "—"
@@ -80,11 +81,12 @@ def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) ->
             f"| {r.model} | {r.precision} | {_fmt(r.compile)} | {_fmt(r.channels_last)} | "
             f"{r.batch_size} | {_fmt(r.first_step_s)} | {r.samples_per_s:.1f} | "
             f"{r.step_ms:.2f} | {r.forward_ms:.2f} | {r.backward_ms:.2f} | "
-            f"{r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | "
+            f"{r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | {r.state_dtype} | "
+            f"{r.state_mb:.2f} | "
             f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} |")
     for e in errors:
         lines.append(f"| {e['model']} | {e['precision']} | {_fmt(e['compile'])} | "
-                     f"failed: {e['error']} |" + " |" * 11)
+                     f"failed: {e['error']} |" + " |" * 13)
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from amp_lab.bench.flops import compute_dtype, mfu, peak_flops, train_step_flops
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
+from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
 from amp_lab.step import Batch, loss_fn, take
 from amp_lab.trainer import Trainer
 
@@ -40,6 +41,8 @@ class ThroughputRow:
     flops_per_step: int  # forward + backward, counted by torch.utils.flop_counter
     achieved_tflops: float
     mfu: float | None  # None on a CPU or a GPU missing from amp_lab.flops.PEAK_TFLOPS
+    state_dtype: str  # optim.state_dtype
+    state_mb: float  # optimizer state + fp32 master weights, from the tensors' sizes
     speedup_vs_fp32: float | None = None  # filled in once the fp32 row of the same group exists
 
 
@@ -130,7 +133,10 @@ def measure_throughput(trainer: Trainer, warmup: int, steps: int,
         samples_per_s=trainer.global_batch / step_s,
         step_ms=1000 * step_s, forward_ms=1000 * forward_s, backward_ms=1000 * backward_s,
         optimizer_ms=1000 * optimizer_s, peak_memory_mb=memory, flops_per_step=flops,
-        achieved_tflops=flops / step_s / 1e12, mfu=mfu(flops, step_s, peak))
+        achieved_tflops=flops / step_s / 1e12, mfu=mfu(flops, step_s, peak),
+        state_dtype=s.optim.state_dtype, state_mb=(state_bytes(trainer.optimizer) +
+                                                    master_weight_bytes(trainer.optimizer,
+                                                                        trainer.model)) / 2**20)
 
 
 def fill_speedups(rows: list[ThroughputRow]) -> None:

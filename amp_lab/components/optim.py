@@ -1,4 +1,5 @@
-"""Optimizers from timm's factory, with fp32 state and fused kernels where they exist."""
+"""Optimizers from timm's factory (fp32 state, fused kernels where they exist), or with the
+low-precision state `optim.state_dtype` chooses (amp_lab/precision/optimizer_state.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from timm.optim import create_optimizer_v2, get_optimizer_class, list_optimizers
+from timm.optim import (
+    create_optimizer_v2,
+    get_optimizer_class,
+    list_optimizers,
+    param_groups_weight_decay,
+)
 
 from amp_lab.config import ConfigError, OptimConfig
+from amp_lab.precision.optimizer_state import build_state_optimizer
 
 _SGD_NAMES = ("sgd", "momentum", "nesterov")
 
@@ -28,6 +35,11 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
     if cfg.name not in list_optimizers():
         raise ConfigError(f"optim.name={cfg.name!r} is unknown; use adamw, sgd or one of timm's "
                           f"{len(list_optimizers())} optimizers (timm.optim.list_optimizers())")
+    if cfg.state_dtype != "fp32":  # moments in 16 or fewer bits: optim.state_dtype's table
+        # the groups timm's factory builds: no decay on norms, biases, the model's exclusions
+        skip: set[str] = getattr(model, "no_weight_decay", set)()
+        groups = param_groups_weight_decay(model, cfg.weight_decay, no_weight_decay_list=skip)
+        return build_state_optimizer(groups, cfg, lr)
     kwargs = dict(cfg.kwargs)
     if cfg.name in _SGD_NAMES:
         kwargs.setdefault("nesterov", cfg.nesterov and cfg.momentum > 0)  # torch requires both

@@ -22,8 +22,10 @@ import torch
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
+from amp_lab.numerics.optimizer_state import probe_state, read_state_probe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
+from amp_lab.precision.optimizer_state import CHOSEN_STATE
 from amp_lab.records import DIAGNOSTICS_FILE
 from amp_lab.step import StepObserver, StepResult, TrainStep
 
@@ -37,11 +39,12 @@ LOW_PRECISION_LOSS = "loss_in_low_precision"
 def low_precision_state(named: list[tuple[str, torch.Tensor]],
                         optimizer: torch.optim.Optimizer) -> list[str]:
     """Names of the given weights and of optimizer-state entries that are not fp32 (host
-    metadata only); the bf16 Kahan compensation buffer is bf16 by design."""
+    metadata only); the bf16 Kahan compensation buffer is bf16 by design, and so is a state
+    dtype chosen with optim.state_dtype."""
     names = {id(p): n for n, p in named}
     bad = [f"{n} ({p.dtype})" for n, p in named
            if p.is_floating_point() and p.dtype != torch.float32]
-    for param, state in optimizer.state.items():
+    for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():
         bad += [f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
                 for key, t in state.items() if key != KAHAN_COMP
                 and torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32]
@@ -115,6 +118,9 @@ class Diagnostics(StepObserver):
             self.window["update_ratio"] = torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(delta))) / torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
+            self.window["state"] = probe_state(self.step_fn.optimizer, before, delta)
+        elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
+            self.window["state"] = probe_state(self.step_fn.optimizer, [], [])
         if self.probe.attached:
             self.probe.end_step(self.step)
             if not (self.cfg.mode == "full" or self.armed):
@@ -199,6 +205,7 @@ class Diagnostics(StepObserver):
                            if 0 < amax < math.inf else None})
             top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[:self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
+        record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
         if "counts" not in w:
             return detail
         stats = summarize(w["counts"].tolist(), w["sizes"], w["grad_names"], self.cfg.top_layers)

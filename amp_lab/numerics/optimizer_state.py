@@ -1,0 +1,71 @@
+"""Adam's second moment in the dtype it is stored in, and the largest update it allows, at probes.
+
+The second-moment cliff (docs/amp_pitfalls.md §3): a moment of squared gradients ~1e-4 is ~1e-8
+x (1 - beta2), below fp16's smallest subnormal (~6e-8), so it is stored as 0 and the step
+becomes lr * m / eps. A probe counts, over every `exp_avg_sq`, the entries that are zero and
+those that are subnormal in their storage dtype (for torchao's block-scaled states: zero after
+dequantisation; subnormal in the fp8 codes), and the update-to-weight ratio (of the norms) of
+each weight matrix. All of it stays on the device until a log step reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
+    """[zero, subnormal] counts of one second-moment tensor, in its storage dtype."""
+    codes = getattr(v, "codes", None)
+    if codes is not None:  # torchao OptimState8bit/4bit/Fp8: codes (x a block scale)
+        zero = (v.dequantize() == 0).sum()
+        stored = codes if codes.is_floating_point() else None  # int codes have no subnormals
+    else:
+        zero, stored = (v == 0).sum(), v
+    if stored is None:
+        return torch.stack([zero, torch.zeros_like(zero)])
+    tiny = torch.finfo(stored.dtype).tiny  # smallest normal number of the storage dtype
+    magnitude = stored.float().abs()
+    return torch.stack([zero, ((magnitude > 0) & (magnitude < tiny)).sum()])
+
+
+def probe_state(optimizer: torch.optim.Optimizer, before: list[torch.Tensor],
+                delta: list[torch.Tensor]) -> dict[str, Any]:
+    """Device tensors for one probe step: second-moment counts and per-weight update ratios."""
+    moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
+    probe: dict[str, Any] = {}
+    if moments:
+        probe["v_counts"] = torch.stack([_zero_and_subnormal(v) for v in moments]).sum(0)
+        probe["v_size"] = sum(v.numel() for v in moments)
+    # matrices of 4096+ values (those torchao quantises): the layers that carry the model; a
+    # bias, norm or token initialised at 0 or 1e-6 has a ratio that says nothing
+    keep = [i for i, w in enumerate(before) if w.dim() >= 2 and w.numel() >= 4096]
+    if keep:
+        norms = torch._foreach_norm([delta[i].float() for i in keep])
+        weights = torch._foreach_norm([before[i].float() for i in keep])
+        probe["ratios"] = torch.stack(norms) / torch.stack(weights).clamp_min(1e-30)
+        probe["ratio_index"] = keep
+    return probe
+
+
+def read_state_probe(probe: dict[str, Any] | None, names: list[str]) -> dict[str, Any]:
+    """`diag/` keys of a probe (one host read): shares of the second moment, largest ratio."""
+    if not probe:
+        return {}
+    record: dict[str, Any] = {}
+    if "v_counts" in probe:
+        zero, subnormal = probe["v_counts"].tolist()
+        record["diag/v_zero_share"] = zero / probe["v_size"]
+        record["diag/v_subnormal_share"] = subnormal / probe["v_size"]
+    if "ratios" in probe:
+        ratios = probe["ratios"].tolist()
+        top = max(range(len(ratios)), key=lambda i: _order(ratios[i]))  # nan: the largest
+        record["diag/max_update_ratio"] = ratios[top]
+        record["diag/max_update_ratio_param"] = names[probe["ratio_index"][top]]
+    return record
+
+
+def _order(value: float) -> float:
+    return math.inf if value != value else value
