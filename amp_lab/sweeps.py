@@ -21,7 +21,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from amp_lab.records import REFUSED_FILE
+from amp_lab.records import HYDRA_DIR, REFUSED_FILE, SUMMARY_FILE
 from amp_lab.slurm_queue import PendingWatch
 
 skipped: list[str] = []  # "job N: reason" of this launch, for the command's exit code
@@ -47,7 +47,7 @@ def clear_mark(job_dir: Path) -> None:
 
 def job_state(job_dir: Path) -> str:
     """A job folder's state: its summary's status, its refusal, or where to look."""
-    summary, refused = job_dir / "summary.json", job_dir / REFUSED_FILE
+    summary, refused = job_dir / SUMMARY_FILE, job_dir / REFUSED_FILE
     if refused.exists():
         return "refused: " + refused.read_text(errors="replace").strip().partition(": ")[2]
     if summary.exists():
@@ -62,7 +62,7 @@ def job_state(job_dir: Path) -> str:
 
 def job_table(sweep_dir: Path) -> list[str]:
     """One line per job folder (it holds .hydra/), in job-number order."""
-    dirs = sorted({p.parent for p in sweep_dir.rglob(".hydra")},
+    dirs = sorted({p.parent for p in sweep_dir.rglob(HYDRA_DIR)},
                   key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit()
                                  else 1 << 30, d.name))
     return [f"  {d.relative_to(sweep_dir)}: {job_state(d)}" for d in dirs]

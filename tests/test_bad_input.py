@@ -40,7 +40,7 @@ BAD_INPUTS = [
     (["trainer.max_steps=[1"], "cannot parse the override 'trainer.max_steps=[1'"),
     # amp_lab's own start-up checks (these build the run, so they import torch)
     (["trainer.max_steps=-1"], "trainer.max_steps=-1 must be >= 0"),
-    (["logger.mode=onlin"], "logger.mode='onlin' is unknown; use offline, online or disabled"),
+    (["logger.mode=onlin"], "logger.mode='onlin' is unknown; use one of offline, online, disabled"),
     (["model.name=resnet5"], "model.name='resnet5' is not a timm model"),
 ]
 

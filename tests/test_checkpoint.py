@@ -363,7 +363,7 @@ def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(
         "checkpoint", "logger", "diagnostics", "trainer.progress", "trainer.resume",
         "trainer.device", "trainer.compile", "trainer.eval_every", "trainer.target_acc",
         "trainer.max_bad_steps", "trainer.timing_warmup", "data.root", "data.prefetch_factor",
-        "data.pin_memory"}
+        "data.pin_memory", "trainer.threads"}
     _interrupt(tmp_path, RUN, at_step=5)
     # the workers seed the augmentation: a resume with other workers is refused
     with pytest.raises(ConfigError, match="data.num_workers 0 -> 2"):
