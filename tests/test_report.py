@@ -10,45 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import settings
+from helpers.reports import OVERFLOW, cells, report, run, summary
 
 from amp_lab.report.compare import main
 from amp_lab.report.figures import Comparison, Stat
 from amp_lab.report.runs import load_runs
 from amp_lab.report.verdicts import accuracy_words
 from amp_lab.report.wandb_report import build_report, report_spec
-from amp_lab.trainer import Trainer
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "wandb_report_spec.json"
-# fp16 activations past 65504 in the first block: every fp16 step is non-finite, fp32's are not
-OVERFLOW = ("fault.overflow_module=blocks.0.mlp.fc1", "trainer.max_bad_steps=3")
-
-
-def run(root: Path, name: str, *overrides: str, steps: int = 4) -> Path:
-    """A real run in root/name, with the .hydra/overrides.yaml a Hydra job would write."""
-    run_dir = root / name
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
-    Trainer(settings(*overrides, f"trainer.max_steps={steps}"), run_dir).fit()
-    return run_dir
-
-
-def report(*args: str) -> dict:
-    """Run the report command; its report.json."""
-    assert main(list(args)) == 0
-    paths = [a for a in args if not a.startswith("--")]
-    out = Path(args[args.index("--out") + 1]) if "--out" in args else Path(paths[0]) / "report"
-    return json.loads((out / "report.json").read_text())
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def cells(group: dict) -> dict[str, dict]:
-    return {cell["value"]: cell for cell in group["cells"]}
-
-
 def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     dirs = {(p, b): run(sweep, f"{i}_precision={p},trainer.batch_size={b}", f"precision={p}",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
-from test_report import OVERFLOW, report, run
+from helpers.reports import OVERFLOW, report, run
 
 from amp_lab.report.plots import overview
 from amp_lab.report.runs import load_runs

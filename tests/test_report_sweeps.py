@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FAST, run_cli
-from test_report import cells, report, summary
+from helpers.reports import cells, report, summary
 
 from amp_lab.report.compare import main
 
