@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import pytest
 from helpers import settings
@@ -114,6 +115,8 @@ def test_the_report_shows_each_runs_health(tmp_path, capsys):
         Trainer(settings(*TINY, "trainer.max_steps=20", "trainer.log_every=10", *extra),
                 tmp_path / "sweep" / name).fit()
     assert report([str(tmp_path / "sweep")]) == 0
-    table = (tmp_path / "sweep" / "report" / "report.md").read_text()
-    assert "completed (health: loss_rises)" in table
-    assert table.count("(health:") == 1  # the healthy run has no health note
+    data = json.loads((tmp_path / "sweep" / "report" / "report.json").read_text())
+    found = {Path(r["path"]).name: r["summary_health"] for r in data["runs"]}
+    assert found["fine"] == [] and [h.split()[0] for h in found["rising"]] == ["loss_rises"]
+    md = (tmp_path / "sweep" / "report" / "report.md").read_text()
+    assert "- `rising`: loss_rises at step" in md

@@ -258,10 +258,11 @@ def test_the_runners_health_entries_are_shown(tmp_path):
     run(sweep, "0_precision=fp32", "precision=fp32")
     bf16 = run(sweep, "1_precision=bf16", "precision=bf16")
     record = summary(bf16)
-    record["health"] = [{"check": "grad_norm", "message": "gradient norm spiked at step 3"}]
+    # as amp_lab/numerics/health.py writes its findings
+    record["health"] = [{"rule": "skips", "step": 3, "evidence": "2 of 4 steps skipped"}]
     (bf16 / "summary.json").write_text(json.dumps(record))
     data = report(str(sweep))
     [row] = [r for r in data["runs"] if r["value"] == "bf16"]
-    assert row["summary_health"] == ["grad_norm: gradient norm spiked at step 3"]
+    assert row["summary_health"] == ["skips at step 3: 2 of 4 steps skipped"]
     md = (sweep / "report" / "report.md").read_text()
-    assert "- `1_precision=bf16`: grad_norm: gradient norm spiked at step 3" in md
+    assert "- `1_precision=bf16`: skips at step 3: 2 of 4 steps skipped" in md
