@@ -133,6 +133,11 @@ class DataConfig:
                      f"data.{key}={getattr(self, key)} must be in [0, 1]")
         _require(0.0 <= self.label_smoothing < 1.0,
                  f"data.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        _require(len(self.scale) == 2 and 0.0 < self.scale[0] <= self.scale[1] <= 1.0,
+                 f"data.scale={self.scale} must be [min, max] area shares, 0 < min <= max <= 1")
+        for key in ("mean", "std"):
+            _require(getattr(self, key) is None or len(getattr(self, key)) == 3,
+                     f"data.{key}={getattr(self, key)} must hold 3 channel values (or null)")
         _require(self.crop_pct is None or 0.0 < self.crop_pct <= 1.0,
                  f"data.crop_pct={self.crop_pct} must be in (0, 1] (or null: the model's)")
         image_keys = [k for k, v in (("auto_augment", self.auto_augment is not None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import signal
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from conftest import run_cli, settings
 from PIL import Image
 from test_hot_path import watched_fit
-from timm.data import create_transform
+from timm.data import auto_augment, create_transform
 from timm.data.auto_augment import RandAugment
 from timm.data.random_erasing import RandomErasing
 from timm.data.transforms import RandomResizedCropAndInterpolation
@@ -24,9 +25,11 @@ from torchvision import datasets
 from torchvision.transforms import InterpolationMode, Normalize
 
 from amp_lab.checkpoint.signals import Interrupted
+from amp_lab.components.augment import Normalisation, resolve_normalisation
 from amp_lab.components.data import build_data
 from amp_lab.components.loss import build_loss
 from amp_lab.components.models import build_model
+from amp_lab.config import ConfigError
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
@@ -90,6 +93,15 @@ def test_imagefolder_recipe_runs_timms_transforms_on_jpeg_and_png(tmp_path):
     assert image.shape == (3, 16, 16) and image.dtype == torch.float32
 
 
+def test_randaugment_posterize_at_full_magnitude_runs_on_this_pillow():
+    """`inc1` posterize keeps 4 - 4 * level/10 bits: 0 at magnitude 10, which Pillow 13 refuses
+    (amp_lab.components.augment, imported above, gives timm a posterize that takes 0)."""
+    op = auto_augment.AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)
+    image = Image.fromarray(np.full((8, 8, 3), 200, dtype=np.uint8))
+    assert np.asarray(op(image)).max() == 0  # nothing kept: black, as Pillow < 13 gave
+    assert np.asarray(auto_augment.AugmentOp("PosterizeIncreasing", 1.0, 5)(image)).max() > 0
+
+
 def test_augment_off_trains_on_the_evaluation_transform_and_data_mean_wins(tmp_path):
     root = _image_folder(tmp_path / "images")
     cfg = settings("data=imagefolder", f"data.root={root}", "data.augment=false",
@@ -98,6 +110,28 @@ def test_augment_off_trains_on_the_evaluation_transform_and_data_mean_wins(tmp_p
     assert repr(data.train.dataset.transform) == repr(data.val.dataset.transform)
     normalize = next(op for op in _ops(data.val) if isinstance(op, Normalize))
     assert tuple(normalize.mean) == (0.1, 0.2, 0.3)
+
+
+def test_normalisation_comes_from_the_model_else_the_data_set():
+    cfg = settings("data=imagefolder", "data.root=.").data
+    data_stats = ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+    assert resolve_normalisation(cfg, "test_vit", *data_stats) == Normalisation(
+        (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic", 0.95)
+    assert resolve_normalisation(cfg, None, *data_stats) == Normalisation(
+        *data_stats, "bilinear", 0.875)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.mixup_alpha=0.8", "trainer.batch_size=15"], "need an even trainer.batch_size"),
+    (["data.auto_augment=rand-m9-mstd0.5-inc1"], "data.auto_augment needs image files"),
+    (["data.re_prob=0.25"], "data.re_prob needs image files"),
+    (["data.scale=[0.5,0.2]"], "data.scale=[0.5, 0.2] must be [min, max] area shares"),
+    (["data.mean=[0.5]"], "data.mean=[0.5] must hold 3 channel values"),
+])
+def test_recipe_settings_that_cannot_apply_are_one_line_errors(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        Trainer(settings(*overrides), tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_imagenet_deit_preset_is_deits_data_recipe(tmp_path):

@@ -14,12 +14,26 @@ from dataclasses import dataclass
 
 import timm
 import torch
-from timm.data import Mixup, create_transform
+from PIL import Image
+from timm.data import Mixup, auto_augment, create_transform
 from torchvision import transforms as T
 
 from amp_lab.config import ConfigError, DataConfig
 
 DEFAULT_CROP_PCT = 0.875  # timm's evaluation crop when the model has no pretrained config
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs: object) -> Image.Image:
+    """timm's posterize, keeping 0 bits as a black image as Pillow < 13 did: Pillow 13 refuses
+    0, which RandAugment's `inc1` posterize reaches at magnitude 10 (m9 + mstd0.5 noise)."""
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)  # every bit masked away: zeros
+    return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+
+# AugmentOp looks its function up here when a policy is built
+for _name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+    auto_augment.NAME_TO_OP[_name] = _posterize
 
 
 @dataclass(frozen=True)
@@ -59,7 +73,7 @@ def build_transforms(cfg: DataConfig, norm: Normalisation) -> tuple[T.Compose, T
             **common, is_training=True, scale=tuple(cfg.scale), hflip=cfg.hflip,
             color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
             re_prob=cfg.re_prob, re_mode=str(cfg.re_mode), re_count=cfg.re_count)
-    except (AssertionError, KeyError, ValueError, IndexError) as err:
+    except (AssertionError, KeyError, ValueError, IndexError) as err:  # timm's policy parser
         raise ConfigError(
             f"data.auto_augment={cfg.auto_augment!r} is not a timm policy ({err or 'unparsed'}); "
             "use e.g. rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, trivialaugment or original"
