@@ -25,7 +25,7 @@ from torchvision import datasets
 from torchvision.transforms import InterpolationMode, Normalize
 
 from amp_lab.checkpoint.signals import Interrupted
-from amp_lab.components.augment import Normalisation, resolve_normalisation
+from amp_lab.components.augment import Normalisation, mix_batches, resolve_normalisation
 from amp_lab.components.data import build_data
 from amp_lab.components.loss import build_loss
 from amp_lab.components.models import build_model
@@ -149,11 +149,12 @@ def test_cifar_file_format_trains_through_the_recipe(tmp_path, monkeypatch):
     root = _cifar10(tmp_path / "cifar")
     # torchvision checks the real files' md5 sums; these are fakes in the same format
     monkeypatch.setattr(datasets.cifar, "check_integrity", lambda *args: True)
-    trainer = Trainer(settings("data=cifar10_recipe", f"data.root={root}", "data.num_workers=0",
-                               "data.img_size=32", "trainer.batch_size=8",
-                               "trainer.max_steps=2"), tmp_path / "run")
+    trainer = Trainer(settings("data=cifar10", "+recipe=deit", f"data.root={root}",
+                               "data.num_workers=0", "data.img_size=32", "data.crop_pct=1.0",
+                               "trainer.batch_size=8", "trainer.max_steps=2"), tmp_path / "run")
     assert len(trainer.data.train) == 40 and len(trainer.data.val) == 8
     assert any(isinstance(op, RandAugment) for op in _ops(trainer.data.train))
+    assert trainer.mixup is not None and trainer.ema is not None  # the recipe's batch side
     summary = trainer.fit()
     assert summary["steps"] == 2 and summary["final_val_acc"] is not None
 
@@ -177,6 +178,9 @@ def test_mixup_soft_targets_reach_an_fp32_loss_under_bf16_pure(tmp_path, monkeyp
                                "data.cutmix_alpha=1.0", "data.label_smoothing=0.1",
                                "trainer.max_steps=3"), tmp_path)
     assert next(trainer.model.parameters()).dtype == torch.bfloat16  # the logits are bf16
+    batch = next(trainer.data.train_batches(trainer.sampler))
+    (images, target), = mix_batches(trainer.mixup, [batch])
+    assert images.dtype == torch.float32 and target.shape == (16, 10)  # blended before autocast
     summary = trainer.fit()
     assert summary["steps"] == 3 and len(seen.calls) == 3
     for dtype, target in seen.calls:
