@@ -63,15 +63,16 @@ def resolve_normalisation(cfg: DataConfig, model_name: str | None,
 def build_transforms(cfg: DataConfig, norm: Normalisation) -> tuple[T.Compose, T.Compose]:
     """(train, eval) transforms from timm.data.create_transform; a policy timm cannot parse is a
     one-line ConfigError."""
-    common = {"input_size": (3, cfg.img_size, cfg.img_size), "mean": norm.mean,
-              "std": norm.std, "interpolation": norm.interpolation}
-    evaluation = create_transform(**common, is_training=False, crop_pct=norm.crop_pct)
+    size = (3, cfg.img_size, cfg.img_size)
+    evaluation = create_transform(size, is_training=False, mean=norm.mean, std=norm.std,
+                                  interpolation=norm.interpolation, crop_pct=norm.crop_pct)
     if not cfg.augment:
         return evaluation, evaluation
     try:
         train = create_transform(
-            **common, is_training=True, scale=tuple(cfg.scale), hflip=cfg.hflip,
-            color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
+            size, is_training=True, mean=norm.mean, std=norm.std,
+            interpolation=norm.interpolation, scale=(cfg.scale[0], cfg.scale[1]),
+            hflip=cfg.hflip, color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
             re_prob=cfg.re_prob, re_mode=str(cfg.re_mode), re_count=cfg.re_count)
     except (AssertionError, KeyError, ValueError, IndexError) as err:  # timm's policy parser
         raise ConfigError(
