@@ -109,3 +109,23 @@ class PitfallName(Choice):
     clip_before_unscale = "clip_before_unscale"
     half_model = "half_model"
     loss_in_low_precision = "loss_in_low_precision"
+
+
+class Interpolation(Choice):  # timm.data.create_transform's resize interpolation
+    model = "model"  # the model's pretrained config (bilinear when it has none)
+    bilinear = "bilinear"
+    bicubic = "bicubic"
+    nearest = "nearest"
+    random = "random"
+
+
+class MixupMode(Choice):  # timm.data.Mixup: one lambda per batch, per pair or per sample
+    batch = "batch"
+    pair = "pair"
+    elem = "elem"
+
+
+class EraseMode(Choice):  # timm.data.RandomErasing's fill
+    pixel = "pixel"  # per-pixel normal noise (timm's train.py default, DeiT)
+    const = "const"  # zeros
+    rand = "rand"  # one normal value per channel

@@ -29,9 +29,12 @@ from amp_lab.choices import (
     DatasetName,
     Device,
     DiagnosticsMode,
+    EraseMode,
     Fp8Recipe,
+    Interpolation,
     LoggerMode,
     LRRule,
+    MixupMode,
     PitfallName,
     PrecisionName,
     ScalerKind,
@@ -64,6 +67,13 @@ class ModelConfig:
     name: str = "test_convnext"  # any timm model name; weights are never downloaded
     kwargs: dict[str, Any] = field(default_factory=dict)  # extra timm.create_model arguments
     channels_last: bool = False  # NHWC memory format: faster convolutions under AMP on GPUs
+    drop_path_rate: float = 0.0  # stochastic depth: timm's drop_path_rate (0: the model's own)
+    drop_rate: float = 0.0  # dropout before the classifier: timm's drop_rate (0: the model's own)
+
+    def __post_init__(self) -> None:
+        for key in ("drop_path_rate", "drop_rate"):
+            value = getattr(self, key)
+            _require(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")
 
 
 @dataclass
@@ -73,7 +83,32 @@ class DataConfig:
     root: str | None = field(default=None, metadata=FREE_ON_RESUME)
     img_size: int = 32  # images are resized to img_size x img_size
     val_fraction: float = 0.2  # share held out for validation when the data has no val split
-    augment: bool = False  # random crop + horizontal flip on the training set (image data sets)
+    # image data sets: timm's training transform (random-resized crop, flip, colour jitter and
+    # the keys below); false: the evaluation transform (resize, centre crop) for training too
+    augment: bool = False
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # random-resized-crop area
+    hflip: float = 0.5  # horizontal-flip probability
+    color_jitter: float = 0.4  # colour-jitter strength (0: off; off when auto_augment is set)
+    # timm policy string: `rand-m9-mstd0.5-inc1` (RandAugment), `augmix-m5-w4-d2`,
+    # `trivialaugment`, `original` (AutoAugment); None: off
+    auto_augment: str | None = None
+    re_prob: float = 0.0  # random-erasing probability (after normalisation)
+    re_mode: EraseMode = EraseMode.pixel  # random-erasing fill
+    re_count: int = 1  # random-erasing boxes per image
+    interpolation: Interpolation = Interpolation.model  # resize interpolation
+    crop_pct: float | None = None  # evaluation: resize to img_size / crop_pct, centre-crop
+    # (None: the model's pretrained config, else timm's 0.875)
+    # normalisation; None: the model's pretrained config, else the data set's own statistics
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    # timm.data.Mixup on every training batch (any data set, digits included); with mixup or
+    # cutmix on, the targets are soft and the loss is soft-target cross-entropy in fp32
+    mixup_alpha: float = 0.0  # Beta(alpha, alpha) blend of two images; 0: off
+    cutmix_alpha: float = 0.0  # Beta(alpha, alpha) box pasted from another image; 0: off
+    mixup_prob: float = 1.0  # share of batches mixed at all
+    mixup_switch_prob: float = 0.5  # with both on: share of mixed batches that use cutmix
+    mixup_mode: MixupMode = MixupMode.batch
+    label_smoothing: float = 0.0  # target smoothing (inside the soft targets when mixing)
     num_classes: int = 10  # synthetic only: classes
     channels: int = 3  # synthetic only: input channels
     num_samples: int = 2048  # synthetic only: samples kept on the device
@@ -90,6 +125,27 @@ class DataConfig:
         _require(0.0 < self.val_fraction < 1.0,
                  f"data.val_fraction={self.val_fraction} must be between 0 and 1")
         _require(self.num_workers >= 0, "data.num_workers must be >= 0")
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            _require(getattr(self, key) >= 0,
+                     f"data.{key}={getattr(self, key)} must be >= 0 (0: off)")
+        for key in ("mixup_prob", "mixup_switch_prob", "hflip", "re_prob"):
+            _require(0.0 <= getattr(self, key) <= 1.0,
+                     f"data.{key}={getattr(self, key)} must be in [0, 1]")
+        _require(0.0 <= self.label_smoothing < 1.0,
+                 f"data.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        _require(len(self.scale) == 2 and 0.0 < self.scale[0] <= self.scale[1] <= 1.0,
+                 f"data.scale={self.scale} must be [min, max] area shares, 0 < min <= max <= 1")
+        for key in ("mean", "std"):
+            _require(getattr(self, key) is None or len(getattr(self, key)) == 3,
+                     f"data.{key}={getattr(self, key)} must hold 3 channel values (or null)")
+        _require(self.crop_pct is None or 0.0 < self.crop_pct <= 1.0,
+                 f"data.crop_pct={self.crop_pct} must be in (0, 1] (or null: the model's)")
+        image_keys = [k for k, v in (("auto_augment", self.auto_augment is not None),
+                                     ("re_prob", self.re_prob > 0)) if v]
+        _require(self.name not in ("digits", "synthetic") or not image_keys,
+                 f"data.{image_keys[0] if image_keys else ''} needs image files (cifar10, "
+                 f"cifar100, imagefolder); data={self.name} keeps its tensor path (mixup and "
+                 "label smoothing work there)")
 
 
 @dataclass
@@ -202,6 +258,23 @@ STATE_OPTIMIZERS = ("adamw", "adam")  # torchao.optim has these two in every low
 
 
 @dataclass
+class EmaConfig:
+    # timm's ModelEmaV3: ema = decay * ema + (1 - decay) * weights, every `every` optimizer
+    # steps, evaluated beside the model (val/acc_ema); 0: no EMA
+    decay: float = 0.0
+    every: int = 1  # optimizer steps between EMA updates
+    # The EMA is kept in fp32 whatever the weights' dtype: with decay 0.9999 each update moves
+    # it by 1e-4 of (weights - ema), far below half a bf16 ulp of the weight, so a bf16 EMA
+    # rounds every update away and stops moving. false reproduces that trap on purpose.
+    fp32: bool = True
+
+    def __post_init__(self) -> None:
+        _require(0.0 <= self.decay < 1.0,
+                 f"trainer.ema.decay={self.decay} must be in (0, 1), e.g. 0.9999 (0: no EMA)")
+        _require(self.every >= 1, f"trainer.ema.every={self.every} must be >= 1")
+
+
+@dataclass
 class TrainerConfig:
     device: Device = field(default=Device.auto, metadata=FREE_ON_RESUME)
     seed: int = 0  # model init, data split and shuffling all follow it
@@ -228,6 +301,7 @@ class TrainerConfig:
     # torch CPU threads; 0: $OMP_NUM_THREADS if set, else the CPUs this job was given
     # (SLURM_CPUS_PER_TASK, the CPU affinity mask) less the DataLoader workers
     threads: int = field(default=0, metadata=FREE_ON_RESUME)
+    ema: EmaConfig = field(default_factory=EmaConfig)  # a model EMA (off by default)
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")

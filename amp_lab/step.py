@@ -66,7 +66,10 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Correctly classified samples, a device tensor. max().indices is argmax (the first
-    maximum); argmax itself has no vectorised CPU kernel for bf16/fp16 and costs 4x as much."""
+    maximum); argmax itself has no vectorised CPU kernel for bf16/fp16 and costs 4x as much.
+    Soft (mixup) targets count against their largest class."""
+    if labels.is_floating_point():
+        labels = labels.max(-1).indices
     return (logits.detach().max(-1).indices == labels).sum()
 
 
@@ -84,6 +87,7 @@ class TrainStep:
         lambda is_last: contextlib.nullcontext())  # DDP's no_sync() until the boundary
     before_unscale: Callable[[], None] = lambda: None  # pure modes: grads into the fp32 masters
     diagnostics: StepObserver = field(default_factory=StepObserver)  # numerics telemetry
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn  # fp32 training loss
 
     uses_scaler = True  # pitfalls.HalfModel drops the scaler: its scale then means nothing
 
@@ -108,7 +112,7 @@ class TrainStep:
                 with self.policy.autocast():
                     logits = model(images)
                 # dividing by the number of micro-batches makes accumulation an average
-                loss = loss_fn(logits, labels) / len(micro_batches)
+                loss = self.loss(logits, labels) / len(micro_batches)
                 # The previous logits and loss (with its spent graph) are freed here, as a
                 # hand-written loop frees them by reassigning its variables. Freed at return
                 # instead, they moved the next step's tensors in the CPU heap, and test_vit's

@@ -21,8 +21,11 @@ import torch
 
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.checkpoint.store import Checkpointer
+from amp_lab.components.augment import build_mixup, mix_batches
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
+from amp_lab.components.ema import build_ema, update_ema
+from amp_lab.components.loss import build_loss
 from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
 from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
 from amp_lab.components.models import build_model, check_input_fits
@@ -124,7 +127,8 @@ class Trainer:
         self.device = resolve_device(self.dist.device(t.device))
         torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
-        self.data = build_data(settings.data, t.seed, self.device)
+        self.data = build_data(settings.data, t.seed, self.device, settings.model.name)
+        self.mixup = build_mixup(settings.data, self.data.spec.num_classes, t.batch_size)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
         keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
@@ -149,6 +153,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
+        self.ema = build_ema(self.model, t.ema)  # after prepare: a copy of the cast weights
         parallel_model = self.dist.wrap(self.model, self.device)
         forward_model = parallel_model
         if t.compile:  # torch.compile(module) returns an OptimizedModule; its stubs say Callable
@@ -157,7 +162,8 @@ class Trainer:
                                     self.policy, t.clip_grad, t.clip_mode,
                                     settings.model.channels_last,
                                     self.dist.micro_batch_context(parallel_model),
-                                    before_unscale=before_unscale)
+                                    before_unscale=before_unscale,
+                                    loss=build_loss(settings.data))
         self.train_step = make_step(self.train_step, settings.pitfall.name, settings.fault)
         self.diagnostics = attach_diagnostics(
             settings.diagnostics, self.train_step, settings.scaler,
@@ -172,7 +178,8 @@ class Trainer:
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
             "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
             "scaler": self.scaler, "counters": self.counters.values,
-            "diagnostics": self.diagnostics}, self.dist)
+            "diagnostics": self.diagnostics, **({"ema": self.ema} if self.ema else {})},
+            self.dist)
         # A run dir whose run finished keeps its results (a relaunched sweep trains only what
         # did not finish); one holding a checkpoint resumes from it.
         self.finished = self.checkpointer.finished() if t.resume else None
@@ -258,13 +265,14 @@ class Trainer:
             batches = self.data.train_batches(self.sampler)
             while st.batch_in_epoch < self.steps_per_epoch:
                 fetch_start = time.perf_counter()
-                micro_batches = take(batches, t.grad_accum)
+                micro_batches = mix_batches(self.mixup, take(batches, t.grad_accum))
                 data_s = time.perf_counter() - fetch_start
                 last = st.step + 1 >= self.total_steps
                 log_step = (st.step + 1) % t.log_every == 0 or last
                 result = self.train_step(micro_batches, measure_norm=log_step)
                 counters.add(result)
                 st.step += 1
+                update_ema(self.ema, self.model, t.ema, st.step)
                 st.batch_in_epoch += 1
                 meter.step_done(st.step, result.samples, data_s)
                 if log_step:
@@ -354,6 +362,10 @@ class Trainer:
         # the plain module: a DDP forward on rank 0 alone could wait on a buffer broadcast
         metrics = evaluate(self.model, self.data.val_batches(t.batch_size),
                            self.policy, self.settings.model.channels_last)
+        if self.ema is not None:  # the EMA under the same autocast policy as the model
+            ema = evaluate(self.ema.module, self.data.val_batches(t.batch_size), self.policy,
+                           self.settings.model.channels_last)
+            metrics.update({"val/acc_ema": ema["val/acc"], "val/loss_ema": ema["val/loss"]})
         meter.exclude(time.perf_counter() - eval_start)
         st.eval_s += time.perf_counter() - eval_start
         now = self._train_clock(started)

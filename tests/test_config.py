@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 import pytest
+import yaml
 from helpers import CONF_DIR, FAST, compose_cfg, leaves, run_cli, settings
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
@@ -33,7 +34,7 @@ def _options(group: str) -> list[str]:
 @pytest.mark.parametrize("group,option",
                          [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_option_composes_into_the_schema(group, option, tmp_path):
-    extra = [f"data.root={tmp_path}"] if option == "imagefolder" else []
+    extra = [f"data.root={tmp_path}"] if group == "data" else []  # imagefolder needs one
     cfg = settings(f"{group}={option}", *extra, fast=False)
     assert isinstance(cfg, AmpLabConfig)
     node = getattr(cfg, group)
@@ -41,7 +42,9 @@ def test_every_option_composes_into_the_schema(group, option, tmp_path):
         # a model preset is named after its timm model (vit_small_patch4: vit_small, 4x4 patches),
         # a data preset after its data set (synthetic_imagenet: synthetic data, ImageNet's shape)
         family = node.name.split("_patch")[0]
-        assert node.name == option or group in ("model", "data") and option.startswith(family)
+        # a data recipe (imagenet_deit) extends the data set's option first in its defaults
+        assert node.name in (option, _extends(group, option)) or (
+            group in ("model", "data") and option.startswith(family))
 
 
 def test_every_group_has_options():
@@ -208,7 +211,7 @@ def test_the_choice_fields_are_enums():
         "data.name", "precision.name", "precision.update_rounding", "precision.fp8_recipe",
         "scaler.kind", "lr.rule", "lr.warmup_type", "lr.schedule", "trainer.device",
         "trainer.clip_mode", "trainer.strategy", "logger.mode", "diagnostics.mode",
-        "pitfall.name"}
+        "pitfall.name", "data.interpolation", "data.re_mode", "data.mixup_mode"}
 
 
 @pytest.mark.parametrize("key", sorted(CHOICES))
@@ -231,6 +234,14 @@ def test_choices_match_the_mode_table_and_the_option_files():
         presets = {o for o in _options(group) if group == "data"
                    and compose_cfg(f"data={o}").data.name != o}
         assert set(_options(group)) - presets == {c.value for c in choice}, group
+
+
+def _extends(group: str, option: str) -> str | None:
+    """The option of its own group that `option` lists first in its defaults (a data recipe
+    such as imagenet_deit extends imagefolder), or None."""
+    first = (yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()) or {}).get(
+        "defaults", [None])[0]
+    return first if first in _options(group) else None
 
 
 def test_choices_are_plain_strings_in_every_record():

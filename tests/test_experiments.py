@@ -27,7 +27,7 @@ def _sweep_jobs(experiment: str) -> list[list[str]]:
 
 def test_the_studies_are_there_with_readme_and_cpu_variant():
     assert STUDIES == ["beyond_autocast", "fp16_lr_warmup", "grad_accum", "optimizer_state",
-                       "precision_modes", "scaler_grid"]
+                       "precision_modes", "recipe_precision", "scaler_grid"]
     index = (ROOT / "experiments" / "README.md").read_text()
     for study in STUDIES:
         assert (CONF_DIR / "experiment" / "cpu" / f"{study}.yaml").is_file()

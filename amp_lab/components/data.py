@@ -8,7 +8,7 @@ DataLoader with workers, pinned memory and prefetching.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
+from amp_lab.components.augment import build_transforms, resolve_normalisation
 from amp_lab.config import ConfigError, DataConfig
 
 if TYPE_CHECKING:
@@ -152,22 +153,13 @@ def _synthetic(cfg: DataConfig, seed: int, device: torch.device):
             TensorDataset(images[:n_val], labels[:n_val]), spec)
 
 
-def _transforms(cfg: DataConfig, mean: Sequence[float], std: Sequence[float], train: bool):
-    from torchvision import transforms as T
-
-    steps = [T.Resize(cfg.img_size), T.CenterCrop(cfg.img_size)]
-    if train and cfg.augment:
-        steps = [T.RandomResizedCrop(cfg.img_size, scale=(0.5, 1.0)), T.RandomHorizontalFlip()]
-    return T.Compose([*steps, T.ToTensor(), T.Normalize(mean, std)])
-
-
 def _require_root(cfg: DataConfig, how: str) -> Path:
     if not cfg.root or not Path(cfg.root).expanduser().is_dir():
         raise ConfigError(f"data.root={cfg.root} is not a directory; {how}")
     return Path(cfg.root).expanduser()
 
 
-def _cifar(cfg: DataConfig) -> tuple[MapData, MapData, DataSpec]:
+def _cifar(cfg: DataConfig, model_name: str | None) -> tuple[MapData, MapData, DataSpec]:
     from torchvision import datasets
 
     classes = 10 if cfg.name == "cifar10" else 100
@@ -176,22 +168,26 @@ def _cifar(cfg: DataConfig) -> tuple[MapData, MapData, DataSpec]:
            f"torchvision.datasets.{cls.__name__}('DIR', download=True)\", then data.root=DIR "
            "(or export CIFAR_ROOT=DIR)")
     root = _require_root(cfg, how)
-    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # CIFAR-10 channel stats
+    norm = resolve_normalisation(cfg, model_name, (0.4914, 0.4822, 0.4465),
+                                 (0.2470, 0.2435, 0.2616))  # CIFAR-10 channel stats
+    train_tf, val_tf = build_transforms(cfg, norm)
     try:
-        train = cls(str(root), train=True, transform=_transforms(cfg, mean, std, True))
-        val = cls(str(root), train=False, transform=_transforms(cfg, mean, std, False))
+        train = cls(str(root), train=True, transform=train_tf)
+        val = cls(str(root), train=False, transform=val_tf)
     except RuntimeError as err:  # torchvision: "Dataset not found or corrupted"
         raise ConfigError(f"{cfg.name} not found under data.root={root}; {how}") from err
     return train, val, DataSpec(3, classes, cfg.img_size)
 
 
-def _imagefolder(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec]:
+def _imagefolder(cfg: DataConfig, seed: int,
+                 model_name: str | None) -> tuple[MapData, MapData, DataSpec]:
     from torchvision import datasets
 
     how = "point it at a folder of class sub-folders (or with train/ and val/ inside)"
     root = _require_root(cfg, how)
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet channel stats
-    train_tf, val_tf = _transforms(cfg, mean, std, True), _transforms(cfg, mean, std, False)
+    norm = resolve_normalisation(cfg, model_name, (0.485, 0.456, 0.406),
+                                 (0.229, 0.224, 0.225))  # ImageNet channel stats
+    train_tf, val_tf = build_transforms(cfg, norm)
     try:
         if (root / "train").is_dir() and (root / "val").is_dir():
             train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
@@ -208,16 +204,19 @@ def _imagefolder(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec
     return train, val, DataSpec(3, len(classes), cfg.img_size)
 
 
-def build_data(cfg: DataConfig, seed: int, device: torch.device) -> DataSource:
-    """Load the configured data set; a missing local root is a ConfigError saying what to do."""
+def build_data(cfg: DataConfig, seed: int, device: torch.device,
+               model_name: str | None = None) -> DataSource:
+    """Load the configured data set; a missing local root is a ConfigError saying what to do.
+    Image files go through timm's transforms, normalised as `model_name`'s pretrained config
+    says unless data.mean/std are set."""
     if cfg.name == "digits":
         train, val, spec = _digits(cfg, seed)
     elif cfg.name == "synthetic":
         train, val, spec = _synthetic(cfg, seed, device)
     elif cfg.name in ("cifar10", "cifar100"):
-        train, val, spec = _cifar(cfg)
+        train, val, spec = _cifar(cfg, model_name)
     else:
-        train, val, spec = _imagefolder(cfg, seed)
+        train, val, spec = _imagefolder(cfg, seed, model_name)
     # in memory (both sets, or neither): put them on the device once, not per batch
     if isinstance(train, TensorDataset) and isinstance(val, TensorDataset):
         train, val = (TensorDataset(*(t.to(device) for t in ds.tensors)) for ds in (train, val))

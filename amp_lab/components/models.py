@@ -17,8 +17,10 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
         close = difflib.get_close_matches(cfg.name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
         raise ConfigError(f"model.name={cfg.name!r} is not a timm model{hint}")
+    regularisers = {k: v for k, v in (("drop_path_rate", cfg.drop_path_rate),
+                                      ("drop_rate", cfg.drop_rate)) if v > 0}  # timm's meaning
     kwargs = {"pretrained": False, "num_classes": spec.num_classes, "in_chans": spec.channels,
-              **cfg.kwargs}
+              **regularisers, **cfg.kwargs}
     try:  # transformers need the image size; CNNs take any size and reject the argument
         model = timm.create_model(cfg.name, img_size=spec.img_size, **kwargs)
     except TypeError as err:

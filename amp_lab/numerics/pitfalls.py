@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from amp_lab.config import ConfigError, FaultConfig
 from amp_lab.precision.scaling import skipped_update
-from amp_lab.step import Batch, StepResult, TrainStep, count_correct, loss_fn
+from amp_lab.step import Batch, StepResult, TrainStep, count_correct
 
 
 def _scale_output(factor: float):
@@ -90,7 +90,7 @@ class LabStep(TrainStep):
         return result
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return loss_fn(logits, labels) * self.fault.loss_multiplier
+        return self.loss(logits, labels) * self.fault.loss_multiplier
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
