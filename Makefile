@@ -35,7 +35,8 @@ doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 mi
 
 # Each study's CPU variant, then its report (verdicts, tables, overview.png) written into
 # experiments/<study>/README.md; `make study-scaler_grid` runs one.
-STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast optimizer_state
+STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast optimizer_state \
+	recipe_precision
 REPORT_scaler_grid := --by scaler.init_scale
 REPORT_fp16_lr_warmup := --by lr.warmup_steps
 REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size

@@ -25,9 +25,10 @@ from amp_lab.report.groups import DEFAULT_AXIS
 from amp_lab.report.runs import ReportError, load_runs
 
 REPORT_JSON = "report.json"
+UNKNOWN = {"mean": None, "std": None, "n": 0}  # a figure a report.json of an older version lacks
 COLUMNS = ["n", "runs", "final acc %", "best acc %", "val loss", "Δacc pp", "Δloss",
-           "steps→target", "time→target s", "samples/s", "speed-up", "peak MB", "skipped",
-           "loss scale", "status"]
+           "steps→target", "time→target s", "samples/s", "speed-up", "peak MB", "state MB",
+           "skipped", "loss scale", "status"]
 
 
 def _num(stat: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
@@ -64,7 +65,9 @@ def cell_row(cell: dict[str, Any]) -> list[str]:
             _num(d["acc"], "+.1f", 100), _num(d["loss"], "+.3g"),
             _num(f["steps_to_target"], ".0f"), _num(f["time_to_target_s"], ".1f"),
             _num(f["mean_samples_per_s"], ".1f"), _ratio(d["speedup"]),
-            _num(f["peak_memory_mb"], ".0f"), _num(f["skipped_steps"], ".0f"),
+            _num(f["peak_memory_mb"], ".0f"),
+            _num(f.get("optimizer_state_bytes", UNKNOWN), ".2f", 1e-6),  # bytes -> MB
+            _num(f["skipped_steps"], ".0f"),
             _scale(f["final_loss_scale"]), status if status == "completed" else
             f"**{status}**"]
 

@@ -18,8 +18,8 @@ from amp_lab.report.runs import RunData
 
 # summary.json keys shown per cell (mean ± std over its seeds)
 FIGURES = ("final_val_acc", "best_val_acc", "final_val_loss", "steps_to_target",
-           "time_to_target_s", "mean_samples_per_s", "peak_memory_mb", "skipped_steps",
-           "final_loss_scale")
+           "time_to_target_s", "mean_samples_per_s", "peak_memory_mb", "optimizer_state_bytes",
+           "skipped_steps", "final_loss_scale")
 
 
 @dataclass

@@ -55,7 +55,8 @@ def _divergence(run: RunData) -> str | None:
     text = f"diverged at step {step}" if step is not None else "diverged"
     scales = [r["amp/loss_scale"] for r in run.train if _finite(r.get("amp/loss_scale"))]
     init = (run.summary.get("scaler") or {}).get("init_scale")
-    if scales and _finite(init) and min(scales) < init and min(scales) > 0:
+    scaled = any(s != 1.0 for s in scales)  # a run without loss scaling logs a scale of 1
+    if scaled and _finite(init) and min(scales) < init and min(scales) > 0:
         text += f" (scale collapsed to 2^{math.log2(min(scales)):.0f})"
     return text
 
