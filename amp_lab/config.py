@@ -19,6 +19,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from amp_lab.numerics.names import Pitfall
+
 CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package
 
 
@@ -246,8 +248,7 @@ class CheckpointConfig:
 
 
 DIAGNOSTICS_MODES = ["off", "light", "full"]
-PITFALLS = ["none", "no_scaler_update", "update_every_microbatch", "clip_before_unscale",
-            "half_model", "loss_in_low_precision"]
+PITFALLS = [p.value for p in Pitfall]  # amp_lab/numerics/names.py
 
 
 @dataclass

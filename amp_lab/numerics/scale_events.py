@@ -14,9 +14,11 @@ import math
 from dataclasses import dataclass, field
 
 from amp_lab.config import ScalerConfig
+from amp_lab.numerics.names import Pitfall
 
-NO_UPDATE = "no_scaler_update"
-MULTI_UPDATE = "update_every_microbatch"
+# plain str keys: the tracker's state goes into checkpoints loaded with weights_only=True
+NO_UPDATE = Pitfall.NO_SCALER_UPDATE.value
+MULTI_UPDATE = Pitfall.UPDATE_EVERY_MICROBATCH.value
 
 
 @dataclass
