@@ -7,6 +7,7 @@ host only at log steps, so steps in between never wait for the device.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -26,8 +27,9 @@ from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_pe
 from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
 from amp_lab.config import AmpLabConfig, ConfigError
-from amp_lab.numerics.diagnostics import attach_diagnostics
-from amp_lab.numerics.pitfalls import make_step, prepare_model
+from amp_lab.numerics.diagnostics import build_diagnostics
+from amp_lab.numerics.pitfalls import prepare_model, step_class
+from amp_lab.parts import BuiltParts
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import resolve_device, resolve_precision
 from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
@@ -110,7 +112,7 @@ class Trainer:
         self.device = resolve_device(self.dist.device(t.device))
         torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
-        self.data = build_data(settings.data, t.seed, self.device)
+        self.data = build_data(settings.data, t.seed, self.device, settings.model.channels_last)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
         keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
@@ -131,22 +133,29 @@ class Trainer:
                         "reaches its peak; shorten lr.warmup_steps / lr.warmup_epochs",
                         self.warmup, self.total_steps)
         self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
-        before_unscale = self.policy.prepare(self.model, self.optimizer)  # fp8, 16-bit weights
+        # fp8, 16-bit weights; the pure modes swap fp32 masters into the optimizer's param
+        # groups. The step needs the hook it returns, so it is built after and captures those.
+        before_unscale = self.policy.prepare(self.model, self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
         parallel_model = self.dist.wrap(self.model, self.device)
         forward_model = torch.compile(parallel_model) if t.compile else parallel_model
-        self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
-                                    self.policy, t.clip_grad, t.clip_mode,
-                                    settings.model.channels_last,
-                                    self.dist.micro_batch_context(parallel_model),
-                                    before_unscale=before_unscale)
-        self.train_step = make_step(self.train_step, settings.pitfall.name, settings.fault)
-        self.diagnostics = attach_diagnostics(
-            settings.diagnostics, self.train_step, settings.scaler,
-            uses_dynamic_scaling(settings.scaler, self.policy), t.log_every,
-            self.out_dir if self.dist.is_main else None)
+        # built once, of the class the pitfall lab picks; it builds its numerics observer from
+        # its own view as it is built (nothing is swapped or attached afterwards)
+        make_step = step_class(settings.pitfall.name, settings.fault)
+        self.train_step: TrainStep = make_step(
+            forward_model, self.optimizer, self.scheduler, self.scaler, self.policy,
+            before_unscale, t.clip_grad, t.clip_mode,
+            self.dist.micro_batch_context(parallel_model),
+            observe=functools.partial(build_diagnostics, settings.diagnostics, settings.scaler,
+                                      uses_dynamic_scaling(settings.scaler, self.policy),
+                                      t.log_every, self.out_dir if self.dist.is_main else None))
+        self.diagnostics = self.train_step.diagnostics
+        self.parts = BuiltParts(settings, self.device, self.policy, self.data, self.sampler,
+                                self.model, self.optimizer, self.scheduler, self.scaler,
+                                self.train_step, self.steps_per_epoch, self.global_batch,
+                                self.peak_lr)
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
@@ -237,7 +246,7 @@ class Trainer:
                 data_s = time.perf_counter() - fetch_start
                 last = st.step + 1 >= self.total_steps
                 log_step = (st.step + 1) % t.log_every == 0 or last
-                result = self.train_step(micro_batches, measure_norm=log_step)
+                result = self.train_step(micro_batches, measure_norm=log_step, step=st.step + 1)
                 counters.add(result)
                 st.step += 1
                 st.batch_in_epoch += 1
@@ -306,8 +315,7 @@ class Trainer:
         st, t = self.state, self.settings.trainer
         eval_start = time.perf_counter()
         # the plain module: a DDP forward on rank 0 alone could wait on a buffer broadcast
-        metrics = evaluate(self.model, self.data.val_batches(t.batch_size),
-                           self.policy, self.settings.model.channels_last)
+        metrics = evaluate(self.model, self.data.val_batches(t.batch_size), self.policy)
         meter.exclude(time.perf_counter() - eval_start)
         now = time.perf_counter() - started
         acc = metrics["val/acc"]
