@@ -5,8 +5,10 @@ Every step (light and full) costs a few device ops and no host sync: the scale a
 and whether it skipped go into a window buffer, and the first non-finite step is kept on the
 device. Probe steps (every `diagnostics.every` steps) also measure fp16 headroom per module,
 fp16 underflow of the gradients, the gradient norm the optimizer gets and the update-to-weight
-ratio. Module hooks (amp_lab/module_probe.py) run on probe steps, on every step in `full` mode,
-and in `light` mode after a log window that held a non-finite step, until one is attributed.
+ratio. Module hooks (module_probe.py) run on probe steps, on every step in `full` mode, and in
+`light` mode after a log window that held a non-finite step, until one is attributed.
+The observer sees a StepView (amp_lab/step.py), not the step: the watched model, the scale, the
+clip settings and the weights that must stay fp32; the loop gives it the step number.
 """
 
 from __future__ import annotations

@@ -23,14 +23,15 @@ from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
 from amp_lab.step import TrainStep
 
 
-def _scale_output(factor: float):
+def _scale_output(factor: float) -> Callable[[torch.nn.Module, object, torch.Tensor],
+                                             torch.Tensor]:
     def hook(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
         return output * factor  # in the module's own dtype: fp16 passes 65504 and turns inf
 
     return hook
 
 
-def _cast_inputs_to(dtype: torch.dtype):
+def _cast_inputs_to(dtype: torch.dtype) -> Callable[[torch.nn.Module, tuple], tuple]:
     def hook(module: torch.nn.Module, args: tuple) -> tuple:
         return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
                      for a in args)
