@@ -1,10 +1,16 @@
-# amp_lab: `make run` and `make test` do all the set-up on a fresh machine.
+# amp_lab: `make run` and `make test` do all the set-up on a fresh machine; `make help` lists
+# every target (the `## ` comment after a target is its line there).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
+SOURCES := amp_lab tests
 
-.PHONY: run test test-fast bench lint clean
+.PHONY: help run test test-fast bench check lint format-check typecheck format clean
+
+help:  ## this list of targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-13s %s\n", $$1, $$2}' \
+		$(MAKEFILE_LIST)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +33,22 @@ bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
 	$(PY) -m pytest $(ARGS)
 
-test-fast: $(VENV)/.installed-dev  ## unit tests only
+test-fast: $(VENV)/.installed-dev  ## unit tests only (-m "not slow"), under 2 minutes
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
-lint: $(VENV)/.installed-dev
-	$(PY) -m ruff check amp_lab tests
+check: lint format-check typecheck  ## what CI checks before the tests: lint, format, types
 
-clean:
-	rm -rf outputs multirun .pytest_cache
+lint: $(VENV)/.installed-dev  ## ruff check
+	$(PY) -m ruff check $(SOURCES)
+
+format-check: $(VENV)/.installed-dev  ## ruff format --check (changes nothing; `make format` does)
+	$(PY) -m ruff format --check $(SOURCES)
+
+typecheck: $(VENV)/.installed-dev  ## mypy on the package, zero errors ([tool.mypy] in pyproject)
+	$(PY) -m mypy
+
+format: $(VENV)/.installed-dev  ## ruff format, rewriting the files
+	$(PY) -m ruff format $(SOURCES)
+
+clean:  ## remove run outputs and caches
+	rm -rf outputs multirun .pytest_cache .mypy_cache .ruff_cache

@@ -2,13 +2,18 @@
 
 Each dataclass mirrors one folder of conf/. Hydra merges the YAML files into these schemas, so a
 typo (`scaler.init_scal=1`) or a wrong type (`scaler.init_scale=abc`) fails before anything runs.
-Cross-field checks live in `__post_init__`; they run once, in `validate()`, at start-up.
+Choice fields are Enums, so an unknown value (`precision.name=fp17`) fails at compose too.
+Cross-field checks live in `__post_init__`; they run once, in `validate()`, at start-up. Which
+settings may change when a run resumes is field metadata (FREE_ON_RESUME) beside each field.
+The schema holds every default; the YAML files under conf/ hold only what differs from it.
 """
 
 from __future__ import annotations
 
+import json
 import signal
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
@@ -17,9 +22,24 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from amp_lab.numerics.names import Pitfall
+from amp_lab.choices import (
+    ClipMode,
+    DatasetName,
+    Device,
+    DiagnosticsMode,
+    Fp8Recipe,
+    LoggerMode,
+    LRRule,
+    PitfallName,
+    PrecisionName,
+    ScalerKind,
+    Schedule,
+    Strategy,
+    UpdateRounding,
+    WarmupType,
+)
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package
 
@@ -33,6 +53,12 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# Field metadata: this setting (or, on a group, the whole group) may differ between an
+# interrupted run and its resume; none so marked changes the weights, the optimizer, the scaler,
+# the LR schedule or the data order. Every other setting must match the checkpoint's.
+FREE_ON_RESUME = {"free_on_resume": True}
+
+
 @dataclass
 class ModelConfig:
     name: str = "test_convnext"  # any timm model name; weights are never downloaded
@@ -42,8 +68,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | synthetic | cifar10 | cifar100 | imagefolder
-    root: str | None = None  # local data root (cifar10/cifar100/imagefolder)
+    name: DatasetName = DatasetName.digits
+    # local data root (cifar10/cifar100/imagefolder)
+    root: str | None = field(default=None, metadata=FREE_ON_RESUME)
     img_size: int = 32  # images are resized to img_size x img_size
     val_fraction: float = 0.2  # share held out for validation when the data has no val split
     augment: bool = False  # random crop + horizontal flip on the training set (image data sets)
@@ -52,43 +79,30 @@ class DataConfig:
     num_samples: int = 2048  # synthetic only: samples kept on the device
     num_workers: int = 0  # DataLoader workers for on-disk data sets
     persistent_workers: bool = True  # keep workers alive across epochs (when num_workers > 0)
-    prefetch_factor: int = 2  # batches each worker loads ahead (when num_workers > 0)
-    pin_memory: bool = True  # page-locked host memory for faster copies (CUDA only)
+    # batches each worker loads ahead (when num_workers > 0)
+    prefetch_factor: int = field(default=2, metadata=FREE_ON_RESUME)
+    # page-locked host memory for faster copies (CUDA only)
+    pin_memory: bool = field(default=True, metadata=FREE_ON_RESUME)
+    # (num_workers and persistent_workers must match on resume: the workers seed the augmentation)
 
     def __post_init__(self) -> None:
-        _require(self.name in DATASETS,
-                 f"data.name={self.name!r} is unknown; use one of {DATASETS}")
         _require(self.img_size >= 8, f"data.img_size={self.img_size} is too small; use >= 8")
         _require(0.0 < self.val_fraction < 1.0,
                  f"data.val_fraction={self.val_fraction} must be between 0 and 1")
         _require(self.num_workers >= 0, "data.num_workers must be >= 0")
 
 
-DATASETS = ["digits", "synthetic", "cifar10", "cifar100", "imagefolder"]
-
-
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"  # fp32 | tf32 | fp16 | fp16_noscale | bf16 | bf16_pure | fp16_pure | fp8
+    name: PrecisionName = PrecisionName.fp32
     # module-name patterns (fnmatch: `*norm*`, `head`, `*.attn`) run with autocast off, fp32 inputs
     fp32_modules: list[str] = field(default_factory=list)
     # bf16_pure/fp16_pure: the optimizer steps fp32 master copies of the 16-bit weights (apex O2)
     master_weights: bool = True
     # bf16_pure without master weights: how the fp32 update is written back into the bf16 weights
-    update_rounding: str = "nearest"  # nearest | stochastic | kahan
-    fp8_recipe: str = "tensorwise"  # fp8: torchao recipe: tensorwise | rowwise | rowwise_with_gw_hp
+    update_rounding: UpdateRounding = UpdateRounding.nearest
+    fp8_recipe: Fp8Recipe = Fp8Recipe.tensorwise  # fp8: the torchao recipe
     fp8_emulate: bool = False  # fp8: torchao's emulated float8 matmuls (any device; slow)
-
-    def __post_init__(self) -> None:
-        _require(self.update_rounding in UPDATE_ROUNDINGS,
-                 f"precision.update_rounding={self.update_rounding!r} is unknown; use one of "
-                 f"{UPDATE_ROUNDINGS}")
-        _require(self.fp8_recipe in FP8_RECIPES,
-                 f"precision.fp8_recipe={self.fp8_recipe!r} is unknown; use one of {FP8_RECIPES}")
-
-
-UPDATE_ROUNDINGS = ("nearest", "stochastic", "kahan")
-FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao Float8LinearRecipeName
 
 
 @dataclass
@@ -99,14 +113,12 @@ class ScalerConfig:
     growth_interval: int = 2000  # clean steps before the scale grows; 5000 is more conservative
     enabled: bool | None = None  # None: dynamic loss scaling exactly when the precision needs it
     # dynamic: torch GradScaler | static: fixed at init_scale | hysteresis: Megatron/DeepSpeed
-    kind: str = "dynamic"
+    kind: ScalerKind = ScalerKind.dynamic
     hysteresis: int = 2  # hysteresis: back off only on this many consecutive overflows
     min_scale: float = 1.0  # hysteresis: floor; a backoff due at the floor stops the run
     max_scale: float = 2.0**24  # hysteresis: growth stops here
 
     def __post_init__(self) -> None:
-        _require(self.kind in SCALER_KINDS,
-                 f"scaler.kind={self.kind!r} is unknown; use one of {SCALER_KINDS}")
         _require(self.init_scale > 0, f"scaler.init_scale={self.init_scale} must be > 0")
         _require(self.hysteresis >= 1, f"scaler.hysteresis={self.hysteresis} must be >= 1")
         _require(0 < self.min_scale <= self.max_scale,
@@ -121,20 +133,17 @@ class ScalerConfig:
                  f"scaler.growth_interval={self.growth_interval} must be >= 1")
 
 
-SCALER_KINDS = ("dynamic", "static", "hysteresis")
-
-
 @dataclass
 class LRConfig:
     base: float = 1e-3  # learning rate at ref_batch, before scaling
-    rule: str = "none"  # batch-size scaling: none | linear | sqrt (sqrt suits Adam-like optimizers)
+    rule: LRRule = LRRule.none  # batch-size scaling (sqrt suits Adam-like optimizers)
     ref_batch: int = 256  # the global batch that `base` was tuned for
     scale: float = 1.0  # extra multiplier; 0.5-0.8 is the usual start when moving fp32 -> fp16
     warmup_steps: int = 0  # optimizer steps of warmup (wins over warmup_epochs when > 0)
     warmup_epochs: float = 0.0  # warmup length in epochs
-    warmup_type: str = "linear"  # linear | cosine
+    warmup_type: WarmupType = WarmupType.linear
     warmup_init: float = 0.0  # LR at step 0, as a fraction of the peak LR
-    schedule: str = "cosine"  # after warmup: cosine | onecycle | constant | step
+    schedule: Schedule = Schedule.cosine  # after warmup
     min_factor: float = 0.0  # cosine/onecycle end at min_factor x peak
     step_every: int = 0  # step schedule: steps between decays (0: a third of the run)
     step_gamma: float = 0.1  # step schedule: decay factor
@@ -142,15 +151,9 @@ class LRConfig:
     def __post_init__(self) -> None:
         _require(self.base > 0, f"lr.base={self.base} must be > 0")
         _require(self.scale > 0, f"lr.scale={self.scale} must be > 0")
-        _require(self.rule in ("none", "linear", "sqrt"),
-                 f"lr.rule={self.rule!r} is unknown; use none, linear or sqrt")
         _require(self.ref_batch >= 1, f"lr.ref_batch={self.ref_batch} must be >= 1")
         _require(self.warmup_steps >= 0 and self.warmup_epochs >= 0, "lr warmup must be >= 0")
-        _require(self.warmup_type in ("linear", "cosine"),
-                 f"lr.warmup_type={self.warmup_type!r} is unknown; use linear or cosine")
         _require(0 <= self.warmup_init <= 1, f"lr.warmup_init={self.warmup_init} must be in [0, 1]")
-        _require(self.schedule in ("cosine", "onecycle", "constant", "step"),
-                 f"lr.schedule={self.schedule!r} is unknown; use cosine, onecycle, constant, step")
         _require(0 <= self.min_factor <= 1, f"lr.min_factor={self.min_factor} must be in [0, 1]")
         _require(0 < self.step_gamma <= 1, f"lr.step_gamma={self.step_gamma} must be in (0, 1]")
         _require(self.step_every >= 0, f"lr.step_every={self.step_every} must be >= 0 (0: a "
@@ -172,27 +175,30 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = field(default=Device.auto, metadata=FREE_ON_RESUME)
     seed: int = 0  # model init, data split and shuffling all follow it
     epochs: int = 10
     max_steps: int = 0  # optimizer steps; wins over epochs when > 0
     batch_size: int = 64  # per micro-batch; the global batch is batch_size x grad_accum
     grad_accum: int = 1  # micro-batches per optimizer step
     clip_grad: float = 0.0  # 0 disables clipping
-    clip_mode: str = "norm"  # norm | value
+    clip_mode: ClipMode = ClipMode.norm
     log_every: int = 10  # optimizer steps between train logs (the only steps that sync)
-    eval_every: int = 0  # optimizer steps between evaluations; 0: at the end of each epoch
-    compile: bool = False  # torch.compile the model
-    target_acc: float = 0.9  # val accuracy for time-to-accuracy
-    max_bad_steps: int = 50  # consecutive non-finite steps before the run stops as diverged
-    timing_warmup: int = 3  # first steps left out of throughput (allocator, autotuning, compile)
-    progress: bool = True  # rich progress bar on a terminal
-    resume: bool = True  # continue from the run dir's newest good checkpoint; false: start fresh
-    strategy: str = "single"  # single | ddp (DistributedDataParallel, world from torchrun/SLURM)
+    # optimizer steps between evaluations; 0: at the end of each epoch
+    eval_every: int = field(default=0, metadata=FREE_ON_RESUME)
+    compile: bool = field(default=False, metadata=FREE_ON_RESUME)  # torch.compile the model
+    # val accuracy for time-to-accuracy
+    target_acc: float = field(default=0.9, metadata=FREE_ON_RESUME)
+    # consecutive non-finite steps before the run stops as diverged
+    max_bad_steps: int = field(default=50, metadata=FREE_ON_RESUME)
+    # first steps left out of throughput (allocator, autotuning, compile)
+    timing_warmup: int = field(default=3, metadata=FREE_ON_RESUME)
+    progress: bool = field(default=True, metadata=FREE_ON_RESUME)  # rich progress bar (a tty)
+    # continue from the run dir's newest good checkpoint; false: start fresh
+    resume: bool = field(default=True, metadata=FREE_ON_RESUME)
+    strategy: Strategy = Strategy.single  # ddp: DistributedDataParallel (torchrun/SLURM world)
 
     def __post_init__(self) -> None:
-        _require(self.device in ("auto", "cpu", "cuda"),
-                 f"trainer.device={self.device!r} is unknown; use auto, cpu or cuda")
         _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
         _require(self.grad_accum >= 1, f"trainer.grad_accum={self.grad_accum} must be >= 1")
         _require(self.max_steps >= 0, f"trainer.max_steps={self.max_steps} must be >= 0 (0: "
@@ -202,26 +208,18 @@ class TrainerConfig:
         _require(0 <= self.target_acc <= 1,
                  f"trainer.target_acc={self.target_acc} must be in [0, 1]")
         _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
-        _require(self.clip_mode in ("norm", "value"),
-                 f"trainer.clip_mode={self.clip_mode!r} is unknown; use norm or value")
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
-        _require(self.strategy in ("single", "ddp"),
-                 f"trainer.strategy={self.strategy!r} is unknown; use single or ddp")
 
 
 @dataclass
 class LoggerConfig:
-    mode: str = "offline"  # offline | online | disabled; WANDB_MODE wins unless this is disabled
+    mode: LoggerMode = LoggerMode.offline  # WANDB_MODE wins unless this is disabled
     project: str = "amp_lab"  # W&B project
     entity: str | None = None  # W&B team or user; None: the account's default entity
     group: str | None = None  # None: the multirun directory, so a sweep is one W&B group
     tags: list[str] = field(default_factory=list)  # extra W&B tags (model and precision are added)
-
-    def __post_init__(self) -> None:
-        _require(self.mode in ("offline", "online", "disabled"),
-                 f"logger.mode={self.mode!r} is unknown; use offline, online or disabled")
 
 
 @dataclass
@@ -247,14 +245,11 @@ class CheckpointConfig:
                      f"checkpoint.signals: {name} cannot be caught; use e.g. SIGUSR2 or SIGTERM")
 
 
-DIAGNOSTICS_MODES = ["off", "light", "full"]
-PITFALLS = [p.value for p in Pitfall]  # amp_lab/numerics/names.py
-
-
 @dataclass
 class DiagnosticsConfig:
-    mode: str = "light"  # off | light (probes every `every` steps, no per-step sync) | full (hooks
-    # on every step: the exact first non-finite module)
+    # light: probes every `every` steps, no per-step sync; full: hooks on every step (the exact
+    # first non-finite module); off: only the core counters
+    mode: DiagnosticsMode = DiagnosticsMode.light
     # optimizer steps between headroom/underflow probes; 0: every log step. A probe step costs
     # about 2.4x a plain step (hooks, a weight copy), so 100 keeps light mode's overhead ~1%
     every: int = 100
@@ -262,8 +257,6 @@ class DiagnosticsConfig:
     top_layers: int = 5  # layers named per probe (least fp16 headroom, most underflow)
 
     def __post_init__(self) -> None:
-        _require(self.mode in DIAGNOSTICS_MODES,
-                 f"diagnostics={self.mode!r} is unknown; use one of {DIAGNOSTICS_MODES}")
         _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
         _require(0 < self.skip_warn_rate <= 1,
                  f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]")
@@ -271,10 +264,8 @@ class DiagnosticsConfig:
 
 @dataclass
 class PitfallConfig:
-    name: str = "none"  # a classic AMP mistake reproduced on purpose (amp_lab/pitfalls.py)
-
-    def __post_init__(self) -> None:
-        _require(self.name in PITFALLS, f"pitfall={self.name!r} is unknown; use one of {PITFALLS}")
+    # a classic AMP mistake reproduced on purpose (amp_lab/numerics/pitfalls.py)
+    name: PitfallName = PitfallName.none
 
 
 @dataclass
@@ -299,9 +290,11 @@ class AmpLabConfig:
     lr: LRConfig = field(default_factory=LRConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig, metadata=FREE_ON_RESUME)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig,
+                                         metadata=FREE_ON_RESUME)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig,
+                                           metadata=FREE_ON_RESUME)
     pitfall: PitfallConfig = field(default_factory=PitfallConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
@@ -312,15 +305,45 @@ def register() -> None:
     ConfigStore.instance().store(name="amp_lab_schema", node=AmpLabConfig)
 
 
+def free_on_resume() -> frozenset[str]:
+    """The settings (`group`, or `group.key`) whose FREE_ON_RESUME metadata lets a resume change
+    them."""
+    schema, free = AmpLabConfig(), set()
+    for group in fields(schema):
+        if group.metadata.get("free_on_resume"):
+            free.add(group.name)
+        section = getattr(schema, group.name)
+        if is_dataclass(section):
+            free |= {f"{group.name}.{f.name}" for f in fields(section)
+                     if f.metadata.get("free_on_resume")}
+    return frozenset(free)
+
+
+def flat_settings(settings: AmpLabConfig) -> dict[str, str]:
+    """`group.key` -> JSON value (choices as plain strings): what a run records of its settings,
+    in settings.json and in each checkpoint."""
+    return {f"{group}.{key}": json.dumps(value, sort_keys=True)
+            for group, values in asdict(settings).items() if isinstance(values, dict)
+            for key, value in values.items()}
+
+
+def changed_settings(saved: Mapping[str, str], settings: AmpLabConfig) -> list[str]:
+    """`key old -> new` for each setting that differs from a saved run's and is not free on
+    resume; a key the saved run did not have (a setting added since) counts as unchanged."""
+    free = free_on_resume()
+    return [f"{k} {saved[k]} -> {v}" for k, v in flat_settings(settings).items()
+            if saved.get(k, v) != v and k.split(".")[0] not in free and k not in free]
+
+
 def _unknown_keys(cfg: DictConfig) -> list[str]:
     """Keys the schema does not have, each with the nearest real one: `+scaler.init_scal=1`
     adds a key Hydra accepts and the schema would silently drop."""
     found = []
     schema = AmpLabConfig()
-    for group in cfg:
-        section = getattr(schema, str(group), None)
+    for group in map(str, cfg):
+        section = getattr(schema, group, None)
         if section is None:
-            found.append((str(group), [f.name for f in fields(schema)]))
+            found.append((group, [f.name for f in fields(schema)]))
         elif is_dataclass(section):
             names = [f.name for f in fields(section)]  # model/optim.kwargs: free-form dicts
             found += [(f"{group}.{key}", [f"{group}.{n}" for n in names])
@@ -351,5 +374,15 @@ def compose_settings(overrides: list[str]) -> AmpLabConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return validate(compose(config_name="config", overrides=overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"{str(err).strip().splitlines()[0]} (overrides: "
-                          f"{' '.join(overrides)})") from err
+        raise ConfigError(_unknown_choice(err) or f"{str(err).strip().splitlines()[0]} "
+                          f"(overrides: {' '.join(overrides)})") from err
+
+
+def _unknown_choice(err: Exception) -> str | None:
+    """`key='value' is unknown; use one of ...` when a choice field got a value it lacks."""
+    cause = err if isinstance(err, ValidationError) else err.__cause__
+    choices = getattr(getattr(cause, "child_node", None), "enum_type", None)
+    if not (isinstance(cause, ValidationError) and choices is not None):
+        return None
+    return (f"{cause.full_key}={cause.value!r} is unknown; use one of "
+            f"{', '.join(c.name for c in choices)}")

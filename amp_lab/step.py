@@ -238,9 +238,10 @@ class TrainStep:
         if measure_norm or clip_norm:
             grads = [p.grad for p in self.params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        if clip_norm:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
-        elif self.clip_grad > 0:
+            if clip_norm:
+                torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm,
+                                                     foreach=True)
+        if self.clip_grad > 0 and not clip_norm:
             torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
         return None if norm is None else norm.float()
 

@@ -16,7 +16,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-REFUSED_FILE = "refused.txt"
+from amp_lab.records import REFUSED_FILE
+
 skipped: list[str] = []  # "job N: reason" of this launch, for the command's exit code
 
 

@@ -14,12 +14,13 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from amp_lab.checkpoint.store import Checkpointer, Interrupted
+from amp_lab.checkpoint.signals import Interrupted
+from amp_lab.checkpoint.store import Checkpointer
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
@@ -33,6 +34,7 @@ from amp_lab.parts import BuiltParts
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import resolve_device, resolve_precision
 from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dynamic_scaling
+from amp_lab.records import METRICS_FILE, SUMMARY_FILE
 from amp_lab.step import StepResult, TrainStep, evaluate, take
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink, Sinks
 from amp_lab.tracking.wandb_sink import build_tracking_sinks
@@ -140,7 +142,9 @@ class Trainer:
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
         parallel_model = self.dist.wrap(self.model, self.device)
-        forward_model = torch.compile(parallel_model) if t.compile else parallel_model
+        forward_model = parallel_model
+        if t.compile:  # torch.compile(module) returns an OptimizedModule; its stubs say Callable
+            forward_model = cast(torch.nn.Module, torch.compile(parallel_model))
         # built once, of the class the pitfall lab picks; it builds its numerics observer from
         # its own view as it is built (nothing is swapped or attached afterwards)
         make_step = step_class(settings.pitfall.name, settings.fault)
@@ -208,7 +212,7 @@ class Trainer:
                  self.dist.rank, self.dist.world_size, self.peak_lr, self.settings.lr.base,
                  self.settings.lr.rule, self.global_batch, self.settings.lr.scale,
                  self.total_steps)
-        sinks = Sinks([JsonlSink(self.out_dir / "metrics.jsonl"),  # rank 0 alone writes
+        sinks = Sinks([JsonlSink(self.out_dir / METRICS_FILE),  # rank 0 alone writes
                        ConsoleSink(self.total_steps, t.progress), *self.extra_sinks,
                        *build_tracking_sinks(self.settings, self.out_dir)]
                       if self.dist.is_main else [])
@@ -270,6 +274,7 @@ class Trainer:
         counters.reduce(self.dist)
         c = counters.read_window()
         steps_in_window = (st.step - 1) % t.log_every + 1
+        assert result.grad_norm is not None, "a log step measures the gradient norm"
         self.skipped_total = int(c["skipped"])
         if c["worst_streak"] >= t.max_bad_steps:
             st.diverged = True
@@ -357,7 +362,7 @@ class Trainer:
     def write_summary(self, summary: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        path = self.out_dir / "summary.json"
+        path = self.out_dir / SUMMARY_FILE
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2))
         tmp.replace(path)  # atomic: a reader never sees half a summary

@@ -1,53 +1,35 @@
-"""Compose the real Hydra configs, shrunk for CPU: few steps, tiny models, output in tmp_path."""
+"""Fixtures and hooks only; what the tests share otherwise lives in tests/helpers/."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
-
-from amp_lab.config import AmpLabConfig, register, validate
-
-ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = ROOT / "amp_lab" / "conf"
-
-# Small and fast on 2 CPU cores: a tiny ViT on 16x16 digits (fp16 on CPU is slow), few steps.
-FAST = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.max_steps=6",
-        "trainer.log_every=2", "trainer.timing_warmup=1", "trainer.progress=false",
-        "trainer.device=cpu", "logger.mode=disabled"]  # W&B offline costs ~1-2 s a run
-
-register()
-# One torch thread per process: on 2 shared cores a tiny model runs several times faster than
-# with threads fighting over them; subprocesses (CLI runs, SLURM jobs) inherit it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(1)
+from helpers import FAST
+from helpers.slurm import SCRIPT
 
 
-def compose_cfg(*overrides: str, fast: bool = True) -> DictConfig:
-    """The composed config, exactly as `python -m amp_lab <overrides>` would see it."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=[*(FAST if fast else []), *overrides])
-
-
-def settings(*overrides: str, fast: bool = True) -> AmpLabConfig:
-    return validate(compose_cfg(*overrides, fast=fast))
-
-
-def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m amp_lab ARGS` in a subprocess, as a user types it."""
-    # PYTHONPATH: this checkout's package, whichever checkout the venv was installed from
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path}
-    return subprocess.run([sys.executable, "-m", "amp_lab", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def pytest_configure(config: pytest.Config) -> None:
+    # One torch thread per process: on 2 shared cores a tiny model runs several times faster
+    # than with threads fighting over them; subprocesses (CLI runs, SLURM jobs) inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
 def fast_overrides() -> list[str]:
     return list(FAST)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """The test SLURM cluster, started (and stopped after the module) when it is not up."""
+    started = subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode != 0
+    if started:
+        subprocess.run([str(SCRIPT), "start"], check=True, timeout=900)
+    yield
+    if started:
+        subprocess.run([str(SCRIPT), "stop"], check=True, timeout=120)

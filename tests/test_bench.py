@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 
 from amp_lab.bench import cli as bench
 from amp_lab.bench import flops
@@ -38,6 +38,7 @@ def tiny_bench(tmp_path_factory):
     return code, out
 
 
+@pytest.mark.slow
 def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     code, out = tiny_bench
     assert code == 0
@@ -69,6 +70,7 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     assert data["throughput_errors"] == []
 
 
+@pytest.mark.slow
 def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     _, out = tiny_bench
     md = (out / "bench.md").read_text()
@@ -129,6 +131,7 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     assert max(graphs) < (out / "compile_cache" / "bench.json").stat().st_mtime
 
 
+@pytest.mark.slow
 def test_a_second_bench_into_the_same_folder_measures_again(tmp_path):
     for _ in range(2):
         code = bench.main([*TINY, "--parts", "overhead", "--variants", "default",
@@ -138,6 +141,7 @@ def test_a_second_bench_into_the_same_folder_measures_again(tmp_path):
         assert _positive(row["median_ratio"])
 
 
+@pytest.mark.slow
 def test_a_pure_16_bit_row_first_for_its_model_counts_its_flops(tmp_path):
     """The FLOPs are counted once per model, by its first row: here a bf16_pure model, which
     takes fp32 images only under its autocast."""
@@ -150,6 +154,7 @@ def test_a_pure_16_bit_row_first_for_its_model_counts_its_flops(tmp_path):
         "flops_per_step"] > 0
 
 
+@pytest.mark.slow
 def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tmp_path):
     # The config composes, but this machine has no CUDA device: the process fails at start-up.
     code = bench.main([*TINY, "--parts", "compile_cache", "--override", "trainer.device=cuda",

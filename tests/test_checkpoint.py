@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
-import os
+import shutil
 import signal
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from helpers import ROOT, run_cli, settings
+from helpers.resume import RUN, SignalAt
+from helpers.resume import curve as _curve
+from helpers.resume import interrupt as _interrupt
+from helpers.resume import rows as _rows
 
-from amp_lab.checkpoint.store import Interrupted
-from amp_lab.config import ConfigError
+from amp_lab import records
+from amp_lab.config import ConfigError, changed_settings, free_on_resume
+from amp_lab.records import SETTINGS_FILE, SUMMARY_FILE
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
-# 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
-RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
-       "data.val_fraction=0.05", "checkpoint.every_minutes=0"]
 # fp16: a small growth interval, so the scale moves and a lost growth tracker would show
 PRECISION = {"fp32": ["precision=fp32"], "bf16": ["precision=bf16"],
              "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"]}
@@ -31,30 +34,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-class SignalAt(Sink):
-    """Sends a signal (`times` times) to this very process when the train record of `step` is
-    logged."""
-
-    def __init__(self, step: int, signum: int = signal.SIGUSR2, times: int = 1) -> None:
-        self.step, self.signum, self.times = step, signum, times
-
-    def log(self, record: dict) -> None:
-        if record["kind"] == "train" and record["step"] == self.step:
-            for _ in range(self.times):
-                os.kill(os.getpid(), self.signum)
-
-
-def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _curve(run_dir) -> list[tuple]:
-    """Everything that must match between runs: losses, LR, loss scale, val figures."""
-    return [(r["kind"], r["step"], r.get("train/loss"), r.get("train/lr"),
-             r.get("amp/loss_scale"), r.get("amp/skipped_steps"), r.get("val/loss"))
-            for r in _rows(run_dir)]
 
 
 class KillAt(Sink):
@@ -74,12 +53,7 @@ def _diagnostics(run_dir) -> list[dict]:
             (run_dir / "diagnostics.jsonl").read_text().splitlines()]
 
 
-def _interrupt(run_dir, overrides, at_step, signum=signal.SIGUSR2) -> Interrupted:
-    with pytest.raises(Interrupted) as stopped:
-        Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()
-    return stopped.value
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
     overrides = [*RUN, *PRECISION[precision]]
@@ -110,6 +84,7 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
                     if r["kind"] == "train"}) > 1
 
 
+@pytest.mark.slow
 def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     """A kill between a mid-window checkpoint and the next one: the resumed run's scale events,
     probe results and pitfall verdicts are those of an uninterrupted run (no invented events,
@@ -129,6 +104,7 @@ def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_path, caplog):
     _interrupt(tmp_path, RUN, at_step=5)
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
@@ -145,7 +121,7 @@ def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_p
 
 
 def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.signals"):
         _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)
     assert "SIGTERM at step 3: checkpoint" in caplog.text and "; stopping" in caplog.text
     [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
@@ -180,6 +156,7 @@ def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
     assert summary["status"].startswith("interrupted: SIGUSR2 at step 4")
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys):
     stopped = _interrupt(tmp_path / "once", RUN, at_step=5, signum=signal.SIGINT)
     assert stopped.code == 130 and "SIGINT at step 5: checkpoint" in str(stopped)
@@ -201,13 +178,13 @@ def test_a_signal_ignored_before_stays_ignored(tmp_path):
 
 
 def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written(tmp_path):
-    checkpointer = Trainer(settings(*RUN), tmp_path).checkpointer
-    checkpointer.stop_signal = signal.SIGINT  # the first Ctrl-C
-    checkpointer.saving = True
-    checkpointer._on_signal(signal.SIGINT, None)  # the second, during the save: no effect
-    checkpointer.saving = False
+    signals = Trainer(settings(*RUN), tmp_path).checkpointer.signals
+    signals.stop_signal = signal.SIGINT  # the first Ctrl-C
+    signals.saving = True
+    signals.on_signal(signal.SIGINT, None)  # the second, during the save: no effect
+    signals.saving = False
     with pytest.raises(KeyboardInterrupt):
-        checkpointer._on_signal(signal.SIGINT, None)  # the second, during a step: at once
+        signals.on_signal(signal.SIGINT, None)  # the second, during a step: at once
 
 
 def test_a_previous_handler_that_returns_lets_training_go_on(tmp_path):
@@ -265,6 +242,7 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog
     assert _curve(run) == _curve(whole)
 
 
+@pytest.mark.slow
 def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, monkeypatch):
     _interrupt(tmp_path / "run", [*RUN, "checkpoint.every_steps=2"], at_step=5)
     files = sorted((tmp_path / "run" / "checkpoints").iterdir())
@@ -311,6 +289,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
+@pytest.mark.slow
 def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_path):
     """The checkpoint was written with diagnostics=off; the resumed run watches from its step
     on, from the scale it resumed at (1 for the scaler-less half_model loop), inventing no
@@ -347,3 +326,82 @@ def test_bad_checkpoint_settings_are_one_line_errors():
         settings("checkpoint.signals=[USR2]")
     with pytest.raises(ConfigError, match="SIGKILL cannot be caught"):
         settings("checkpoint.signals=[SIGKILL]")
+
+
+# How tests/snapshots/checkpoint_format2_step2.pt was written, by the checkpointer before it was
+# split into store/run_dir/signals: these settings, checkpoint.every_steps=2, killed after step 2
+SNAPSHOT = ROOT / "tests" / "snapshots" / "checkpoint_format2_step2.pt"
+SNAPSHOT_RUN = ["trainer.max_steps=3", "trainer.log_every=1", "data.val_fraction=0.05",
+                "checkpoint.every_minutes=0", "precision=fp16", "scaler.init_scale=1024",
+                "scaler.growth_interval=1", "+model.kwargs.depth=2", "+model.kwargs.embed_dim=32"]
+
+
+def test_a_checkpoint_written_before_the_split_still_resumes(tmp_path):
+    assert SNAPSHOT.stat().st_size < 1_000_000  # a small file in the repository
+    payload = torch.load(SNAPSHOT, weights_only=True)
+    assert payload["format"] == 2 and payload["step"] == 2
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    shutil.copy(SNAPSHOT, tmp_path / "run" / "checkpoints" / "step_000000002.pt")
+    resumed = Trainer(settings(*SNAPSHOT_RUN), tmp_path / "run")
+    assert resumed.state.step == 2 and resumed.scaler.get_scale() == 4096.0  # 1024, grown twice
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, payload["parts"]["model"][name]), name
+    summary = resumed.fit()
+    whole = Trainer(settings(*SNAPSHOT_RUN), tmp_path / "whole")
+    whole.fit()
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    [last] = [r for r in _rows(tmp_path / "run") if r["kind"] == "train"]  # step 3 alone
+    [*_, expected] = [r for r in _rows(tmp_path / "whole") if r["kind"] == "train"]
+    assert last["step"] == 3 and last["amp/loss_scale"] == expected["amp/loss_scale"] == 8192.0
+    # same data position, RNG and optimizer state: the step's loss matches (slack for another
+    # torch build's CPU kernels)
+    assert last["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-3)
+
+
+def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(tmp_path):
+    assert free_on_resume() == {
+        "checkpoint", "logger", "diagnostics", "trainer.progress", "trainer.resume",
+        "trainer.device", "trainer.compile", "trainer.eval_every", "trainer.target_acc",
+        "trainer.max_bad_steps", "trainer.timing_warmup", "data.root", "data.prefetch_factor",
+        "data.pin_memory"}
+    _interrupt(tmp_path, RUN, at_step=5)
+    # the workers seed the augmentation: a resume with other workers is refused
+    with pytest.raises(ConfigError, match="data.num_workers 0 -> 2"):
+        Trainer(settings(*RUN, "data.num_workers=2"), tmp_path)
+    resumed = Trainer(settings(*RUN, "trainer.timing_warmup=2", "data.prefetch_factor=4",
+                               "logger.project=elsewhere"), tmp_path)
+    assert resumed.state.step == 5
+
+
+def test_settings_json_of_a_run_records_choices_as_plain_strings(tmp_path):
+    """An old run's settings.json (plain JSON strings) compares equal with Enum choices."""
+    Trainer(settings(*RUN, "precision=bf16", "scaler=hysteresis"), tmp_path).fit()
+    saved = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    assert saved["precision.name"] == '"bf16"' and saved["scaler.kind"] == '"hysteresis"'
+    assert saved["trainer.clip_mode"] == '"norm"' and saved["diagnostics.mode"] == '"light"'
+    assert changed_settings(saved, settings(*RUN, "precision=bf16", "scaler=hysteresis")) == []
+    assert changed_settings(saved, settings(*RUN, "precision=fp16", "scaler=hysteresis")) == [
+        'precision.name "bf16" -> "fp16"']
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
+    assert summary["scaler"]["kind"] == "hysteresis" and summary["lr"]["schedule"] == "cosine"
+
+
+RUN_DIR_NAMES = {v for k, v in vars(records).items() if k.isupper() and isinstance(v, str)}
+
+
+def test_run_dir_file_names_are_written_once_in_the_package():
+    """Every module takes the run directory's file names from amp_lab/records.py (a dict key
+    of the same spelling, the checkpoint's "wandb_run_id", is not a file name)."""
+    found = []
+    for path in (ROOT / "amp_lab").rglob("*.py"):
+        if path.name == "records.py":
+            continue
+        tree = ast.parse(path.read_text())
+        keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)} | {
+            id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in RUN_DIR_NAMES and \
+                    id(node) not in keys:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert RUN_DIR_NAMES >= {"summary.json", "metrics.jsonl", "wandb_run_id", "refused.txt"}
+    assert found == []

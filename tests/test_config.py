@@ -6,12 +6,20 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
-from conftest import CONF_DIR, FAST, compose_cfg, run_cli, settings
+from helpers import CONF_DIR, FAST, compose_cfg, leaves, run_cli, settings
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
 
+from amp_lab.choices import Choice, DatasetName, DiagnosticsMode, PitfallName, PrecisionName
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.numerics.pitfalls import VARIANTS
+from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.trainer import Trainer
 
 GROUPS = ["model", "data", "precision", "scaler", "lr", "optim", "trainer", "logger", "checkpoint",
@@ -68,6 +76,9 @@ def test_model_kwargs_accept_new_keys():
     ("lr.rule=cube", "lr.rule='cube' is unknown"),
     ("lr.schedule=exp", "lr.schedule='exp' is unknown"),
     ("data.name=mnist", "data.name='mnist' is unknown"),
+    ("precision.name=fp17", "precision.name='fp17' is unknown; use one of fp32, tf32, fp16"),
+    ("trainer.clip_mode=clip", "trainer.clip_mode='clip' is unknown; use one of norm, value"),
+    ("diagnostics.mode=verbose", "diagnostics.mode='verbose' is unknown"),
     ("trainer.max_steps=-5", "trainer.max_steps=-5 must be >= 0"),
     ("lr.step_every=-1", "lr.step_every=-1 must be >= 0"),
     ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in [0, 1]"),
@@ -81,7 +92,6 @@ def test_invalid_values_are_config_errors(override, message):
 
 @pytest.mark.parametrize("override,message", [
     ("model.name=resnet5", "did you mean resnet50"),
-    ("precision.name=fp17", "precision='fp17' is unknown"),
     ("optim.name=adamx", "optim.name='adamx' is unknown"),
     ("data=cifar10", "torchvision.datasets.CIFAR10('DIR', download=True)"),
     ("precision=tf32", "precision=tf32 needs an NVIDIA GPU"),
@@ -97,9 +107,11 @@ def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,expected", [
     (["model.name=resnet5"], "amp_lab: error: model.name='resnet5' is not a timm model"),
     (["precision=fp17"], "Could not find 'precision/fp17'"),
+    (["precision.name=fp17"], "Invalid value 'fp17', expected one of [fp32, tf32, fp16,"),
     (["scaler.init_scale=-1"], "amp_lab: error: scaler.init_scale=-1.0 must be > 0"),
     (["scaler.init_scal=3"], "Key 'init_scal' not in 'ScalerConfig'"),
     (["trainer.batch_size=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
@@ -114,6 +126,7 @@ def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 2
@@ -134,6 +147,7 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
         result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_help_lists_the_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
@@ -142,6 +156,7 @@ def test_help_lists_the_groups(tmp_path):
     assert "scaler.init_scale=32768" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_path):
     command = Path(sys.executable).with_name("amp_lab")  # the venv's console script
     result = subprocess.run([str(command), "--help"], cwd=tmp_path, capture_output=True,
@@ -162,3 +177,76 @@ def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_p
 def test_compose_keeps_output_out_of_the_repo():
     cfg = compose_cfg()
     assert "hydra" not in cfg  # the task sees only amp_lab's own keys
+
+
+def test_option_files_hold_only_what_differs_from_the_schema():
+    """config.py is the single source of the defaults: no option file repeats one. (accum/
+    options are not a group's: each states its whole batch split, since it applies on top of
+    a study's own batch size.)"""
+    defaults = leaves(OmegaConf.to_container(OmegaConf.structured(AmpLabConfig)))
+    repeated, checked = [], 0
+    for group in GROUPS:
+        for path in sorted((CONF_DIR / group).glob("*.yaml")):
+            raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+            for key, value in leaves(raw, group).items():
+                checked += 1
+                if key in defaults and defaults[key] == value:
+                    repeated.append(f"{group}/{path.name}: {key}={value}")
+    assert checked > 40 and repeated == []
+
+
+CHOICES = {f"{group.name}.{f.name}": hint
+           for group in fields(AmpLabConfig) if is_dataclass(group.default_factory)
+           for f in fields(group.default_factory)
+           if isinstance(hint := get_type_hints(group.default_factory)[f.name], type)
+           and issubclass(hint, Choice)}
+
+
+def test_the_choice_fields_are_enums():
+    assert set(CHOICES) == {
+        "data.name", "precision.name", "precision.update_rounding", "precision.fp8_recipe",
+        "scaler.kind", "lr.rule", "lr.warmup_type", "lr.schedule", "trainer.device",
+        "trainer.clip_mode", "trainer.strategy", "logger.mode", "diagnostics.mode",
+        "pitfall.name"}
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_every_choice_field_refuses_an_unknown_value_at_compose(key):
+    names = ", ".join(c.value for c in CHOICES[key])
+    with pytest.raises(HydraException):  # Hydra's compose refuses it already
+        compose_cfg(f"{key}=bogus")
+    with pytest.raises(ConfigError, match=re.escape(f"{key}='bogus' is unknown; use one of "
+                                                    f"{names}")) as err:
+        settings(f"{key}=bogus")
+    assert "\n" not in str(err.value)  # the lab's tools say so in one line
+
+
+def test_choices_match_the_mode_table_and_the_option_files():
+    assert list(PrecisionName) == list(PRECISION_MODES)
+    assert set(PitfallName) == set(VARIANTS)
+    for group, choice in [("precision", PrecisionName), ("pitfall", PitfallName),
+                          ("diagnostics", DiagnosticsMode), ("data", DatasetName)]:
+        assert set(_options(group)) == {c.value for c in choice}, group
+
+
+def test_choices_are_plain_strings_in_every_record():
+    """Code compares `cfg.precision.name == "fp16"`; summaries, W&B and the report read
+    plain strings."""
+    cfg = settings("precision=fp16", "scaler=hysteresis", "diagnostics=off")
+    assert cfg.precision.name == "fp16" and {"fp16": 1}[cfg.precision.name] == 1
+    assert f"{cfg.precision.name}/{cfg.scaler.kind}" == "fp16/hysteresis"
+    assert json.loads(json.dumps(asdict(cfg)))["diagnostics"]["mode"] == "off"
+    assert type(OmegaConf.to_container(compose_cfg("precision=fp16"), enum_to_str=True)[
+        "precision"]["name"]) is str
+    assert "name: fp16\n" in OmegaConf.to_yaml(compose_cfg("precision=fp16"))  # .hydra/
+
+
+def test_hydra_settings_live_in_conf_hydra():
+    assert list(OmegaConf.load(CONF_DIR / "config.yaml")) == ["defaults"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydra = compose("config", return_hydra_config=True).hydra
+    assert hydra.callbacks.skipped_jobs._target_ == "amp_lab.sweeps.SkippedJobs"
+    assert OmegaConf.to_container(hydra.sweep)["subdir"] == (
+        "${hydra.job.num}_${hydra.job.override_dirname}")  # job dirs named by their overrides
+    assert list(hydra.job.config.override_dirname.exclude_keys) == ["hydra/launcher",
+                                                                    "trainer.device"]

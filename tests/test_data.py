@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 from PIL import Image
 
 from amp_lab.components.data import EpochBatchSampler, build_data

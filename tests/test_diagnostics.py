@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from helpers import run_cli, settings
 
 from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer
@@ -88,6 +88,7 @@ def test_probes_see_a_compiled_model(tmp_path):
         assert c["diag/act_max"] == pytest.approx(e["diag/act_max"], rel=1e-2)
 
 
+@pytest.mark.slow
 def test_full_mode_on_a_compiled_model_says_it_runs_eager(tmp_path, caplog):
     Trainer(settings(*TINY, "diagnostics=full", "trainer.compile=true"), tmp_path)
     assert "every step runs eager" in caplog.text
@@ -176,6 +177,7 @@ def test_fp32_modules_run_in_fp32_under_autocast(tmp_path):
         Trainer(settings(*TINY, "precision.fp32_modules=[haed]"), tmp_path / "bad")
 
 
+@pytest.mark.slow
 def test_fp32_modules_from_the_command_line(tmp_path):
     bad = run_cli("model=test_vit", *TINY, "trainer.device=cpu", "hydra.run.dir=run",
                   "precision.fp32_modules=[nothing_like_this]", cwd=tmp_path)

@@ -12,9 +12,8 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import ROOT, run_cli, settings
-from test_slurm import JOB, ON_TEST_CLUSTER
-from test_slurm import cluster as slurm_cluster  # noqa: F401 - a pytest fixture
+from helpers import ROOT, run_cli, settings
+from helpers.slurm import JOB, ON_TEST_CLUSTER
 
 from amp_lab.components.distributed import world_from_environment
 from amp_lab.trainer import Trainer
@@ -110,7 +109,7 @@ def test_an_inf_on_one_rank_makes_every_rank_skip(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("sbatch") is None,
                     reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs it)")
-@pytest.mark.usefixtures("slurm_cluster")
+@pytest.mark.usefixtures("cluster")
 def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
     """tasks_per_node=2 through the submitit launcher: one DDP world of two SLURM tasks."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

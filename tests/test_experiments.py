@@ -6,8 +6,9 @@ import itertools
 import json
 
 import pytest
-from conftest import CONF_DIR, ROOT, compose_cfg, run_cli
+from helpers import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from amp_lab.config import validate
 from amp_lab.trainer import Trainer
@@ -35,6 +36,7 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
         assert study in index
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", [f"experiment={s}" for s in STUDIES]
                          + [f"+experiment/cpu={s}" for s in STUDIES])
 def test_every_job_of_every_study_composes(experiment):
@@ -47,6 +49,7 @@ def test_every_job_of_every_study_composes(experiment):
             assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_job_of_every_cpu_study_builds(study, tmp_path):
     """Each job's model takes its images and its mode runs here: the CPU variants are what a
@@ -56,6 +59,7 @@ def test_every_job_of_every_cpu_study_builds(study, tmp_path):
         Trainer(validate(compose_cfg(experiment, *job, fast=False)), tmp_path / str(i))
 
 
+@pytest.mark.slow
 def test_grad_accum_study_keeps_the_global_batch():
     for experiment in ["experiment=grad_accum", "+experiment/cpu=grad_accum"]:
         trainers = [validate(compose_cfg(experiment, *job, fast=False)).trainer
@@ -83,3 +87,21 @@ def test_a_cpu_study_sweep_runs(tmp_path, monkeypatch):
         (1.0, 0), (1.0, 15), (0.5, 0), (0.5, 15)}
     assert all(s["status"] == "completed" and s["precision"]["name"] == "fp16"
                for s in summaries)
+
+
+def test_the_cpu_studies_share_one_base_and_copy_none_of_it():
+    base = OmegaConf.load(CONF_DIR / "cpu_study.yaml")
+    shared = {k: v for k, v in leaves(OmegaConf.to_container(base)).items()
+              if not k.startswith("defaults")}
+    for study in STUDIES:
+        raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / "cpu" /
+                                                    f"{study}.yaml"))
+        assert raw["defaults"][0] == "/cpu_study", study  # first: the study's lines win
+        copied = [k for k, v in leaves(raw).items() if shared.get(k) == v]
+        assert copied == [], study
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", [f"+experiment/cpu={study}"], return_hydra_config=True)
+        assert (cfg.data.name, cfg.trainer.device, cfg.trainer.progress,
+                cfg.checkpoint.every_minutes) == ("digits", "cpu", False, 0)
+        assert "experiment/cpu" in cfg.hydra.job.config.override_dirname.exclude_keys
+

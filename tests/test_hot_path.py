@@ -15,7 +15,7 @@ import traceback
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.components.data import EpochBatchSampler
 from amp_lab.components.metrics import ThroughputMeter

@@ -6,7 +6,10 @@ import json
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
+from helpers.resume import RUN
+from helpers.resume import curve as _curve
+from helpers.resume import interrupt as _interrupt
 
 from amp_lab.config import ConfigError
 from amp_lab.precision.hysteresis import HysteresisGradScaler
@@ -111,6 +114,7 @@ def test_bad_scaler_settings_are_one_line_errors(overrides, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     ["precision=fp16", "scaler=hysteresis", "scaler.init_scale=1024", "scaler.growth_interval=3"],
     ["precision=bf16_pure"],
@@ -118,8 +122,6 @@ def test_bad_scaler_settings_are_one_line_errors(overrides, message):
 ], ids=["fp16_hysteresis", "bf16_pure", "bf16_kahan"])
 def test_resumed_run_equals_uninterrupted_run(tmp_path, overrides):
     """Checkpoints hold the hysteresis state, the fp32 masters and the Kahan buffers."""
-    from test_checkpoint import RUN, _curve, _interrupt
-
     whole = Trainer(settings(*RUN, *overrides), tmp_path / "whole")
     whole.fit()
     _interrupt(tmp_path / "split", [*RUN, *overrides], at_step=5)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.components.lr import build_scheduler, peak_lr, warmup_length
 from amp_lab.config import LRConfig

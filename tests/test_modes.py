@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.config import ConfigError
 from amp_lab.precision.master_weights import RoundedUpdates, stochastic_round_to_bf16
@@ -82,6 +82,7 @@ def test_fp8_converts_the_eligible_linears_but_not_the_head(tmp_path):
     assert PRECISION_MODES["fp8"].reports_mfu is False  # the bench reads this from the table
 
 
+@pytest.mark.slow
 def test_fp8_leaves_the_fp32_modules_in_fp32(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
 
@@ -93,6 +94,7 @@ def test_fp8_leaves_the_fp32_modules_in_fp32(tmp_path):
     trainer.fit()  # and the run trains through both kinds
 
 
+@pytest.mark.slow
 def test_fp16_pure_with_master_weights_matches_fp16_autocast(tmp_path):
     common = ["lr.base=1e-3", "lr.schedule=constant", "optim.weight_decay=0"]
     amp = Trainer(settings("precision=fp16", *common), tmp_path / "amp")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FAST, run_cli, settings
-from test_tracking import Boom
-from wandb_records import offline_runs, read_run
+from helpers import FAST, run_cli, settings
+from helpers.sinks import Boom
+from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.report.compare import main
 from amp_lab.report.wandb_report import build_report, report_spec
@@ -42,6 +42,7 @@ def _rows(report_md: str) -> list[list[str]]:
     return _table(report_md)[2:]
 
 
+@pytest.mark.slow
 def test_report_groups_seeds_marks_crashes_and_plots(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     for num, (precision, seed) in enumerate([("fp32", 0), ("fp32", 1), ("bf16", 0)]):
@@ -70,6 +71,7 @@ def test_report_groups_seeds_marks_crashes_and_plots(tmp_path, capsys):
     assert "job 3" in capsys.readouterr().out  # the terminal table
 
 
+@pytest.mark.slow
 def test_ref_option_and_bad_input(tmp_path, capsys, monkeypatch):
     run = _run(tmp_path / "runs", "a", "precision=bf16")
     (run / "wandb_run_id").write_text("abc12345\n")  # a single run: no sweep group
@@ -145,6 +147,7 @@ def test_multirun_is_one_wandb_group_and_one_report(tmp_path, monkeypatch):
     assert parallel["columns"][0]["metric"]["name"] == "precision"
 
 
+@pytest.mark.slow
 def test_damaged_and_unfinished_runs_are_read_as_far_as_they_go(tmp_path, caplog):
     sweep = tmp_path / "sweep"
     killed = _run(sweep, "0_p=fp32,s=0", "precision=fp32", "trainer.seed=0")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.precision import scaler_internals as internals
 from amp_lab.trainer import Trainer

@@ -16,32 +16,15 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_cli
+from helpers import ROOT, run_cli
+from helpers.slurm import JOB, ON_TEST_CLUSTER
 
-SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("sbatch") is None,
                        reason="no sbatch on this machine (scripts/slurm_cluster.sh start "
                               "installs SLURM)"),
 ]
-# tiny jobs for a 2-core machine
-JOB = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.device=cpu",
-       "trainer.progress=false", "data.val_fraction=0.05"]
-# the slurm preset asks for a GPU node; this test cluster has 1-CPU slots and no GPUs
-ON_TEST_CLUSTER = ["hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
-                   "hydra.launcher.mem_gb=null"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    started = subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode != 0
-    if started:
-        subprocess.run([str(SCRIPT), "start"], check=True, timeout=900)
-    yield
-    if started:
-        subprocess.run([str(SCRIPT), "stop"], check=True, timeout=120)
-
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):

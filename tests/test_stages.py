@@ -9,12 +9,11 @@ import weakref
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.bench.throughput import batch_stream, phase_times
-from amp_lab.config import PITFALLS
+from amp_lab.choices import PitfallName
 from amp_lab.doctor.verdict import SIGNATURE_FIXES
-from amp_lab.numerics.names import Pitfall
 from amp_lab.numerics.pitfalls import VARIANTS, HalfModel, LabStep, NoScalerUpdate
 from amp_lab.step import STAGES, TrainStep
 from amp_lab.trainer import Trainer
@@ -38,13 +37,13 @@ def _overridden(cls: type) -> set[str]:
             if inspect.isfunction(member) and not name.startswith("__")}
 
 
-@pytest.mark.parametrize("pitfall", [p for p in Pitfall if p != Pitfall.NONE])
+@pytest.mark.parametrize("pitfall", [p for p in PitfallName if p != PitfallName.none])
 def test_each_pitfall_overrides_stages_never_the_step(pitfall):
     cls = VARIANTS[pitfall]
     assert cls.__call__ is TrainStep.__call__  # no copy of the whole step
     assert issubclass(cls, LabStep) and _overridden(cls) <= {*STAGES, "compute_loss"}
     # one mistake, one stage; dropping the scaler (half_model) touches every scaler call
-    assert len(_overridden(cls)) == (4 if pitfall == Pitfall.HALF_MODEL else 1)
+    assert len(_overridden(cls)) == (4 if pitfall == PitfallName.half_model else 1)
 
 
 def test_the_lab_step_holds_only_the_last_outputs_until_the_next_forward(tmp_path):
@@ -82,6 +81,7 @@ def test_watching_stages_sees_each_stage_in_order_and_changes_nothing(tmp_path):
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_phase_times_time_the_runners_own_step(tmp_path):
     parts = _trainer(tmp_path, "precision=bf16").parts
     forward, backward, optimizer = phase_times(parts, batch_stream(parts), steps=2)
@@ -130,10 +130,13 @@ def test_the_view_reads_the_scale_on_the_device(tmp_path):
     assert view.scale().item() == trainer.scaler.get_scale() == 1024.0
 
 
+@pytest.mark.slow
 def test_pitfall_names_are_the_strings_configs_records_and_the_doctor_use(tmp_path):
-    assert PITFALLS == [p.value for p in Pitfall] and Pitfall.HALF_MODEL == "half_model"
-    assert set(SIGNATURE_FIXES) <= set(Pitfall)
-    assert json.dumps({Pitfall.HALF_MODEL: Pitfall.NONE}) == '{"half_model": "none"}'
+    """One Enum: the config's choice, the lab's variants, the signatures and the doctor's."""
+    assert set(VARIANTS) == set(PitfallName) and PitfallName.half_model == "half_model"
+    assert isinstance(settings("pitfall=half_model").pitfall.name, PitfallName)
+    assert set(SIGNATURE_FIXES) <= set(PitfallName)
+    assert json.dumps({PitfallName.half_model: PitfallName.none}) == '{"half_model": "none"}'
     trainer = _trainer(tmp_path, "precision=fp16", "scaler.init_scale=1e12",
                        "pitfall=no_scaler_update", "trainer.max_steps=4", "trainer.log_every=4")
     assert type(trainer.train_step) is NoScalerUpdate

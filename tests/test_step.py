@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import settings
+from helpers import settings
 
 from amp_lab.step import count_correct
 from amp_lab.trainer import Trainer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CONF_DIR, ROOT, compose_cfg
+from helpers import CONF_DIR, ROOT, compose_cfg
 from hydra import compose, initialize_config_dir
 
 from amp_lab.config import validate

@@ -7,12 +7,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import settings
-from wandb_records import offline_runs, read_run
+from helpers import settings
+from helpers.sinks import Boom
+from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.config import ConfigError
-from amp_lab.tracking.sinks import Sink
-from amp_lab.tracking.wandb_sink import RUN_ID_FILE, WandbSink, build_tracking_sinks, resolve_mode
+from amp_lab.records import WANDB_ID_FILE
+from amp_lab.tracking.wandb_sink import WandbSink, build_tracking_sinks, resolve_mode
 from amp_lab.trainer import Trainer
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, like a real key
@@ -29,6 +30,7 @@ def _no_key_anywhere(root: Path) -> None:
             assert FAKE_KEY.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -37,7 +39,7 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
                       tmp_path).fit()
     [wandb_file] = offline_runs(tmp_path)
     run = read_run(wandb_file)
-    assert run.run_id == (tmp_path / RUN_ID_FILE).read_text().strip()
+    assert run.run_id == (tmp_path / WANDB_ID_FILE).read_text().strip()
     assert (run.project, run.group, run.job_type) == ("amp_lab", "study-a", "bf16")
     assert {"model:test_vit", "precision:bf16", "mine"} <= set(run.tags)
     # nested keys, searchable as precision.name, scaler.init_scale, lr.scale in W&B
@@ -60,9 +62,10 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     _no_key_anywhere(tmp_path)
 
 
+@pytest.mark.slow
 def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    (tmp_path / RUN_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
+    (tmp_path / WANDB_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
     every = "checkpoint.every_steps=2"
     with pytest.raises(RuntimeError, match="boom"):  # dies at step 4, after its checkpoint at 2
         Trainer(settings("logger.mode=offline", every), tmp_path, sinks=[Boom()]).fit()
@@ -71,14 +74,7 @@ def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     assert len(files) == 2 and {read_run(f).run_id for f in files} == {"resume01"}
 
 
-class Boom(Sink):
-    """Fails at the second train log, as a crashing job would."""
-
-    def log(self, record: dict) -> None:
-        if record["step"] == 4:
-            raise RuntimeError("boom")
-
-
+@pytest.mark.slow
 def test_crashed_run_is_finished_with_its_summary(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with pytest.raises(RuntimeError, match="boom"):
@@ -89,6 +85,7 @@ def test_crashed_run_is_finished_with_its_summary(tmp_path, monkeypatch):
     assert [row["step"] for row in run.history if "train/loss" in row] == [2]
 
 
+@pytest.mark.slow
 def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     """Online with an unreachable server: a warning, then an offline run with every metric."""
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
@@ -106,6 +103,7 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     _no_key_anywhere(tmp_path)
 
 
+@pytest.mark.slow
 def test_modes_and_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert resolve_mode(settings("logger.mode=online").logger) == "online"

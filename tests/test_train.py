@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import run_cli, settings
+from helpers import run_cli, settings
 
 from amp_lab.components.metrics import peak_memory_mb
 from amp_lab.trainer import Trainer
@@ -21,6 +21,7 @@ def _rows(path):
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "fp16_noscale", "bf16"])
 def test_every_precision_mode_trains(precision, tmp_path):
     summary = Trainer(settings(f"precision={precision}", "model=test_convnext",
@@ -39,6 +40,7 @@ def test_every_precision_mode_trains(precision, tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
 
 
+@pytest.mark.slow
 def test_summary_holds_what_the_issue_names(tmp_path):
     summary = Trainer(settings("trainer.max_steps=6", "trainer.eval_every=3",
                                "trainer.target_acc=0.0", "lr.scale=0.5"), tmp_path).fit()
@@ -52,6 +54,7 @@ def test_summary_holds_what_the_issue_names(tmp_path):
     assert summary["mean_samples_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_peak_memory_is_each_runs_own_in_a_shared_process(tmp_path):
     """A local sweep runs its jobs in one process: an earlier job's peak must not carry over."""
     cpu = torch.device("cpu")
@@ -62,6 +65,7 @@ def test_peak_memory_is_each_runs_own_in_a_shared_process(tmp_path):
     assert 0 < summary["peak_memory_mb"] < earlier_peak - 128
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_other_seed_other_run(tmp_path):
     def losses(seed, name):
         Trainer(settings(f"trainer.seed={seed}"), tmp_path / name).fit()
@@ -71,6 +75,7 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
     assert losses(0, "a") != losses(1, "c")
 
 
+@pytest.mark.slow
 def test_epochs_cover_the_data_and_evaluate_each_epoch(tmp_path):
     summary = Trainer(settings("trainer.max_steps=0", "trainer.epochs=2",
                                "trainer.batch_size=256", "trainer.log_every=100"), tmp_path).fit()
@@ -78,6 +83,7 @@ def test_epochs_cover_the_data_and_evaluate_each_epoch(tmp_path):
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "val"] == [5, 10]
 
 
+@pytest.mark.slow
 def test_divergence_stops_cleanly(tmp_path):
     """An absurd LR sends the weights to inf; every later step is skipped, then the run stops."""
     result = run_cli("precision=fp32", "lr.base=1e30", "lr.schedule=constant",
@@ -92,6 +98,7 @@ def test_divergence_stops_cleanly(tmp_path):
     assert "consecutive non-finite steps" in result.stderr + result.stdout
 
 
+@pytest.mark.slow
 def test_the_users_command_starts_at_the_chosen_scale(tmp_path):
     result = run_cli("precision=fp16", "scaler.init_scale=32768", "trainer.max_steps=3",
                      "trainer.log_every=1", "model=test_vit", "data.img_size=16",

@@ -1,4 +1,4 @@
-"""Requeue-safe checkpoints: periodic and on a stop signal, written atomically, resumed by default.
+"""Checkpoint files: written atomically, loaded with weights_only=True, the newest N kept.
 
 A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`) holds everything the next optimizer step
 depends on: model, optimizer, LR schedule, GradScaler (scale and growth tracker), the loop state
@@ -6,73 +6,58 @@ depends on: model, optimizer, LR schedule, GradScaler (scale and growth tracker)
 diagnostics' history (scale events, signatures, the first non-finite step), the RNG states
 (torch, CUDA, Python, NumPy, as plain data) and the W&B run id. Only tensors and plain Python
 data go in, so it loads with `torch.load(weights_only=True)`. A run resumes only with the
-settings its checkpoint was written with, but for those that leave training unchanged
-(`_FREE_TO_CHANGE`): anything else is refused before a file is touched.
+settings its checkpoint was written with, but for those free on resume (field metadata in
+amp_lab/config.py): anything else is refused before a file is touched. An unreadable newest
+checkpoint is set aside (`.corrupt`) and the previous one used.
 
-A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGTERM; SIGINT, Ctrl-C) only
-sets a flag; the loop saves at the next step boundary and then hands the signal on to the
-handler that was there before (submitit's, which requeues the job), so a requeued job resumes
-where it stopped. Where that handler is the default (or Python's KeyboardInterrupt), the run
-stops with exit code 128 + the signal and one line; a second Ctrl-C stops at once. Under
-DDP the ranks agree on a stop at log steps (one all-reduce there, not on every step), so a stop
-waits up to trainer.log_every steps.
+The Checkpointer ties the checkpoint files to the run directory's records (run_dir.py) and to
+the stop signals (signals.py): a periodic checkpoint, or one on a stop signal at the next step
+boundary. Under DDP the ranks agree on a stop at log steps (one all-reduce there, not on every
+step), so a stop waits up to trainer.log_every steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import random
 import re
 import signal
-import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from amp_lab.checkpoint.run_dir import RunDir, write_atomic
+from amp_lab.checkpoint.signals import StopSignals
 from amp_lab.components.distributed import DistContext
-from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.config import AmpLabConfig, ConfigError, changed_settings, flat_settings
+from amp_lab.records import CHECKPOINT_DIR, WANDB_ID_FILE
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # bumped when the layout of the saved dict changes (2: the diagnostics' state)
-CHECKPOINT_DIR = "checkpoints"
-WANDB_ID_FILE = "wandb_run_id"  # written by the W&B sink; a resumed run logs to the same W&B run
-RECORD_FILES = ("metrics.jsonl", "diagnostics.jsonl")  # cut back to the step a run resumes at
-SETTINGS_FILE = "settings.json"  # the run's settings, flat: a finished run's are compared too
 _NAME = re.compile(r"^step_(\d+)\.pt$")
-# Settings (a group, or one key) that may differ between the interrupted and the resumed run:
-# none changes the weights, the optimizer, the scaler, the LR schedule or the data order.
-_FREE_TO_CHANGE = {"checkpoint", "logger", "diagnostics", "trainer.progress", "trainer.resume",
-                   "trainer.device", "trainer.compile", "trainer.eval_every",
-                   "trainer.target_acc", "trainer.max_bad_steps", "trainer.timing_warmup",
-                   "data.root", "data.prefetch_factor", "data.pin_memory"}
-# (data.num_workers and persistent_workers are not free: the workers seed the augmentation)
 
 
-class Interrupted(SystemExit):
-    """The run stopped on a signal after its checkpoint; the exit code is the signal's."""
-
-    def __init__(self, code: int | str | None, message: str) -> None:
-        super().__init__(code)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+def _step_of(path: Path) -> int:
+    """The step in a checkpoint's file name (`Checkpointer.checkpoints()` lists only those)."""
+    match = _NAME.match(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a checkpoint file name (step_N.pt)")
+    return int(match.group(1))
 
 
 def rng_state() -> dict[str, Any]:
     """Every global RNG the run draws from, as tensors and plain Python data."""
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)  # the tuple form: (name, keys, pos, ...)
+    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float],
+                                              numpy_state)
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -93,34 +78,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
                          npy["has_gauss"], npy["cached"]))
 
 
-def _flat(settings: AmpLabConfig) -> dict[str, str]:
-    """`group.key` -> JSON value, to name the settings a resume changes."""
-    return {f"{group}.{key}": json.dumps(value, sort_keys=True)
-            for group, values in asdict(settings).items() if isinstance(values, dict)
-            for key, value in values.items()}
-
-
-def changed_settings(saved: Mapping[str, str], settings: AmpLabConfig) -> list[str]:
-    """`key old -> new` for each setting that differs and may not (see _FREE_TO_CHANGE)."""
-    return [f"{k} {saved[k]} -> {v}" for k, v in _flat(settings).items()
-            if saved.get(k, v) != v
-            and k.split(".")[0] not in _FREE_TO_CHANGE and k not in _FREE_TO_CHANGE]
-
-
-def _write_atomic(path: Path, write) -> None:
-    """Write to a temp file beside `path`, flush it to disk, then swap it in with os.replace."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: a reader sees the old file or the complete new one
-    with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
-        fd = os.open(path.parent, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-
-
 class Checkpointer:
     """Saves and restores one run's checkpoints; `parts` maps names to state_dict() holders."""
 
@@ -131,11 +88,10 @@ class Checkpointer:
         self.dist = dist or DistContext()
         self.device = next((p.device for p in parts.values() if isinstance(p, torch.Tensor)),
                            torch.device("cpu"))
-        self.run_dir, self.dir = Path(run_dir), Path(run_dir) / CHECKPOINT_DIR
+        self.records, self.dir = RunDir(run_dir), Path(run_dir) / CHECKPOINT_DIR
         self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
-        self.stop_signal: int | None = None
-        self.saving = False  # a checkpoint is being written
-        self.previous: dict[int, Any] = {}  # signal -> the handler that was there before ours
+        self.signals = StopSignals(self.cfg.signals if self.cfg.enabled else [],
+                                   self.dist.is_main)
         self.pending_rng: Mapping[str, Any] | None = None
         self.last_save = time.monotonic()
 
@@ -146,21 +102,25 @@ class Checkpointer:
                  if (m := _NAME.match(p.name))]
         return [p for _, p in sorted(found, reverse=True)]
 
+    def finished(self) -> dict[str, Any] | None:
+        """The summary of a run that already ended in this run dir (see RunDir.finished)."""
+        return self.records.finished(self.settings)
+
+    def record_settings(self) -> None:
+        """settings.json: what this run trains with (rank 0)."""
+        if self.dist.is_main:
+            self.records.write_settings(self.settings)
+
     def restore(self) -> bool:
         """Resume from the newest usable checkpoint; cut metrics.jsonl back to where it stands."""
         if not self.settings.trainer.resume:
             if self.dist.is_main:
-                self._set_aside()
+                self.records.set_aside()
             return False
         unreadable: list[str] = []
         for path in self.checkpoints():
             try:
-                payload = torch.load(path, map_location="cpu", weights_only=True)
-                if not (isinstance(payload, dict) and "format" in payload):
-                    raise ValueError("not an amp_lab checkpoint")
-                if payload["format"] != FORMAT:
-                    raise ValueError(f"written by another amp_lab version (format "
-                                     f"{payload['format']}; this one reads {FORMAT})")
+                payload = read_checkpoint(path)
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
                 reason = str(err).splitlines()[0] if str(err) else type(err).__name__
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", path,
@@ -171,43 +131,18 @@ class Checkpointer:
             if self.dist.is_main:
                 log.warning("resumed from %s at step %d", path, self.state.step)
                 for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
-                    if int(_NAME.match(bad.name).group(1)) > self.state.step:
+                    if _step_of(bad) > self.state.step:
                         bad.rename(bad.with_name(bad.name + ".corrupt"))
-                self._truncate_records(self.state.step)
+                self.records.truncate_records(self.state.step)
             return True
         if unreadable:
             raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
                               "move that folder away or set trainer.resume=false to start fresh")
-        if self.dist.is_main and self._truncate_records(0):  # died before its first checkpoint
+        if self.dist.is_main and self.records.truncate_records(0):  # died before a checkpoint
             log.warning("%s holds an earlier attempt's records but no checkpoint: starting over "
-                        "from step 0", self.run_dir)
-            self._set_aside(WANDB_ID_FILE)  # a W&B run of its own, not appended to the old one
+                        "from step 0", self.records.path)
+            self.records.set_aside(WANDB_ID_FILE)  # a W&B run of its own, not appended
         return False
-
-    def finished(self) -> dict[str, Any] | None:
-        """The summary of a run that already ended here (completed or diverged), else None.
-        A finished run with other settings is refused, as a checkpoint with them would be."""
-        try:
-            summary = json.loads((self.run_dir / "summary.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-        if summary.get("status") not in ("completed", "diverged"):
-            return None
-        with contextlib.suppress(OSError, json.JSONDecodeError):
-            saved = json.loads((self.run_dir / SETTINGS_FILE).read_text())
-            if changed := changed_settings(saved, self.settings):
-                raise ConfigError(f"{self.run_dir} holds a finished run with other settings: "
-                                  f"{', '.join(changed)}; use another run directory, or set "
-                                  "trainer.resume=false to train there afresh (the old files "
-                                  "are kept)")
-        return summary
-
-    def record_settings(self) -> None:
-        """settings.json: what this run trains with (rank 0)."""
-        if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(self.run_dir / SETTINGS_FILE,
-                          lambda f: f.write(json.dumps(_flat(self.settings), indent=1).encode()))
 
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
         changed = changed_settings(payload["settings"], self.settings)
@@ -232,43 +167,7 @@ class Checkpointer:
                 setattr(self.state, key, value)
         self.pending_rng = payload["rng"]  # applied when the loop starts (see active())
         if payload["wandb_run_id"]:
-            wandb_file = self.run_dir / WANDB_ID_FILE
-            if not wandb_file.exists() or wandb_file.read_text().strip() != payload[
-                    "wandb_run_id"]:
-                wandb_file.write_text(payload["wandb_run_id"] + "\n")
-
-    def _truncate_records(self, step: int) -> bool:
-        """Drop records past `step` (and a half-written last line), so nothing is logged twice.
-        Returns whether any line was dropped."""
-        dropped = False
-        for name in RECORD_FILES:
-            path = self.run_dir / name
-            if not path.exists():
-                continue
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-            kept = []
-            for line in lines:
-                with contextlib.suppress(json.JSONDecodeError):
-                    if json.loads(line).get("step", 0) <= step:
-                        kept.append(line + "\n")
-            dropped |= len(kept) < len(lines)
-            _write_atomic(path, lambda f, kept=kept: f.write("".join(kept).encode()))
-        return dropped
-
-    def _set_aside(self, *names: str) -> None:
-        """Keep these files of the run dir under a dated name (by default every file of a run:
-        trainer.resume=false in a used run dir); without its W&B id, a run gets a new W&B run."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        names = names or (CHECKPOINT_DIR, *RECORD_FILES, "summary.json", SETTINGS_FILE,
-                          WANDB_ID_FILE)
-        for path in (self.run_dir / name for name in names):
-            if path.exists():
-                aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")
-                n = 1
-                while aside.exists():  # set aside twice within a second
-                    aside, n = path.with_name(f"{path.stem}.old-{stamp}-{n}{path.suffix}"), n + 1
-                path.rename(aside)
-                log.warning("kept the previous %s as %s", path.name, aside.name)
+            self.records.keep_wandb_id(payload["wandb_run_id"])
 
     # -- save --------------------------------------------------------------------------------
     def save(self) -> Path:
@@ -279,7 +178,6 @@ class Checkpointer:
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.glob("*.pt.tmp"):  # left by a job killed mid-write
             stale.unlink()
-        wandb_file = self.run_dir / WANDB_ID_FILE
         payload = {
             "format": FORMAT,
             "step": self.state.step,
@@ -287,10 +185,10 @@ class Checkpointer:
             "parts": {name: part if isinstance(part, torch.Tensor) else part.state_dict()
                       for name, part in self.parts.items()},
             "rng": rng_state(),
-            "wandb_run_id": wandb_file.read_text().strip() if wandb_file.exists() else None,
-            "settings": _flat(self.settings),
+            "wandb_run_id": self.records.wandb_id(),
+            "settings": flat_settings(self.settings),
         }
-        _write_atomic(path, lambda f: torch.save(payload, f))
+        write_atomic(path, lambda f: torch.save(payload, f))
         for old in self.checkpoints()[self.cfg.keep:]:  # only now that the new one is complete
             old.unlink()
         self.last_save = time.monotonic()
@@ -298,73 +196,33 @@ class Checkpointer:
 
     def step_done(self, elapsed_s: float, final: bool) -> float:
         """After a step's records: a periodic or a stop checkpoint. Returns the seconds spent."""
+        signals = self.signals
         if not self.cfg.enabled or final:  # the run's own end writes its results; no checkpoint
-            if final and self.stop_signal is not None:
+            if final and signals.stop_signal is not None:
                 log.warning("stop signal at the run's last step: finishing instead")
             return 0.0
         step, every = self.state.step, self.cfg.every_steps
         due = (every and step % every == 0) or (
             self.cfg.every_minutes and time.monotonic() - self.last_save
             >= 60 * self.cfg.every_minutes)
-        stop = self.stop_signal is not None
+        stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
             stop = step % self.settings.trainer.log_every == 0 and self.dist.any(stop,
                                                                                  self.device)
-            if stop:
-                self.stop_signal = self.stop_signal or signal.SIGUSR2  # a peer was signalled
+            if stop:  # a peer was signalled
+                signals.stop_signal = signals.stop_signal or signal.SIGUSR2
         if not stop and not due:
             return 0.0
         start = time.perf_counter()
         self.state.elapsed_s = elapsed_s
-        self.saving = True
+        signals.saving = True
         try:
             path = self.save()
         finally:
-            self.saving = False
-        if stop:
-            self._hand_on(self.stop_signal, path)
+            signals.saving = False
+        if stop and signals.stop_signal is not None:
+            signals.hand_on(signals.stop_signal, step, path)
         return time.perf_counter() - start
-
-    # -- signals -----------------------------------------------------------------------------
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT:
-            if self.stop_signal == signal.SIGINT:  # a second Ctrl-C: a hung step must not hold
-                if self.saving:  # but a checkpoint half-written would be lost: finish it
-                    return
-                raise KeyboardInterrupt
-            if self.dist.is_main:
-                print("Ctrl-C: stopping after this step's checkpoint (Ctrl-C again: at once)",
-                      file=sys.stderr)
-        self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
-
-    def _hand_on(self, signum: int, path: Path) -> None:
-        """Give the signal to the handler that was there before ours (submitit requeues).
-
-        When that handler returns: after SIGTERM the run stops (termination follows: submitit
-        ignores SIGTERM, which SLURM sends before it kills a job it preempts, times out or
-        requeues); after another signal training goes on (submitit's SIGUSR2 handler returns
-        on ranks other than 0 and leaves the requeue to rank 0).
-        """
-        self.stop_signal = None
-        name = signal.Signals(signum).name
-        message = f"{name} at step {self.state.step}: checkpoint {path} saved"
-        say = log.warning if self.dist.is_main else log.debug  # once per job, not per rank
-        previous = self.previous.get(signum, signal.SIG_DFL)
-        if previous is signal.default_int_handler:  # Ctrl-C: a clean stop, not a traceback
-            previous = signal.SIG_DFL
-        if callable(previous):
-            say("%s; handing the signal on", message)
-            try:
-                previous(signum, None)
-            except SystemExit as exit_:  # submitit requeued the job and exits
-                raise Interrupted(exit_.code, f"{message}; handed on (requeue)") from exit_
-            if signum == signal.SIGTERM:
-                say("%s; the previous handler returned; stopping", message)
-                raise Interrupted(128 + signum, f"{message}; handed on, stopping")
-            say("the previous %s handler returned; training goes on", name)
-        else:  # SIG_DFL (or a handler set outside Python): the default action ends the process
-            say("%s; stopping", message)
-            raise Interrupted(128 + signum, f"{message}; stopping")
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -372,17 +230,22 @@ class Checkpointer:
         if self.pending_rng is not None:
             set_rng_state(self.pending_rng)  # last, so nothing after it draws from the RNGs
             self.pending_rng = None
-        main = threading.current_thread() is threading.main_thread()  # handlers: main only
-        signums = [getattr(signal, n) for n in self.cfg.signals] if self.cfg.enabled and main \
-            else []
-        # a signal ignored before (nohup, a background job) stays ignored
-        signums = [s for s in signums if signal.getsignal(s) is not signal.SIG_IGN]
-        for signum in signums:
-            self.previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._on_signal)
-        try:
+        with self.signals.caught():
             yield
-        finally:
-            for signum in signums:
-                previous = self.previous.pop(signum)
-                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's payload, loaded with weights_only=True; ValueError if it is not one this
+    amp_lab version reads."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not (isinstance(payload, dict) and "format" in payload):
+        raise ValueError("not an amp_lab checkpoint")
+    if payload["format"] != FORMAT:
+        raise ValueError(f"written by another amp_lab version (format {payload['format']}; "
+                         f"this one reads {FORMAT})")
+    return payload
+
+
+def _step_of(path: Path) -> int:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1

@@ -11,13 +11,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from amp_lab.config import ConfigError, DataConfig
 
+if TYPE_CHECKING:
+    from torchvision.datasets import VisionDataset
+
 Batch = tuple[torch.Tensor, torch.Tensor]
+# The data sets built here: map-style, each with a length (torch's Dataset promises no len()).
+MapData: TypeAlias = "TensorDataset | Subset | VisionDataset"
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,8 @@ class EpochBatchSampler:
 class DataSource:
     """A train and a val set plus how to iterate them on the training device."""
 
-    train: Dataset
-    val: Dataset
+    train: MapData
+    val: MapData
     spec: DataSpec
     cfg: DataConfig
     device: torch.device
@@ -78,7 +84,7 @@ class DataSource:
         order = [list(range(i, min(n, i + batch_size))) for i in range(0, n, batch_size)]
         return self._batches(self.val, order)  # the same batch size every call: one loader
 
-    def _batches(self, dataset: Dataset, batch_order) -> Iterator[Batch]:
+    def _batches(self, dataset: MapData, batch_order) -> Iterator[Batch]:
         if isinstance(dataset, TensorDataset):  # in memory: index the tensors, no collation
             images, labels = dataset.tensors
             for indices in batch_order:
@@ -121,7 +127,7 @@ def _split(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]
     return order[n_val:], order[:n_val]
 
 
-def _digits(cfg: DataConfig, seed: int) -> tuple[Dataset, Dataset, DataSpec]:
+def _digits(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec]:
     from sklearn.datasets import load_digits
 
     digits = load_digits()  # 1797 8x8 grey images, shipped inside scikit-learn
@@ -164,7 +170,7 @@ def _require_root(cfg: DataConfig, how: str) -> Path:
     return Path(cfg.root).expanduser()
 
 
-def _cifar(cfg: DataConfig) -> tuple[Dataset, Dataset, DataSpec]:
+def _cifar(cfg: DataConfig) -> tuple[MapData, MapData, DataSpec]:
     from torchvision import datasets
 
     classes = 10 if cfg.name == "cifar10" else 100
@@ -182,7 +188,7 @@ def _cifar(cfg: DataConfig) -> tuple[Dataset, Dataset, DataSpec]:
     return train, val, DataSpec(3, classes, cfg.img_size)
 
 
-def _imagefolder(cfg: DataConfig, seed: int) -> tuple[Dataset, Dataset, DataSpec]:
+def _imagefolder(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec]:
     from torchvision import datasets
 
     how = "point it at a folder of class sub-folders (or with train/ and val/ inside)"
@@ -193,15 +199,16 @@ def _imagefolder(cfg: DataConfig, seed: int) -> tuple[Dataset, Dataset, DataSpec
         if (root / "train").is_dir() and (root / "val").is_dir():
             train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
             val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+            classes = train.classes
         else:
-            train_idx, val_idx = _split(len(datasets.ImageFolder(str(root))), cfg.val_fraction,
-                                        seed)
+            full = datasets.ImageFolder(str(root))
+            train_idx, val_idx = _split(len(full), cfg.val_fraction, seed)
             train = Subset(datasets.ImageFolder(str(root), transform=train_tf), train_idx)
             val = Subset(datasets.ImageFolder(str(root), transform=val_tf), val_idx)
+            classes = full.classes
     except (FileNotFoundError, RuntimeError) as err:
         raise ConfigError(f"data.root={root}: {err}; {how}") from err
-    num_classes = len((train.dataset if isinstance(train, Subset) else train).classes)
-    return train, val, DataSpec(3, num_classes, cfg.img_size)
+    return train, val, DataSpec(3, len(classes), cfg.img_size)
 
 
 def build_data(cfg: DataConfig, seed: int, device: torch.device,
@@ -216,6 +223,7 @@ def build_data(cfg: DataConfig, seed: int, device: torch.device,
         train, val, spec = _cifar(cfg)
     else:
         train, val, spec = _imagefolder(cfg, seed)
-    if isinstance(train, TensorDataset):  # in memory: put it on the device once, not per batch
+    # in memory (both sets, or neither): put them on the device once, not per batch
+    if isinstance(train, TensorDataset) and isinstance(val, TensorDataset):
         train, val = (TensorDataset(*(t.to(device) for t in ds.tensors)) for ds in (train, val))
     return DataSource(train, val, spec, cfg, device, channels_last=channels_last)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -81,9 +82,10 @@ class DistContext:
         ids = [device.index] if device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
-    def micro_batch_context(self, model: torch.nn.Module):
+    def micro_batch_context(self, model: torch.nn.Module
+                            ) -> Callable[[bool], contextlib.AbstractContextManager[Any]]:
         """DDP all-reduces gradients only on the last micro-batch of an accumulation."""
-        if not self.active:
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):  # what wrap() made
             return lambda is_last: contextlib.nullcontext()
         return lambda is_last: contextlib.nullcontext() if is_last else model.no_sync()
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from timm.optim import create_optimizer_v2, get_optimizer_class, list_optimizers
@@ -12,9 +14,9 @@ from amp_lab.config import ConfigError, OptimConfig
 _SGD_NAMES = ("sgd", "momentum", "nesterov")
 
 
-def _wants_fused(cfg: OptimConfig, optimizer_cls: type) -> bool:
+def _wants_fused(cfg: OptimConfig, optimizer_cls: Callable[..., Any]) -> bool:
     # Fused optimizers take GradScaler's inf check on the device: no host sync per step.
-    has_fused = "fused" in inspect.signature(optimizer_cls.__init__).parameters
+    has_fused = "fused" in inspect.signature(optimizer_cls).parameters
     if cfg.fused and not has_fused:
         raise ConfigError(f"optim.fused=true but {cfg.name} has no fused kernel; "
                           "use optim.fused=null")

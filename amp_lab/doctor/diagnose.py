@@ -26,6 +26,7 @@ from rich.table import Table
 
 from amp_lab.config import ConfigError, compose_settings
 from amp_lab.doctor.verdict import Advice, Probe, recommend, verdict
+from amp_lab.records import METRICS_FILE
 
 # keys the doctor sets itself; the user's values for them are replaced per probe
 PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
@@ -94,7 +95,7 @@ class Doctor:
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
         rows = [json.loads(line) for line in
-                (trainer.out_dir / "metrics.jsonl").read_text().splitlines()]
+                (trainer.out_dir / METRICS_FILE).read_text().splitlines()]
         probe.records = [r for r in rows if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
         log.info("probe %s: %s", name, " ".join(extra))
@@ -106,7 +107,8 @@ class Doctor:
         `scaled` (the autocast+scaler probe) is the run with the `start` set; a set already run
         is not run again (the probes are deterministic for a seed)."""
         extra = [f"precision={self.low}", "scaler.enabled=true"]
-        chosen, tried = list(start), []
+        chosen = list(start)
+        tried: list[dict[str, Any]] = []
         runs: dict[tuple[str, ...], Probe] = {tuple(start): scaled}
 
         def clean(modules: list[str]) -> bool:
@@ -162,7 +164,8 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
         table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
     for name, p in probes.items():
         if p.unavailable or p.crashed:
-            table.add_row(name, verdict(p, base), escape(p.unavailable or p.crashed), *[""] * 7)
+            why = p.unavailable or p.crashed or ""
+            table.add_row(name, verdict(p, base), escape(why), *[""] * 7)
             continue
         nf = (p.diag.get("nonfinite") or {})
         where = "-" if not nf.get("first_step") else (

@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
-from amp_lab.numerics.names import Pitfall
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
+from amp_lab.records import DIAGNOSTICS_FILE
 from amp_lab.step import StepObserver, StepResult, StepView
 
 log = logging.getLogger(__name__)
@@ -92,17 +93,19 @@ class Diagnostics(StepObserver):
         return getattr(model, "_orig_mod", model) if self.probe.attached else model
 
     def before_optimizer_step(self) -> None:
-        pairs = [(n, p) for n, p in self.named if p.grad is not None] if self.probing else []
-        if not pairs:
+        if not self.probing:
             return
-        grads = [p.grad for _, p in pairs]
+        found = [(n, p, p.grad) for n, p in self.named if p.grad is not None]
+        if not found:
+            return
+        grads = [g for _, _, g in found]
         counts, hist = grad_stats(grads, self.view.scale())
         self.window.update(counts=counts, sizes=[g.numel() for g in grads],
-                           grad_names=[n for n, _ in pairs],
+                           grad_names=[n for n, _, _ in found],
                            applied_norm=torch.nn.utils.get_total_norm(grads, foreach=True))
         self.window["hist"] = hist + self.window["hist"] if "hist" in self.window else hist
-        self.window["before"] = [p.detach().clone() for _, p in pairs]
-        self.window["params"] = [p for _, p in pairs]
+        self.window["before"] = [p.detach().clone() for _, p, _ in found]
+        self.window["params"] = [p for _, p, _ in found]
 
     def end_step(self, result: StepResult) -> None:
         k = (self.step - 1) % self.scales.numel()
@@ -111,7 +114,7 @@ class Diagnostics(StepObserver):
         bad = (result.found_inf > 0) | ~torch.isfinite(result.loss)
         self.first_bad.masked_fill_(bad & (self.first_bad < 0), self.step)
         if result.loss.dtype != torch.float32:
-            self.signatures.setdefault(Pitfall.LOSS_IN_LOW_PRECISION.value,
+            self.signatures.setdefault(PitfallName.loss_in_low_precision.value,
                                        f"the loss is {result.loss.dtype}")
         if self.probing and "before" in self.window:
             params, before = self.window.pop("params"), self.window.pop("before")
@@ -133,7 +136,7 @@ class Diagnostics(StepObserver):
         bad = low_precision_state(self.view.optimized_weights(), self.view.optimizer)
         if bad:
             evidence = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
-            self.signatures[Pitfall.HALF_MODEL.value] = evidence
+            self.signatures[PitfallName.half_model.value] = evidence
             self._warn(f"fp32-state check: master weights and optimizer state must be fp32, but "
                        f"{evidence}; use autocast instead of model.half()")
 
@@ -175,7 +178,7 @@ class Diagnostics(StepObserver):
         detail = {"step": step, "scale_events": events, **self._read_probes(record)}
         self.window_first = step + 1
         if self.out_dir is not None:  # None on DDP ranks other than 0
-            with (self.out_dir / "diagnostics.jsonl").open("a", encoding="utf-8") as f:
+            with (self.out_dir / DIAGNOSTICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(detail) + "\n")
         return record
 
@@ -209,12 +212,12 @@ class Diagnostics(StepObserver):
         if self.view.clip_mode != "norm" or clip <= 0 or scale < 16 or not applied > 0:
             return
         if 0.5 < applied * scale / clip < 1.01:
-            self._signature(Pitfall.CLIP_BEFORE_UNSCALE, (
+            self._signature(PitfallName.clip_before_unscale, (
                 f"the optimizer got gradient norm {applied:.3g} = trainer.clip_grad / loss scale "
                 f"({clip:g} / {scale:g}): the clip acted on scaled gradients"))
 
     def _signature(self, name: str, evidence: str) -> None:
-        name = Pitfall(name).value  # a plain str key: checkpoints load with weights_only=True
+        name = PitfallName(name).value  # a plain str key: checkpoints load with weights_only=True
         if name not in self.signatures:
             self.signatures[name] = evidence
             self._warn(f"pitfall signature {name}: {evidence}")
@@ -274,7 +277,7 @@ class Diagnostics(StepObserver):
             "scale_events": self.tracker.events[-200:],  # the last 200 backoffs and growths
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
-            "fp32_state_ok": Pitfall.HALF_MODEL not in self.signatures,
+            "fp32_state_ok": PitfallName.half_model not in self.signatures,
         }
 
 

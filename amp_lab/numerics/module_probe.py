@@ -136,8 +136,9 @@ class ModuleProbe:
             names = [(c[1], c[2].replace("torch.", "")) for c in calls]
             self.first[phase].update(values, names, step)
             if phase == "forward":
-                same = self.act_max is not None and self.act_max.shape == values.shape
-                self.act_max = torch.maximum(self.act_max, values) if same else values
+                seen = self.act_max
+                self.act_max = (torch.maximum(seen, values)
+                                if seen is not None and seen.shape == values.shape else values)
                 self.act_names = names
             calls.clear()
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import ConfigError, FaultConfig
-from amp_lab.numerics.names import Pitfall
 from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
 from amp_lab.step import TrainStep
 
@@ -49,7 +49,7 @@ def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> N
                               f"of the model; did you mean {', '.join(close) or '?'}")
         modules[fault.overflow_module].register_forward_hook(
             _scale_output(fault.overflow_factor))
-    if pitfall == Pitfall.HALF_MODEL:
+    if pitfall == PitfallName.half_model:
         model.half()  # the mistake: the optimizer built next keeps fp16 weights and fp16 state
         model.register_forward_pre_hook(_cast_inputs_to(torch.float16))
 
@@ -143,17 +143,17 @@ class LossInLowPrecision(LabStep):
             return F.cross_entropy(logits.to(dtype), labels) * self.fault.loss_multiplier
 
 
-VARIANTS: dict[Pitfall, type[LabStep]] = {
-    Pitfall.NONE: LabStep, Pitfall.NO_SCALER_UPDATE: NoScalerUpdate,
-    Pitfall.UPDATE_EVERY_MICROBATCH: UpdateEveryMicrobatch,
-    Pitfall.CLIP_BEFORE_UNSCALE: ClipBeforeUnscale, Pitfall.HALF_MODEL: HalfModel,
-    Pitfall.LOSS_IN_LOW_PRECISION: LossInLowPrecision,
+VARIANTS: dict[PitfallName, type[LabStep]] = {
+    PitfallName.none: LabStep, PitfallName.no_scaler_update: NoScalerUpdate,
+    PitfallName.update_every_microbatch: UpdateEveryMicrobatch,
+    PitfallName.clip_before_unscale: ClipBeforeUnscale, PitfallName.half_model: HalfModel,
+    PitfallName.loss_in_low_precision: LossInLowPrecision,
 }
 
 
 def step_class(pitfall: str, fault: FaultConfig) -> Callable[..., TrainStep]:
     """What builds the run's step: the correct TrainStep itself, or the pitfall's variant (with
     the faults), chosen before the step is built, so it is built once."""
-    if pitfall == Pitfall.NONE and fault == FaultConfig():
+    if pitfall == PitfallName.none and fault == FaultConfig():
         return TrainStep
-    return functools.partial(VARIANTS[Pitfall(pitfall)], fault=fault)
+    return functools.partial(VARIANTS[PitfallName(pitfall)], fault=fault)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import ScalerConfig
-from amp_lab.numerics.names import Pitfall
 
 # plain str keys: the tracker's state goes into checkpoints loaded with weights_only=True
-NO_UPDATE = Pitfall.NO_SCALER_UPDATE.value
-MULTI_UPDATE = Pitfall.UPDATE_EVERY_MICROBATCH.value
+NO_UPDATE = PitfallName.no_scaler_update.value
+MULTI_UPDATE = PitfallName.update_every_microbatch.value
 
 
 @dataclass

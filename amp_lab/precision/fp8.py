@@ -62,7 +62,9 @@ def convert_to_fp8(model: torch.nn.Module, recipe: str, emulate: bool,
     """Swap eligible Linear layers for Float8Linear in place; return their names."""
     float8 = _torchao_float8()
     from torchao.float8.float8_linear import Float8Linear
-    config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(recipe),
+    # torchao's own recipe Enum: it takes a plain str or its Enum, not the schema's str Enum
+    recipe_name = float8.Float8LinearRecipeName(str(recipe))
+    config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(recipe_name),
                                  emulate=emulate)
     float8.convert_to_float8_training(model, module_filter_fn=fp8_filter(model, fp32_modules),
                                       config=config)

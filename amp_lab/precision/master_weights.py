@@ -47,7 +47,8 @@ class MasterWeights:
                  dtype: torch.dtype) -> None:
         if optimizer.state:
             raise RuntimeError("master weights must be set up before the first optimizer step")
-        self.model_params, self.masters = [], []
+        self.model_params: list[torch.Tensor] = []  # the 16-bit weights the model computes with
+        self.masters: list[torch.Tensor] = []
         for group in optimizer.param_groups:  # the fp32 masters replace the model's parameters
             masters = [torch.nn.Parameter(p.detach().clone().float()) for p in group["params"]]
             self.model_params += group["params"]

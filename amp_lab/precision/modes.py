@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amp_lab.choices import PrecisionName
 from amp_lab.config import ConfigError, PrecisionConfig
 
 
@@ -153,7 +154,8 @@ def _set_tf32(enabled: bool) -> None:
     # An fp32 baseline must really be fp32: TF32 keeps only 10 mantissa bits in matmuls.
     precision = "tf32" if enabled else "ieee"
     torch.backends.cuda.matmul.fp32_precision = precision
-    torch.backends.cudnn.conv.fp32_precision = precision
+    # set at import by torch.backends.cudnn, but absent from its type stubs
+    torch.backends.cudnn.conv.fp32_precision = precision  # type: ignore[attr-defined]
 
 
 def resolve_precision(name: str, device: torch.device,
@@ -162,7 +164,7 @@ def resolve_precision(name: str, device: torch.device,
     if name not in PRECISION_MODES:
         raise ConfigError(f"precision={name!r} is unknown; use one of {sorted(PRECISION_MODES)}")
     mode = PRECISION_MODES[name]
-    options = options or PrecisionConfig(name=name)
+    options = options or PrecisionConfig(name=PrecisionName(name))
     _check_device_runs(mode, device)
     _check_options(mode, options, device)
     _set_tf32(mode.tf32)

@@ -18,8 +18,10 @@ from typing import Any
 
 import yaml
 
+from amp_lab.records import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE
+
 log = logging.getLogger(__name__)
-RUN_FILES = ("metrics.jsonl", "summary.json")
+RUN_FILES = (METRICS_FILE, SUMMARY_FILE)
 SEED_KEY = "trainer.seed"
 
 
@@ -61,7 +63,7 @@ class RunData:
             return str(self.summary["status"]).strip()
         if not (self.train or self.val):
             return "not started: no records (refused, or never ran)"
-        return "incomplete: no summary.json"
+        return f"incomplete: no {SUMMARY_FILE}"
 
     @property
     def ok(self) -> bool:
@@ -84,11 +86,11 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.is_dir():
             raise ReportError(f"{path} is not a directory; pass run or multirun directories")
-        if any((path / name).exists() for name in (*RUN_FILES, ".hydra")):
+        if any((path / name).exists() for name in (*RUN_FILES, HYDRA_DIR)):
             found.add(path)
             continue
         # a sweep job refused at start-up (or not started) has its .hydra/ and nothing else
-        runs = {f.parent for name in (*RUN_FILES, ".hydra") for f in path.rglob(name)
+        runs = {f.parent for name in (*RUN_FILES, HYDRA_DIR) for f in path.rglob(name)
                 if "wandb" not in f.relative_to(path).parts}
         if not runs:
             raise ReportError(f"{path} holds no amp_lab runs (no metrics.jsonl or summary.json "
@@ -113,7 +115,7 @@ def _read(file: Path, parse: Any, kind: type) -> Any:
 
 
 def _overrides(path: Path) -> dict[str, str]:
-    items = _read(path / ".hydra" / "overrides.yaml", yaml.safe_load, list)
+    items = _read(path / HYDRA_DIR / "overrides.yaml", yaml.safe_load, list)
     pairs = (item.lstrip("+~").split("=", 1) for item in items if "=" in str(item))
     return {k: v for k, v in pairs if not k.startswith("hydra")}
 
@@ -121,10 +123,10 @@ def _overrides(path: Path) -> dict[str, str]:
 def load_run(path: Path) -> RunData:
     """One run from its directory; a truncated last line of metrics.jsonl is ignored. Without
     a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
-    run = RunData(path, _overrides(path), _read(path / ".hydra" / "config.yaml",
+    run = RunData(path, _overrides(path), _read(path / HYDRA_DIR / "config.yaml",
                                                 yaml.safe_load, dict),
-                  _read(path / "summary.json", json.loads, dict))
-    metrics = path / "metrics.jsonl"
+                  _read(path / SUMMARY_FILE, json.loads, dict))
+    metrics = path / METRICS_FILE
     for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:
             record = json.loads(line)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from amp_lab.records import WANDB_ID_FILE
 from amp_lab.report.runs import RunData, differing_keys
-from amp_lab.tracking.wandb_sink import RUN_ID_FILE, redact, sweep_group
+from amp_lab.tracking.wandb_sink import redact, sweep_group
+
+if TYPE_CHECKING:
+    from wandb_workspaces.reports.v2.interface import PanelTypes
 
 SPEC_FILE = "wandb_report.json"
 BY_PRECISION = "precision.name"  # the config key every run has
@@ -31,8 +35,8 @@ def run_groups(runs: list[RunData]) -> tuple[list[str], list[str]]:
             group = sweep_group(run.path)
         if group is not None:
             groups.append(group)
-        elif (run.path / RUN_ID_FILE).exists():
-            loose.append((run.path / RUN_ID_FILE).read_text().strip())
+        elif (run.path / WANDB_ID_FILE).exists():
+            loose.append((run.path / WANDB_ID_FILE).read_text().strip())
     return list(dict.fromkeys(groups)), loose
 
 
@@ -51,7 +55,7 @@ def build_report(project: str, entity: str, groups: list[str], swept: list[str],
     columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(key)) for key in swept]
     columns += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(name))
                 for name in ("best_val_acc", "mean_samples_per_s", "skipped_steps")]
-    panels = [
+    panels: list[PanelTypes] = [
         wr.LinePlot(title="train loss by precision", x="step", y=["train/loss"],
                     groupby=by_precision, groupby_aggfunc="mean", groupby_rangefunc="minmax"),
         wr.LinePlot(title="train loss vs wall time", x="time_s", y=["train/loss"],
@@ -104,7 +108,7 @@ def publish(runs: list[RunData], out: Path, table_md: str, console: Console) -> 
         import wandb
 
         try:
-            online_entity = entity or wandb.Api().default_entity
+            online_entity = entity or wandb.Api().default_entity or ""
             report = build_report(project, online_entity, groups, swept, table_md, run_ids)
             report.save()
             console.print(f"W&B report: {report.url}")

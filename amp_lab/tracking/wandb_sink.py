@@ -20,11 +20,11 @@ from typing import Any
 import yaml
 
 from amp_lab.config import AmpLabConfig, LoggerConfig
+from amp_lab.records import HYDRA_DIR, SUMMARY_FILE, WANDB_ID_FILE
 from amp_lab.tracking.sinks import Record, Sink
 
 log = logging.getLogger(__name__)
 
-RUN_ID_FILE = "wandb_run_id"
 METRIC_PREFIXES = ("train", "val", "amp", "throughput", "memory")  # all plotted against `step`
 INIT_TIMEOUT_S = 30.0  # online init gives up after this long (or $WANDB_INIT_TIMEOUT), then offline
 
@@ -64,14 +64,14 @@ def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
         name = hydra_cfg.job.override_dirname
         if hydra_cfg.mode == RunMode.MULTIRUN and group is None:
             group = sweep_group(Path(hydra_cfg.runtime.output_dir))
-    elif (out_dir / ".hydra" / "overrides.yaml").exists():
-        name = ",".join(yaml.safe_load((out_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+    elif (out_dir / HYDRA_DIR / "overrides.yaml").exists():
+        name = ",".join(yaml.safe_load((out_dir / HYDRA_DIR / "overrides.yaml").read_text()) or [])
     return group, name or out_dir.name
 
 
 def run_id(out_dir: Path) -> str:
     """The W&B run id stored in the run directory; a new one is created and stored if absent."""
-    path = out_dir / RUN_ID_FILE
+    path = out_dir / WANDB_ID_FILE
     if path.exists():
         return path.read_text().strip()
     new_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
@@ -147,7 +147,7 @@ class WandbSink(Sink):
         if self.run is None:
             return
         run, self.run = self.run, None
-        path = self.out_dir / "summary.json"
+        path = self.out_dir / SUMMARY_FILE
         try:  # on a requeue, SLURM's SIGTERM may have ended the W&B service already
             if not self.summary_logged and path.exists():
                 run.summary.update(json.loads(path.read_text()))

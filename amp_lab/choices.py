@@ -1,0 +1,111 @@
+"""The values of the schema's choice fields, one Enum per field.
+
+OmegaConf validates an Enum field at compose (`precision.name=fp17` fails there, naming the
+choices). Every member is its own name as a string: `cfg.precision.name == "fp16"` holds, and
+json, f-strings and W&B see the plain string.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Choice(str, Enum):
+    """A choice field's values. OmegaConf validates them by name; a member compares, hashes,
+    formats and serialises (json, W&B) as its plain string, so `cfg.x.name == "fp16"` holds."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+
+class DatasetName(Choice):
+    digits = "digits"
+    synthetic = "synthetic"
+    cifar10 = "cifar10"
+    cifar100 = "cifar100"
+    imagefolder = "imagefolder"
+
+
+class PrecisionName(Choice):  # one member per row of precision/modes.py's PRECISION_MODES
+    fp32 = "fp32"
+    tf32 = "tf32"
+    fp16 = "fp16"
+    fp16_noscale = "fp16_noscale"
+    bf16 = "bf16"
+    bf16_pure = "bf16_pure"
+    fp16_pure = "fp16_pure"
+    fp8 = "fp8"
+
+
+class UpdateRounding(Choice):
+    nearest = "nearest"
+    stochastic = "stochastic"
+    kahan = "kahan"
+
+
+class Fp8Recipe(Choice):  # torchao's Float8LinearRecipeName values
+    tensorwise = "tensorwise"
+    rowwise = "rowwise"
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"
+
+
+class ScalerKind(Choice):
+    dynamic = "dynamic"
+    static = "static"
+    hysteresis = "hysteresis"
+
+
+class LRRule(Choice):
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+
+
+class WarmupType(Choice):
+    linear = "linear"
+    cosine = "cosine"
+
+
+class Schedule(Choice):
+    cosine = "cosine"
+    onecycle = "onecycle"
+    constant = "constant"
+    step = "step"
+
+
+class Device(Choice):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ClipMode(Choice):
+    norm = "norm"
+    value = "value"
+
+
+class Strategy(Choice):
+    single = "single"
+    ddp = "ddp"
+
+
+class LoggerMode(Choice):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class DiagnosticsMode(Choice):
+    off = "off"
+    light = "light"
+    full = "full"
+
+
+class PitfallName(Choice):
+    none = "none"
+    no_scaler_update = "no_scaler_update"
+    update_every_microbatch = "update_every_microbatch"
+    clip_before_unscale = "clip_before_unscale"
+    half_model = "half_model"
+    loss_in_low_precision = "loss_in_low_precision"
