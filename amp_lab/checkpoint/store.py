@@ -44,14 +44,6 @@ FORMAT = 2  # bumped when the layout of the saved dict changes (2: the diagnosti
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
-def _step_of(path: Path) -> int:
-    """The step in a checkpoint's file name (`Checkpointer.checkpoints()` lists only those)."""
-    match = _NAME.match(path.name)
-    if match is None:
-        raise ValueError(f"{path.name} is not a checkpoint file name (step_N.pt)")
-    return int(match.group(1))
-
-
 def rng_state() -> dict[str, Any]:
     """Every global RNG the run draws from, as tensors and plain Python data."""
     version, internal, gauss = random.getstate()
@@ -247,5 +239,6 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def _step_of(path: Path) -> int:
+    """The step in a checkpoint's file name (step_N.pt), -1 for any other name."""
     match = _NAME.match(path.name)
     return int(match.group(1)) if match else -1
