@@ -141,7 +141,7 @@ def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
                      warmup_rounds: int) -> OverheadResult:
     """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
     trainer.fit()
-    result = OverheadResult(variant, trainer.policy.mode.name, sink.steps)
+    result = OverheadResult(variant, trainer.parts.policy.mode.name, sink.steps)
     around = [((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
               for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])]
     for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, around))[warmup_rounds:]:
