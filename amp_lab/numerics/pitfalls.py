@@ -137,10 +137,14 @@ class LossInLowPrecision(LabStep):
     """The loss is computed from fp16 logits in fp16: its resolution is coarse (10 mantissa
     bits), and the backward enters it with the loss scale in fp16, where 65536 is already inf."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.loss_dtype = self.policy.mode.autocast_dtype or torch.float32
+
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        dtype = self.policy.mode.autocast_dtype or torch.float32
         with torch.autocast(self.policy.device.type, enabled=False):  # no fp32 promotion
-            return F.cross_entropy(logits.to(dtype), labels) * self.fault.loss_multiplier
+            return F.cross_entropy(logits.to(self.loss_dtype),
+                                   labels) * self.fault.loss_multiplier
 
 
 VARIANTS: dict[PitfallName, type[LabStep]] = {
