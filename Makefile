@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 SOURCES := amp_lab tests
 
-.PHONY: help run test test-fast bench check lint format-check typecheck format clean
+.PHONY: help run test test-fast bench doctor-bench check lint format-check typecheck format clean
 
 help:  ## this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-13s %s\n", $$1, $$2}' \
@@ -29,6 +29,9 @@ run: $(VENV)/.installed  ## the default experiment (test_convnext on digits, fp3
 
 bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python -m amp_lab.bench)
 	$(PY) -m amp_lab.bench $(ARGS)
+
+doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 min): figures
+	$(PY) -m amp_lab.doctor --suite $(ARGS)
 
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
 	$(PY) -m pytest $(ARGS)

@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
-import warnings
 from difflib import get_close_matches
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab import sweeps
 from amp_lab.config import CONF_DIR, ConfigError, register, validate
+from amp_lab.errors import one_line
 
 log = logging.getLogger("amp_lab")
 register()
-# conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose,
-# so `hydra/launcher=submitit_slurm` brings amp_lab's requeue-safe cluster defaults.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
 
 
 TOOLS = {"doctor": "amp_lab.doctor.diagnose", "report": "amp_lab.report.compare",
@@ -54,6 +54,25 @@ def main(cfg: DictConfig) -> float | None:
     return trainer.fit()["best_val_acc"]
 
 
+def run_hydra() -> None:
+    """main(), with Hydra's own errors (unknown option, bad value, bad override) as one line and
+    exit 2. HYDRA_FULL_ERROR=1 still shows Hydra's full report and traceback."""
+    asked = os.environ.get("HYDRA_FULL_ERROR")
+    if asked == "1":
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its report
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"amp_lab: error: {one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR")
+        if asked is not None:
+            os.environ["HYDRA_FULL_ERROR"] = asked
+
+
 def cli() -> None:
     """`amp_lab TOOL ARGS` runs a tool; anything else is a training run's overrides."""
     sweeps.skipped.clear()
@@ -66,7 +85,7 @@ def cli() -> None:
               f"{f'; did you mean {close[0]}?' if close else ''} (commands: "
               f"{', '.join(TOOLS)}; anything else is key=value overrides)", file=sys.stderr)
         sys.exit(2)
-    main()
+    run_hydra()
     if sweeps.skipped:  # the other jobs ran; a script or CI job still learns that some did not
         print(f"amp_lab: error: {len(sweeps.skipped)} sweep job(s) did not run: "
               f"{'; '.join(sweeps.skipped)}", file=sys.stderr)

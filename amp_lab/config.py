@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab.choices import (
     ClipMode,
@@ -197,6 +197,9 @@ class TrainerConfig:
     # continue from the run dir's newest good checkpoint; false: start fresh
     resume: bool = field(default=True, metadata=FREE_ON_RESUME)
     strategy: Strategy = Strategy.single  # ddp: DistributedDataParallel (torchrun/SLURM world)
+    # torch CPU threads; 0: $OMP_NUM_THREADS if set, else the CPUs this job was given
+    # (SLURM_CPUS_PER_TASK, the CPU affinity mask) less the DataLoader workers
+    threads: int = field(default=0, metadata=FREE_ON_RESUME)
 
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
@@ -211,6 +214,7 @@ class TrainerConfig:
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
+        _require(self.threads >= 0, f"trainer.threads={self.threads} must be >= 0 (0: auto)")
 
 
 @dataclass
@@ -255,11 +259,25 @@ class DiagnosticsConfig:
     every: int = 100
     skip_warn_rate: float = 0.25  # warn when more than this share of a log window's steps skip
     top_layers: int = 5  # layers named per probe (least fp16 headroom, most underflow)
+    # run health (amp_lab/numerics/health.py; defaults justified in docs/diagnostics.md)
+    health_zero_grad_share: float = 0.5  # underflow: this share of gradients exactly zero
+    health_rise: float = 0.25  # loss rises: the last steps' mean > (1 + this) x the first's
+    health_min_drop: float = 0.01  # loss stalls: fell by less than this share of its start...
+    health_min_steps: int = 100  # ...in a run of at least this many steps (short runs are noisy)
+    health_skip_rate: float = 0.2  # unstable: more than this share of all steps skipped
+    health_min_scale: float = 1.0  # scale collapse: a dynamic loss scale below this
+    health_window: int = 10  # steps (whole log windows) in the first and the final window
 
     def __post_init__(self) -> None:
         _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
         _require(0 < self.skip_warn_rate <= 1,
                  f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]")
+        for name in ("health_zero_grad_share", "health_min_drop", "health_skip_rate"):
+            _require(0 < getattr(self, name) <= 1,
+                     f"diagnostics.{name}={getattr(self, name)} must be in (0, 1]")
+        _require(self.health_rise > 0, f"diagnostics.health_rise={self.health_rise} must be > 0")
+        _require(self.health_min_steps >= 1 and self.health_window >= 1,
+                 "diagnostics.health_min_steps and diagnostics.health_window must be >= 1")
 
 
 @dataclass
@@ -374,15 +392,6 @@ def compose_settings(overrides: list[str]) -> AmpLabConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return validate(compose(config_name="config", overrides=overrides))
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_unknown_choice(err) or f"{str(err).strip().splitlines()[0]} "
-                          f"(overrides: {' '.join(overrides)})") from err
+        from amp_lab.errors import one_line  # errors.py reads this module's schema
 
-
-def _unknown_choice(err: Exception) -> str | None:
-    """`key='value' is unknown; use one of ...` when a choice field got a value it lacks."""
-    cause = err if isinstance(err, ValidationError) else err.__cause__
-    choices = getattr(getattr(cause, "child_node", None), "enum_type", None)
-    if not (isinstance(cause, ValidationError) and choices is not None):
-        return None
-    return (f"{cause.full_key}={cause.value!r} is unknown; use one of "
-            f"{', '.join(c.name for c in choices)}")
+        raise ConfigError(f"{one_line(err)} (overrides: {' '.join(overrides)})") from err

@@ -1,4 +1,4 @@
-"""The end of a sweep: which jobs amp_lab refused, told in the sweeping process's terminal.
+"""The end of a sweep: each job's state, the jobs amp_lab refused, and the next command.
 
 A job whose config amp_lab refuses is skipped so that the others run. With the basic launcher
 that happens in this process; with submitit (SLURM or local) it happens in the job's own
@@ -6,10 +6,15 @@ process, whose return value never reaches here. So the job leaves a marker, `ref
 folder (`job N: reason`), and `SkippedJobs` (a Hydra callback, in conf/config.yaml) clears the
 markers under the sweep folder when a launch starts and gathers them when it ends; the `amp_lab`
 command then exits 2. A job that starts removes its folder's marker (a relaunch that now runs).
+On SLURM the callback also watches the queue while the sweep waits (amp_lab/slurm_queue.py).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +22,18 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from amp_lab.records import REFUSED_FILE
+from amp_lab.slurm_queue import PendingWatch
 
 skipped: list[str] = []  # "job N: reason" of this launch, for the command's exit code
+# the queue watch of this launch; not on the callback, which the launcher pickles into each job
+watches: list[PendingWatch] = []
+log = logging.getLogger(__name__)
+
+# conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose, so
+# `hydra/launcher=submitit_slurm` brings amp_lab's requeue-safe cluster defaults. Set here, as
+# every process that composes it imports this module: the sweep's and each submitit job's (the
+# job unpickles the task, whose module imports this one).
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
 
 
 def mark_refused(job_dir: Path, job: str, reason: str) -> None:
@@ -30,15 +45,52 @@ def clear_mark(job_dir: Path) -> None:
     (job_dir / REFUSED_FILE).unlink(missing_ok=True)
 
 
+def job_state(job_dir: Path) -> str:
+    """A job folder's state: its summary's status, its refusal, or where to look."""
+    summary, refused = job_dir / "summary.json", job_dir / REFUSED_FILE
+    if refused.exists():
+        return "refused: " + refused.read_text(errors="replace").strip().partition(": ")[2]
+    if summary.exists():
+        try:
+            data = json.loads(summary.read_text(errors="replace"))
+        except ValueError:
+            return "unreadable summary.json"
+        best = data.get("best_val_acc")
+        return f"{data.get('status')}" + (f", best val acc {best:.4f}" if best is not None else "")
+    return "no summary.json (the job's log: .submitit/<job id>/*_log.err, or its folder's .log)"
+
+
+def job_table(sweep_dir: Path) -> list[str]:
+    """One line per job folder (it holds .hydra/), in job-number order."""
+    dirs = sorted({p.parent for p in sweep_dir.rglob(".hydra")},
+                  key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit()
+                                 else 1 << 30, d.name))
+    return [f"  {d.relative_to(sweep_dir)}: {job_state(d)}" for d in dirs]
+
+
 class SkippedJobs(Callback):
     """Markers of this launch only: cleared at its start, read after the launcher has waited
-    for every job (any folder layout under the sweep folder)."""
+    for every job (any folder layout under the sweep folder). On SLURM, squeue's reason for a
+    job that pends longer than `pending_warn_s`."""
+
+    def __init__(self, pending_warn_s: float = 60.0) -> None:
+        self.pending_warn_s = pending_warn_s
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         skipped.clear()
-        for marker in Path(config.hydra.sweep.dir).rglob(REFUSED_FILE):
+        sweep_dir = Path(config.hydra.sweep.dir)
+        for marker in sweep_dir.rglob(REFUSED_FILE):
             marker.unlink(missing_ok=True)
+        if str(config.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher"):
+            watches.append(PendingWatch(sweep_dir, self.pending_warn_s))
+            watches[-1].start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        markers = Path(config.hydra.sweep.dir).rglob(REFUSED_FILE)
+        while watches:
+            watches.pop().close()
+        sweep_dir = Path(config.hydra.sweep.dir)
+        markers = sweep_dir.rglob(REFUSED_FILE)
         skipped[:] = sorted(m.read_text(errors="replace").strip() for m in markers)
+        lines = job_table(sweep_dir)
+        print(f"amp_lab: sweep {sweep_dir}: {len(lines)} job(s)", *lines,
+              f"next: amp_lab report {sweep_dir}", sep="\n", file=sys.stderr)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,8 +28,10 @@ from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_le
 from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
 from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
+from amp_lab.components.threads import apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.numerics.diagnostics import build_diagnostics
+from amp_lab.numerics.health import RunHealth, Window
 from amp_lab.numerics.pitfalls import prepare_model, step_class
 from amp_lab.parts import BuiltParts
 from amp_lab.precision.fp32_modules import keep_in_fp32
@@ -61,6 +64,7 @@ class LoopState:
     steps_to_target: int | None = None
     time_to_target_s: float | None = None
     elapsed_s: float = 0.0  # wall time of the loop, carried over a resume
+    eval_s: float = 0.0  # of elapsed_s, spent evaluating: outside the training clock
     diverged: bool = False
 
 
@@ -105,7 +109,14 @@ class Trainer:
     """Builds a run from typed settings; `fit()` trains it and returns the summary."""
 
     def __init__(self, settings: AmpLabConfig, out_dir: Path, sinks: list[Sink] | None = None):
+        self.created = time.perf_counter()  # setup_s: from here to the first step
         t = settings.trainer
+        self.threads = apply_threads(t.threads, settings.data.num_workers)
+        if self.threads.workers != settings.data.num_workers:
+            settings = replace(settings, data=replace(settings.data,
+                                                      num_workers=self.threads.workers))
+        self.tracking: dict[str, Any] = {}
+        self.setup_s = 0.0
         self.dist = setup_distributed(t.strategy, t.device)
         self.settings = settings
         self.out_dir = Path(self.dist.broadcast(str(out_dir)))  # rank 0's run directory
@@ -160,6 +171,10 @@ class Trainer:
                                 self.model, self.optimizer, self.scheduler, self.scaler,
                                 self.train_step, self.steps_per_epoch, self.global_batch,
                                 self.peak_lr)
+        self.health = RunHealth(settings.diagnostics,
+                                uses_dynamic_scaling(settings.scaler, self.policy),
+                                float(self.scaler.get_scale()),
+                                math.log(self.data.spec.num_classes))
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
@@ -220,8 +235,13 @@ class Trainer:
         reset_peak_memory(self.device)  # this run's peak, not the process's (a local sweep)
         try:
             sinks.start({**info, "step": self.state.step})
+            self.tracking = sinks.describe()
+            # the training clock starts here: W&B's start-up (up to its init time-out) is setup
+            started = time.perf_counter() - self.state.elapsed_s
+            self.setup_s = time.perf_counter() - self.created
             with self.checkpointer.active():  # RNG states restored; stop signals caught
                 self._loop(sinks, started)
+            self._finish_health()
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
         except BaseException as err:  # a stop signal's clean stop is resumable, not a crash
@@ -283,9 +303,9 @@ class Trainer:
         if (reason := scaler_stop_reason(self.scaler)) is not None:
             st.diverged = True
             log.warning("step %d: %s; stopping as diverged", st.step, reason)
-        return {
+        record = {
             "kind": "train", "step": st.step, "epoch": st.step / self.steps_per_epoch,
-            "time_s": time.perf_counter() - started,
+            "time_s": self._train_clock(started),
             "train/loss": c["loss_sum"] / c["loss_count"] if c["loss_count"] else float("nan"),
             "train/acc": c["correct"] / max(1.0, c["samples"]),
             "train/lr": self.lr_at(st.step - 1),
@@ -296,6 +316,26 @@ class Trainer:
             **self._device_figures(meter),
             **self.diagnostics.read(st.step),
         }
+        self._observe_health(c, steps_in_window, record)
+        return record
+
+    def _observe_health(self, c: dict[str, float], steps: int, record: dict[str, Any]) -> None:
+        """The run-health rules, fed with what this log step has read already (no sync)."""
+        window = Window(self.state.step, steps, round(c["loss_count"] / self.dist.world_size),
+                        int(c["window_skipped"]), record["train/loss"], record["amp/loss_scale"])
+        for line in self.health.observe(window, record.get("diag/grad_zero_share")):
+            if self.dist.is_main:
+                log.warning(line)
+
+    def _finish_health(self) -> None:
+        """The whole-run rules; a final window with no finite loss ends the run diverged."""
+        for line in self.health.finish(self.state.step, self.skipped_total):
+            if self.dist.is_main:
+                log.warning(line)
+        if self.health.final_nonfinite():
+            self.state.diverged = True
+        if self.dist.is_main:
+            log.info(self.health.summary_line())
 
     def _device_figures(self, meter: ThroughputMeter) -> dict[str, float]:
         """Throughput and memory: totals over the ranks, and per-device figures."""
@@ -322,7 +362,8 @@ class Trainer:
         # the plain module: a DDP forward on rank 0 alone could wait on a buffer broadcast
         metrics = evaluate(self.model, self.data.val_batches(t.batch_size), self.policy)
         meter.exclude(time.perf_counter() - eval_start)
-        now = time.perf_counter() - started
+        st.eval_s += time.perf_counter() - eval_start
+        now = self._train_clock(started)
         acc = metrics["val/acc"]
         st.final_val_acc, st.final_val_loss = acc, metrics["val/loss"]
         st.best_val_acc = acc if st.best_val_acc is None else max(st.best_val_acc, acc)
@@ -330,6 +371,10 @@ class Trainer:
             st.steps_to_target, st.time_to_target_s = st.step, now
         return {"kind": "val", "step": st.step, "epoch": st.step / self.steps_per_epoch,
                 "time_s": now, **metrics}
+
+    def _train_clock(self, started: float) -> float:
+        """Seconds of training so far: the loop's wall time less its evaluations."""
+        return time.perf_counter() - started - self.state.eval_s
 
     # -- summary -----------------------------------------------------------------------------
     def summary(self, wall_time_s: float, status: str | None) -> dict[str, Any]:
@@ -353,9 +398,15 @@ class Trainer:
             "skipped_steps": getattr(self, "skipped_total", 0),
             "final_loss_scale": self.scaler.get_scale(),
             "peak_memory_mb": peak_memory_mb(self.device),
-            "wall_time_s": wall_time_s,
+            "wall_time_s": wall_time_s,  # the loop: training, evaluation, checkpoints
+            "train_time_s": wall_time_s - st.eval_s,  # the training clock of time_s
+            "eval_s": st.eval_s,
+            "setup_s": self.setup_s,  # building the run and starting the trackers (this attempt)
+            "threads": asdict(self.threads),
+            "tracking": self.tracking,
             "output_dir": str(self.out_dir),
             "diagnostics": self.diagnostics.summary(),
+            "health": list(self.health.entries),  # silent failures (amp_lab/numerics/health.py)
             **self.describe(),
         }
 

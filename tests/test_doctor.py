@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
+from amp_lab.config import compose_settings
+from amp_lab.doctor.advice import BASELINE
 from amp_lab.doctor.diagnose import Doctor, main
+from amp_lab.doctor.fixes import applied_by, verify_fix
 from amp_lab.doctor.verdict import Probe
 
 TINY = ["model=test_vit", "data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
@@ -19,18 +23,22 @@ def _doctor(tmp_path, capsys, *args: str) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_underflow_without_scaler_stalls_and_the_scaler_is_recommended(tmp_path, capsys):
+def test_underflow_without_scaler_is_named_and_the_scaler_is_recommended(tmp_path, capsys):
     report, out = _doctor(tmp_path, capsys, "precision=fp16_noscale", "lr.base=1e-2",
                           "fault.loss_multiplier=1e-6", "--steps", "12")
     probes = report["probes"]
     assert probes["autocast"]["zero_grad_share"] > 0.9  # most gradients flushed to zero
-    assert probes["autocast"]["verdict"] == "stalls"
+    assert probes["autocast"]["verdict"] == "underflow"  # the health rule, never "ok"
+    assert [e["rule"] for e in probes["autocast"]["summary"]["health"]] == ["underflow"]
     assert probes["autocast+scaler"]["verdict"] == "ok"  # fp16 with the scaler trains
     losses = probes["autocast+scaler"]["losses"]
     assert sum(losses[-4:]) < 0.95 * sum(losses[:4])
     top = report["recommendations"][0]
     assert top["problem"] == "gradients underflow without loss scaling"
     assert top["override"] == "precision=fp16 scaler.enabled=true"
+    assert top["verified"] is True and top["verification"].startswith("verified: ")
+    assert top["command"].endswith("fault.loss_multiplier=1e-6 precision=fp16 "
+                                   "scaler.enabled=true")
     # the user's line, their precision replaced
     assert "lr.base=1e-2 fault.loss_multiplier=1e-6 precision=fp16 scaler.enabled=true\n" in out
     assert "amp_lab doctor: probes vs the fp32 baseline" in out
@@ -129,3 +137,60 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(message)
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_a_baseline_that_does_not_train_holds_the_precision_advice_back(tmp_path, capsys):
+    """Issue 17: fp32 at lr.base=1 went 2.3 -> 20 and was judged ok, and the doctor sent the
+    user after fp32 modules. Now: not a precision problem, with an LR fix checked in fp32."""
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", "lr.base=1", "--steps", "12")
+    assert report["probes"]["fp32"]["verdict"] == "rises"
+    (rec,) = report["recommendations"]  # the precision advice is held back
+    assert rec["problem"] == BASELINE and rec["cause"] == "baseline"
+    assert rec["verified"] is True and rec["override"].startswith("lr.scale=")
+    fixed = rec["tried"][-1]
+    assert fixed["override"] == rec["override"] and fixed["verdict"] == "ok"
+    assert "fp32_modules" not in out and BASELINE in out
+
+
+@pytest.mark.slow
+def test_a_forward_overflow_outranks_what_the_users_scaler_already_does(tmp_path, capsys):
+    """Issue 17: with fp16 + scaler, recommendation 1 was `precision=fp16
+    scaler.enabled=true` (the user's own config); the attention overflow came second."""
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", "fault.overflow_factor=1e8",
+                          "fault.overflow_module=blocks.0.attn", "--steps", "6")
+    recs = report["recommendations"]
+    assert recs[0]["cause"] == "forward_overflow" and recs[0]["module"] == "blocks.0.attn"
+    assert all(r["override"] != "precision=fp16 scaler.enabled=true" for r in recs)
+    assert recs[0]["verified"] is True
+    # the table and the advice name the same first non-finite event
+    event = report["probes"]["autocast+scaler"]["summary"]["diagnostics"]["nonfinite"]
+    assert f"step {event['first_step']}: {event['module']} (forward)" in out
+    assert f"first non-finite value at step {event['first_step']}, the output of " \
+           f"{event['module']}" in recs[0]["evidence"]
+
+
+def test_a_fix_that_moves_the_overflow_is_not_verified(tmp_path, monkeypatch):
+    """Issue 17: keeping blocks.2.mlp.fc2 in fp32 moved the overflow to blocks.0.mlp.fc2, and
+    the doctor had called its advice right. A fix probe that overflows elsewhere is no fix."""
+    doctor = Doctor([*TINY, "precision=fp16"], 4, tmp_path)
+    moved = Probe("fix_1", [], losses=[math.nan] * 4, summary={"health": [], "diagnostics": {
+        "nonfinite": {"first_step": 3, "module": "blocks.0.mlp.fc1", "phase": "forward"}}})
+    monkeypatch.setattr(doctor, "run_probe", lambda name, extra: moved)
+    rec = {"cause": "forward_overflow", "module": "blocks.0.mlp.fc2",
+           "override": "precision.fp32_modules=[blocks.0.mlp.fc2]"}
+    verify_fix(doctor, rec, {"fp32": Probe("fp32", [], losses=[2.3] * 4)}, 1)
+    assert rec["verified"] is False
+    assert rec["verification"] == ("not verified: the overflow moved to blocks.0.mlp.fc1 "
+                                   "(step 3, forward)")
+
+
+def test_advice_never_repeats_what_the_config_already_does():
+    user = [*TINY, "precision=fp16"]
+    applied = applied_by(user, compose_settings(user))
+    assert applied("precision=fp16 scaler.enabled=true")  # None follows the mode: dynamic
+    assert applied("pitfall=none")
+    assert not applied("scaler.init_scale=1024")
+    noscale = [*TINY, "precision=fp16_noscale"]
+    assert not applied_by(noscale, compose_settings(noscale))("precision=fp16 "
+                                                              "scaler.enabled=true")

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import CONF_DIR, ROOT
+from helpers import CONF_DIR, ROOT, settings
 
+from amp_lab.choices import PrecisionName
 from amp_lab.precision.modes import PRECISION_MODES
 
 SMALL = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.device=cpu",
@@ -154,9 +155,9 @@ def test_ci_and_pre_commit_run_the_same_checks_as_make_check():
 
 
 def test_a_precision_mode_is_one_table_row_plus_one_config_file():
-    files = {p.stem: yaml.safe_load(p.read_text()) for p in (CONF_DIR / "precision").glob("*.yaml")}
-    assert set(files) == set(PRECISION_MODES)
-    assert all(cfg["name"] == name for name, cfg in files.items())
+    files = {p.stem for p in (CONF_DIR / "precision").glob("*.yaml")}
+    assert files == set(PRECISION_MODES) == {member.value for member in PrecisionName}
+    assert all(settings(f"precision={name}").precision.name == name for name in files)
 
 
 @pytest.mark.parametrize("doc, section", [

@@ -117,3 +117,55 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
         range(10, 101, 10))
     submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
     assert "Requeued job" in submitit_log
+
+
+def test_the_readme_cpu_example_runs_on_a_small_cluster_as_typed(cluster, tmp_path, monkeypatch):
+    """README's first SLURM command, on this 2-CPU node: the jobs fit, run, and the sweep ends
+    with each job's state and the next command; no Hydra deprecation warning in the job logs."""
+    monkeypatch.delenv("OMP_NUM_THREADS")  # threads follow the CPUs SLURM gave the job
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "precision=fp32,fp16,bf16", "hydra/launcher=submitit_slurm_cpu",
+                     "hydra.launcher.partition=debug", f"hydra.sweep.dir={sweep}", *JOB,
+                     "trainer.max_steps=4", "trainer.log_every=2", "logger.mode=disabled",
+                     cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_sweep(sweep, "SlurmLauncher")
+    tail = result.stderr.strip().splitlines()[-5:]
+    assert tail[0] == f"amp_lab: sweep {sweep}: 3 job(s)"
+    assert [line.split(": ", 1)[1].split(",")[0] for line in tail[1:4]] == ["completed"] * 3
+    assert tail[4] == f"next: amp_lab report {sweep}"
+    assert result.stderr.count("sacct is unavailable") <= 1 and "Bypassing" not in result.stderr
+    [script] = list((sweep / ".submitit").glob("*/*_submission.sh"))
+    assert "#SBATCH --cpus-per-task=2" in script.read_text()
+    assert "--gpus" not in script.read_text()
+    for log in (sweep / ".submitit").glob("*/*_log.err"):
+        assert "deprecated" not in log.read_text(), log
+    summary = json.loads((_job_dirs(sweep)[0] / "summary.json").read_text())
+    assert summary["threads"]["cpus"] == summary["threads"]["threads"] == 2
+
+
+def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp_path):
+    """The GPU preset on this 2-CPU node: the jobs can never start; the sweep says why and what
+    to set instead of waiting in silence."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "amp_lab", "-m", "precision=fp32,fp16",
+           "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.gpus_per_node=null", "hydra.callbacks.skipped_jobs.pending_warn_s=5",
+           f"hydra.sweep.dir={sweep}", *JOB, "trainer.max_steps=2"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # Hydra logs to stdout
+    told = ""
+    try:
+        deadline = time.monotonic() + 120
+        while "pending for" not in told and time.monotonic() < deadline and proc.poll() is None:
+            told = proc.stdout.readline()
+    finally:
+        ids = {p.name.split("_")[0] for p in (sweep / ".submitit").glob("*") if p.is_dir()}
+        subprocess.run(["scancel", *ids], check=False)
+        proc.kill()
+        proc.wait()
+    assert re.search(r"SLURM jobs \d+_0, \d+_1 pending for \d+ s \((PartitionConfig|Resources)"
+                     r"\): each asks 8 CPUs / 64 GB; partition debug has 2 CPUs / \d+ GB per "
+                     r"node: set hydra.launcher.cpus_per_task / hydra.launcher.mem_gb", told), told

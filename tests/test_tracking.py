@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pty
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import settings
+from helpers import ROOT, settings
 from helpers.sinks import Boom
 from helpers.wandb_records import offline_runs, read_run
 
@@ -95,7 +102,8 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="amp_lab.tracking.wandb_sink"):
         summary = Trainer(settings("logger.mode=online"), tmp_path).fit()
     assert summary["status"] == "completed"
-    assert "W&B online init failed" in caplog.text and "logging offline instead" in caplog.text
+    assert "W&B online unavailable (init failed" in caplog.text
+    assert "logging offline instead" in caplog.text
     assert FAKE_KEY not in caplog.text
     run = read_run(offline_runs(tmp_path)[0])
     assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4, 6]
@@ -139,3 +147,108 @@ def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog)
     assert sink.run is None
     assert [r.message for r in caplog.records if "W&B" in r.message] == [
         "W&B summary failed (Connection lost)", "W&B finish failed (Connection lost)"]
+
+
+# -- online W&B as a new user meets it: on a terminal, no key / a bad key / no network ---------
+TERMINAL_RUN = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16",
+                "trainer.max_steps=4", "trainer.log_every=2", "trainer.device=cpu",
+                "trainer.progress=false", "logger.mode=online"]
+
+
+def _on_terminal(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, float]:
+    """`python -m amp_lab ARGS` with stdin/stdout/stderr on a pseudo-terminal that stays open:
+    a prompt would wait for input until the timeout. Returns (exit code, output, seconds)."""
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "amp_lab", *args], stdin=slave, stdout=slave,
+                            stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = -1
+    seconds = time.monotonic() - start
+    reader.join(timeout=5)
+    os.close(master)
+    return code, b"".join(chunks).decode(errors="replace"), seconds
+
+
+def _terminal_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    home = tmp_path / "home"  # no ~/.netrc, no W&B settings: a new user's account
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**env, "HOME": str(home), "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
+            "TERM": "xterm", **extra}
+
+
+class _RejectEveryKey(BaseHTTPRequestHandler):
+    """A W&B server that answers every request 401, as the real one does for a wrong key."""
+
+    def _reject(self) -> None:
+        body = b'{"errors": [{"message": "user is not logged in"}]}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _reject
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def rejecting_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RejectEveryKey)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("case", ["no key", "fake key, no network", "bad key"])
+def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
+    extra = {"no key": {},
+             # nothing listens on port 9: the connection is refused at once, like no network
+             "fake key, no network": {"WANDB_API_KEY": FAKE_KEY,
+                                      "WANDB_BASE_URL": "http://127.0.0.1:9"},
+             "bad key": {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": rejecting_server}}[case]
+    run_dir = tmp_path / "run"
+    code, output, seconds = _on_terminal(
+        [*TERMINAL_RUN, f"hydra.run.dir={run_dir}"],
+        _terminal_env(tmp_path, WANDB_INIT_TIMEOUT="8", **extra), timeout=150)
+    assert code == 0, output[-3000:]
+    assert "logging offline instead" in output and FAKE_KEY not in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    tracking = summary["tracking"]
+    assert (tracking["wandb_requested"], tracking["wandb_mode"]) == ("online", "offline")
+    assert ("no API key" in tracking["wandb_fallback"]) == (case == "no key")
+    # the aborted online attempt leaves no folder beside the offline run
+    assert sorted(p.name.split("-")[0] for p in (run_dir / "wandb").glob("*run-*")) == [
+        "offline"]
+    run = read_run(offline_runs(run_dir)[0])
+    assert run.config["logger"]["mode"] == "offline"
+    assert run.config["tracking"]["wandb_fallback"] == tracking["wandb_fallback"]
+    assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4]
+    if case == "fake key, no network":  # wandb retries until its time-out: setup, not training
+        assert summary["setup_s"] >= 8 > summary["train_time_s"]
+    assert max(r["time_s"] for r in _jsonl(run_dir, "train")) <= summary["train_time_s"]
+    _no_key_anywhere(run_dir)

@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--jobs", type=int, default=1, help="compile_cache processes at a time (default 1); "
         "each runs its configuration's steps, so they share the device's memory")
     add("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    add("--threads", type=int, help="torch CPU threads (default: torch's); on a shared CPU, 1 "
+    add("--threads", type=int, help="torch CPU threads (default: trainer.threads=0, the CPUs "
+        "this process was given); on a shared CPU, 1 "
         "spares the two loops from fighting other processes for cores")
     add("--override", nargs="+", default=[], metavar="KEY=VALUE",
         help="extra config overrides for every run, e.g. trainer.log_every=5")
@@ -116,6 +117,8 @@ def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str
             f"data.img_size={args.img_size}", f"data.num_samples={10 * args.batch_size}",
             f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}",
             "trainer.progress=false", "trainer.resume=false", "checkpoint.enabled=false",
+            # the Trainer sets torch's threads from trainer.threads (0: the CPUs it was given)
+            f"trainer.threads={args.threads or 0}", "data.num_classes=1000",
             *extra, *args.override]
 
 

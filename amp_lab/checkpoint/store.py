@@ -36,6 +36,7 @@ from amp_lab.checkpoint.run_dir import RunDir, write_atomic
 from amp_lab.checkpoint.signals import StopSignals
 from amp_lab.components.distributed import DistContext
 from amp_lab.config import AmpLabConfig, ConfigError, changed_settings, flat_settings
+from amp_lab.errors import first_sentence
 from amp_lab.records import CHECKPOINT_DIR, WANDB_ID_FILE
 
 log = logging.getLogger(__name__)
@@ -109,15 +110,15 @@ class Checkpointer:
             if self.dist.is_main:
                 self.records.set_aside()
             return False
-        unreadable: list[str] = []
+        unreadable: dict[str, list[str]] = {}  # reason -> files: one reason told once
         for path in self.checkpoints():
             try:
                 payload = read_checkpoint(path)
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                reason = first_sentence(err)
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", path,
                             reason)
-                unreadable.append(f"{path.name}: {reason}")
+                unreadable.setdefault(reason, []).append(path.name)
                 continue
             self._load(path, payload)
             if self.dist.is_main:
@@ -128,7 +129,8 @@ class Checkpointer:
                 self.records.truncate_records(self.state.step)
             return True
         if unreadable:
-            raise ConfigError(f"no usable checkpoint in {self.dir} ({'; '.join(unreadable)}); "
+            reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in unreadable.items())
+            raise ConfigError(f"no usable checkpoint in {self.dir} ({reasons}); "
                               "move that folder away or set trainer.resume=false to start fresh")
         if self.dist.is_main and self.records.truncate_records(0):  # died before a checkpoint
             log.warning("%s holds an earlier attempt's records but no checkpoint: starting over "

@@ -1,10 +1,12 @@
-"""`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--out DIR]`.
+"""`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`.
 
 Automates the debugging flow of docs/amp_pitfalls.md §5 on the user's own config: short
 in-process probes with the same seed and data order — (1) the fp32 baseline, (2) autocast without
-a scaler, (3) autocast with the scaler, (4) bf16 where the device has it — compared with the
-baseline step by step. Prints a verdict table and ranked recommendations; writes doctor.json.
-`--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite values.
+a scaler, (3) autocast with the scaler, (4) bf16 where the device has it — judged by the
+run-health rules and compared with the baseline step by step. Prints a verdict table and ranked
+recommendations (advice.py), runs the top ones as probes to verify them (fixes.py) and writes
+doctor.json. `--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite
+values; `--suite` runs the doctor benchmark (suite.py) instead of the user's config.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from amp_lab.config import ConfigError, compose_settings
-from amp_lab.doctor.verdict import Advice, Probe, recommend, verdict
+from amp_lab.doctor.advice import Advice, recommend
+from amp_lab.doctor.fixes import applied_by, command, key, verify
+from amp_lab.doctor.verdict import Probe, first_event, verdict
 from amp_lab.records import METRICS_FILE
 
 # keys the doctor sets itself; the user's values for them are replaced per probe
@@ -33,10 +37,6 @@ PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_e
               "trainer.eval_every", "trainer.progress", "trainer.resume", "checkpoint.enabled",
               "diagnostics", "diagnostics.mode", "diagnostics.every", "hydra.run.dir")
 log = logging.getLogger("amp_lab.doctor")
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
 
 
 class Doctor:
@@ -50,7 +50,7 @@ class Doctor:
         from amp_lab.precision.modes import PRECISION_MODES
         from amp_lab.trainer import Trainer
 
-        kept = [o for o in overrides if _key(o) not in PROBE_KEYS]
+        kept = [o for o in overrides if key(o) not in PROBE_KEYS]
         # every probe starts afresh (an earlier doctor's files in --out are set aside)
         self.common = [*kept, f"trainer.max_steps={steps}", "trainer.log_every=1",
                        "trainer.eval_every=0", "trainer.progress=false", "diagnostics=full",
@@ -59,8 +59,16 @@ class Doctor:
         # writes to, so an --out that holds a run is left alone)
         Trainer(self.settings, out / "probes" / "config_check")
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
-        dtype = PRECISION_MODES[self.settings.precision.name].autocast_dtype
-        self.low = "bf16" if dtype == torch.bfloat16 else "fp16"
+        mode = PRECISION_MODES[self.settings.precision.name]
+        self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
+        # what the user runs (a fix is verified on it): their precision and scaler, or, for
+        # an fp32 config, the autocast+scaler probe's
+        own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
+        self.own = own if mode.autocast_dtype is not None else [
+            f"precision={self.low}", "scaler.enabled=true"]
+        scaler = self.settings.scaler
+        self.user_scaled = mode.autocast_dtype is None or (scaler.kind != "static" and (
+            mode.dynamic_scaling if scaler.enabled is None else scaler.enabled))
 
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
@@ -74,8 +82,8 @@ class Doctor:
         """A short in-process run; its files go to <out>/probes/<name>."""
         from amp_lab.trainer import Trainer  # torch and timm load only when a probe runs
 
-        replaced = {_key(e) for e in extra}
-        probe = Probe(name, [*(o for o in self.common if _key(o) not in replaced), *extra])
+        replaced = {key(e) for e in extra}
+        probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
         try:
             trainer = Trainer(compose_settings(probe.overrides), self.out / "probes" / name)
         except ConfigError as err:
@@ -167,10 +175,10 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
             why = p.unavailable or p.crashed or ""
             table.add_row(name, verdict(p, base), escape(why), *[""] * 7)
             continue
-        nf = (p.diag.get("nonfinite") or {})
-        where = "-" if not nf.get("first_step") else (
-            f"step {nf['first_step']}: {nf['module']} ({nf.get('phase')})" if nf.get("module")
-            else f"step {nf['first_step']}: skipped, no module named")  # the weight gradients
+        event = first_event(p)  # the same event the advice reads
+        where = "-" if not event else (
+            f"step {event['step']}: {event['module']} ({event['phase']})" if event["module"]
+            else f"step {event['step']}: skipped, no module named")  # the weight gradients
         # overflowed, or the scale did, while no activation or input gradient was non-finite
         ratio = p.mean("diag/update_ratio")
         table.add_row(name, verdict(p, base), _fmt_curve(p), _fmt(p.deviation(base), "%"),
@@ -206,10 +214,10 @@ def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
         if rec["fix"]:
             console.print(escape(f"   fix: {rec['fix']}"))
         if rec["override"]:
-            new = rec["override"].split()
-            kept = [o for o in user if _key(o) not in {_key(n) for n in new}]
-            console.print(escape(f"   try: python -m amp_lab {' '.join(kept + new)}"),
+            console.print(escape(f"   try: {command(user, rec['override'])}"),
                           soft_wrap=True)  # one line: copy and paste it
+        if rec.get("verification"):
+            console.print(escape(f"   {rec['verification']}"))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -221,8 +229,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per probe (40)")
     parser.add_argument("--search-fp32", action="store_true",
                         help="greedily find modules to keep in fp32 that remove non-finite values")
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="seconds for verifying fixes after the first (60)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="output folder (default outputs/doctor/DATE/TIME)")
+                        help="output folder (default outputs/doctor/DATE/TIME; with --suite "
+                             "outputs/doctor_suite)")
+    parser.add_argument("--suite", action="store_true",
+                        help="run the doctor benchmark (failure cases with a known cause) "
+                             "instead of your config; see amp_lab/doctor/suite.py")
+    parser.add_argument("--cases", nargs="+", default=None, metavar="NAME",
+                        help="with --suite: only these cases")
     return parser.parse_args(argv)
 
 
@@ -242,11 +258,16 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                 for p in probes.values() if p.name != "fp32"):
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     advice = Advice(s.scaler.init_scale, s.scaler.growth_interval, s.lr.scale,
-                    s.lr.warmup_steps, args.steps, doctor.low)
+                    s.lr.warmup_steps, args.steps, doctor.low, doctor.user_scaled,
+                    s.trainer.clip_grad, tuple(s.precision.fp32_modules))
     recs = recommend(probes, advice, search["fp32_modules"] if search and search["found"]
-                     else None)
+                     else None, applied_by(args.overrides, s))
+    verify(doctor, recs, probes, advice, args.budget)
+    for rec in recs:
+        rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
     print_report(console, probes, recs, search, args.overrides)
     report = {"overrides": args.overrides, "steps": args.steps, "output_dir": str(out),
+              "user_probe": "autocast+scaler" if doctor.user_scaled else "autocast",
               "probes": {n: {"overrides": p.overrides, "verdict": verdict(p, probes["fp32"]),
                              "unavailable": p.unavailable, "crashed": p.crashed,
                              "losses": p.losses,
@@ -271,8 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     levels = [logger.level for logger in quiet]
     for logger in quiet:  # the probes' warnings go to doctor.json
         logger.setLevel(logging.ERROR)
+    console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        run(args, Console(width=None if sys.stdout.isatty() else 160))
+        if args.suite:
+            from amp_lab.doctor.suite import main as suite
+
+            return suite(args, console)
+        run(args, console)
     except ConfigError as err:
         print(f"amp_lab: error: {err}", file=sys.stderr)
         return 2

@@ -69,6 +69,8 @@ def run_rows(runs: list[RunData], ref: RunData | None) -> tuple[list[str], list[
         delta = acc - ref_acc if acc is not None and ref_acc is not None else None
         speedup = sps / ref_sps if sps and ref_sps else None
         status = run.status if run.ok else f"**{run.status}**"  # bold (red in the terminal)
+        found = [e["rule"] for e in s.get("health") or []]  # amp_lab/numerics/health.py
+        status += f" (health: {', '.join(found)})" if found else ""
         rows.append([run.label + (" (ref)" if run is ref else ""),
                      *[run.overrides.get(k, "—") for k in keys],
                      run.precision, run.model, _f(acc), _f(s.get("best_val_acc")),

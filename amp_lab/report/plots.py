@@ -38,7 +38,7 @@ def _lines(ax: Axes, groups: Groups, kind: str, key: str, x: str, ylabel: str) -
                           label=label + (f" (n={len(runs)})" if len(runs) > 1 else ""))
         if len(runs) > 1:
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("optimizer step" if x == "step" else "wall time (s)")
+    ax.set_xlabel("optimizer step" if x == "step" else "training time (s)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -51,7 +51,7 @@ def loss_vs_step(ax: Axes, groups: Groups) -> None:
 
 def loss_vs_time(ax: Axes, groups: Groups) -> None:
     _lines(ax, groups, "train", "train/loss", "time_s", "train loss")
-    ax.set_title("train loss vs wall time")
+    ax.set_title("train loss vs training time")
 
 
 def val_acc(ax: Axes, groups: Groups) -> None:

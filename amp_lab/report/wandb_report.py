@@ -58,7 +58,7 @@ def build_report(project: str, entity: str, groups: list[str], swept: list[str],
     panels: list[PanelTypes] = [
         wr.LinePlot(title="train loss by precision", x="step", y=["train/loss"],
                     groupby=by_precision, groupby_aggfunc="mean", groupby_rangefunc="minmax"),
-        wr.LinePlot(title="train loss vs wall time", x="time_s", y=["train/loss"],
+        wr.LinePlot(title="train loss vs training time", x="time_s", y=["train/loss"],
                     groupby=by_precision, groupby_aggfunc="mean", groupby_rangefunc="minmax"),
         wr.LinePlot(title="val accuracy", x="step", y=["val/acc"], groupby=by_precision,
                     groupby_aggfunc="mean", groupby_rangefunc="minmax"),

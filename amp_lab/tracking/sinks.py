@@ -33,6 +33,10 @@ class Sink:
     def close(self) -> None:
         """Always called, also after an error."""
 
+    def describe(self) -> Record:
+        """After start(): what the sink really did (e.g. W&B's mode), for summary.json."""
+        return {}
+
 
 class JsonlSink(Sink):
     """metrics.jsonl: one JSON object per record, flushed at once so a crash loses nothing."""
@@ -120,6 +124,9 @@ class Sinks(Sink):
     def finish(self, summary: Record) -> None:
         for sink in self.sinks:
             sink.finish(summary)
+
+    def describe(self) -> Record:
+        return {key: value for sink in self.sinks for key, value in sink.describe().items()}
 
     def close(self) -> None:
         errors = []

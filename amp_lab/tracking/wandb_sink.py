@@ -1,21 +1,28 @@
 """Weights & Biases tracking: every run is a real W&B run, offline by default, never fatal.
 
-The sink imports wandb lazily. A W&B failure (no network, a bad key, a service error) is a
-warning and a fall-back to offline mode: training goes on and metrics.jsonl always has every
-record. The W&B files live in the run directory (`<run dir>/wandb/`), and the run id is kept in
-`<run dir>/wandb_run_id`, so a resumed job continues the same W&B run.
+The sink imports wandb lazily and never lets wandb prompt: online mode without an API key
+(`$WANDB_API_KEY`, an identity token file or `.netrc`) is one warning and offline at once, on a
+terminal too. A W&B failure (no network, a bad key, a service error) is a warning and a fall-back
+to offline mode after at most `$WANDB_INIT_TIMEOUT` seconds: training goes on and metrics.jsonl
+always has every record. The mode really used, and why, is in summary.json (`tracking`) and in
+the W&B config (`logger.mode`, `tracking`). The W&B files live in the run directory
+(`<run dir>/wandb/`), and the run id is kept in `<run dir>/wandb_run_id`, so a resumed job
+continues the same W&B run.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import netrc
 import os
 import secrets
+import shutil
 import string
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
@@ -40,6 +47,20 @@ def resolve_mode(cfg: LoggerConfig) -> str:
 
 def _init_timeout() -> float:
     return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+
+
+def credentials() -> str | None:
+    """Where wandb would find credentials without asking; None: online init would prompt."""
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(name):
+            return name
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    path = os.environ.get("NETRC") or str(Path.home() / ".netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(host or "")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return ".netrc" if entry and entry[2] else None
 
 
 def redact(text: str) -> str:
@@ -84,14 +105,22 @@ class WandbSink(Sink):
 
     def __init__(self, settings: AmpLabConfig, out_dir: Path, mode: str) -> None:
         self.settings, self.out_dir, self.mode = settings, Path(out_dir), mode
+        self.requested, self.reason = mode, ""  # self.mode becomes the mode really used
         self.run: Any = None
         self.summary_logged = False
+
+    def describe(self) -> Record:
+        """The W&B mode asked for, the one used and why they differ (summary.json's `tracking`)."""
+        return {"wandb_requested": self.requested, "wandb_mode": self.mode,
+                "wandb_fallback": self.reason or None}
 
     def start(self, info: Record) -> None:
         import wandb
 
         s, cfg = self.settings, self.settings.logger
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.mode == "online" and credentials() is None:  # wandb would prompt on a terminal
+            self._fall_back("no API key: set WANDB_API_KEY or run `wandb login`")
         group, name = run_identity(self.out_dir, cfg)
         precision = s.precision.name
         kwargs = dict(
@@ -101,7 +130,7 @@ class WandbSink(Sink):
             dir=str(self.out_dir), id=run_id(self.out_dir), resume="allow",
             settings=wandb.Settings(init_timeout=_init_timeout(), console="off", quiet=True,
                                     disable_git=True, save_code=False))
-        self.run = self._init(wandb, self.mode, kwargs)
+        self.run = self._init(wandb, kwargs)
         if self.run is None:
             return
         self.run.define_metric("step")
@@ -109,19 +138,29 @@ class WandbSink(Sink):
         for prefix in METRIC_PREFIXES:
             self.run.define_metric(f"{prefix}/*", step_metric="step")
 
-    def _init(self, wandb: Any, mode: str, kwargs: dict[str, Any]) -> Any:
+    def _fall_back(self, reason: str) -> None:
+        log.warning("W&B %s unavailable (%s); logging offline instead, publish later with "
+                    "`wandb sync %s/wandb/offline-run-*`", self.mode, reason, self.out_dir)
+        self.mode, self.reason = "offline", reason
+
+    def _init(self, wandb: Any, kwargs: dict[str, Any]) -> Any:
+        kwargs["config"]["logger"]["mode"] = self.mode  # the W&B config tells the mode used
+        kwargs["config"]["tracking"] = self.describe()
+        before = set((self.out_dir / "wandb").glob("run-*"))
         try:
-            return wandb.init(mode=mode, **kwargs)
+            return wandb.init(mode=self.mode, **kwargs)
         except Exception as err:  # noqa: BLE001 - W&B must never stop training
             message = redact(f"{type(err).__name__}: {err}").splitlines()[0]
-            if mode == "offline":
+            if self.mode == "offline":
                 log.warning("W&B offline init failed (%s); the run is in metrics.jsonl only",
                             message)
+                self.reason = f"offline init failed: {message}"
                 return None
-            log.warning("W&B %s init failed (%s); logging offline instead, publish later with "
-                        "`wandb sync %s/wandb/offline-run-*`", mode, message, self.out_dir)
             wandb.teardown()  # the failed run still holds its id in the W&B service
-            return self._init(wandb, "offline", kwargs)
+            for stray in set((self.out_dir / "wandb").glob("run-*")) - before:
+                shutil.rmtree(stray, ignore_errors=True)  # the aborted online attempt's folder
+            self._fall_back(f"init failed: {message}")
+            return self._init(wandb, kwargs)
 
     def log(self, record: Record) -> None:
         if self.run is None:

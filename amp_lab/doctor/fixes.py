@@ -1,0 +1,125 @@
+"""Verified fixes: the doctor runs what it recommends before it says so.
+
+The top recommendation (and the next ones while `--budget` seconds last) is run as a probe of
+the user's own config plus its override. It is verified when that probe is healthy (the run-health
+rules), no value goes non-finite in the forward pass and its loss tracks the fp32 baseline within
+`verdict.DEVIATION`; a fix that moves an overflow to another module is not verified, and says
+where it went. A baseline that does not train gets fp32 probes of the LR/warmup/clipping fixes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
+from amp_lab.doctor.advice import Advice, baseline_fixes
+from amp_lab.doctor.verdict import DEVIATION, Probe, first_event, verdict
+from amp_lab.numerics import health
+
+if TYPE_CHECKING:
+    from amp_lab.doctor.diagnose import Doctor
+
+FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]
+
+
+def key(override: str) -> str:
+    """The config key an override sets (`+a.b=1` -> `a.b`)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def command(user: list[str], override: str | None) -> str:
+    """One runnable line: the user's overrides with the recommended ones in their place."""
+    new = override.split() if override else []
+    kept = [o for o in user if key(o) not in {key(n) for n in new}]
+    return " ".join(["python -m amp_lab", *kept, *new])
+
+
+def _normalised(settings: AmpLabConfig) -> dict[str, Any]:
+    from amp_lab.precision.modes import PRECISION_MODES
+
+    values = asdict(settings)
+    if values["scaler"]["enabled"] is None:  # None: the scaler the precision mode needs
+        values["scaler"]["enabled"] = PRECISION_MODES[settings.precision.name].dynamic_scaling
+    return values
+
+
+def applied_by(user: list[str], settings: AmpLabConfig) -> Callable[[str], bool]:
+    """A test: does the user's config already do what an override asks for?"""
+    mine = _normalised(settings)
+
+    def applied(override: str) -> bool:
+        try:
+            return _normalised(compose_settings([*user, *override.split()])) == mine
+        except ConfigError:
+            return False
+
+    return applied
+
+
+def verify(doctor: Doctor, recs: list[dict[str, Any]], probes: dict[str, Probe],
+           advice: Advice, budget_s: float) -> None:
+    """Run the top recommendation's override (and the next within the budget); mark each
+    `verified` true/false with a sentence in `verification`, or null when it was not run."""
+    started = time.monotonic()
+    runnable = [r for r in recs if r["override"]]
+    for i, rec in enumerate(runnable, 1):
+        if i > 1 and time.monotonic() - started > budget_s:
+            rec.update(verified=None, verification=f"not run (over --budget={budget_s:g} s)")
+            continue
+        if rec["cause"] == "baseline":
+            _verify_baseline(doctor, rec, advice)
+        else:
+            verify_fix(doctor, rec, probes, i)
+
+
+def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i: int) -> None:
+    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not."""
+    new = rec["override"].split()
+    fix = doctor.run_probe(f"fix_{i}", [*doctor.own, *new])
+    base = probes["fp32"]
+    if any(key(o).startswith("lr.") for o in new):  # compare with fp32 at the same LR
+        base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
+    rec["fix_probe"] = {"name": fix.name, "losses": fix.losses,
+                        "verdict": verdict(fix, base), "health": fix.summary.get("health"),
+                        "deviation_from_fp32": fix.deviation(base) if fix.losses else None}
+    event = first_event(fix)
+    target = rec.get("module")  # the module a forward-overflow fix keeps in fp32
+    if fix.crashed:
+        rec.update(verified=False, verification=f"the fix crashed: {fix.crashed}")
+    elif event and event["phase"] == "forward":
+        moved = f" moved to {event['module']}" if event["module"] != target else " remains"
+        rec.update(verified=False, verification=(
+            f"not verified: the overflow{moved} (step {event['step']}, forward)"))
+    elif verdict(fix, base) != "ok":
+        rec.update(verified=False, verification=(
+            f"not verified: with it the run {verdict(fix, base)} (loss {_curve(fix)}, "
+            f"health: {', '.join(sorted(health.rules(fix.summary))) or 'ok'})"))
+    else:
+        rec.update(verified=True, verification=(
+            f"verified: loss {_curve(fix)}, within {fix.deviation(base):.0%} of fp32 "
+            f"(tolerance {DEVIATION:.0%}), no health finding"))
+
+
+def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> None:
+    """fp32 probes of the gentlest LR/warmup/clipping fixes until one trains."""
+    tried: list[dict[str, Any]] = []
+    for k, candidate in enumerate(baseline_fixes(advice), 1):
+        probe = doctor.run_probe(f"baseline_fix_{k}", [*FP32, *candidate.split()])
+        ok = not probe.crashed and verdict(probe, probe) == "ok"
+        tried.append({"override": candidate, "verdict": verdict(probe, probe),
+                      "losses": probe.losses})
+        if ok:
+            rec.update(override=candidate, verified=True, tried=tried, verification=(
+                f"verified: fp32 with {candidate} trains (loss {_curve(probe)}, no health "
+                "finding); then run the doctor again for the precision"))
+            return
+    rec.update(verified=False, tried=tried, verification=(
+        "not verified: fp32 still does not train with " + "; ".join(t["override"]
+                                                                   for t in tried)))
+
+
+def _curve(probe: Probe) -> str:
+    return f"{probe.losses[0]:.3g} -> {probe.losses[-1]:.3g}" if probe.losses else "n/a"

@@ -1,0 +1,105 @@
+"""Hydra's and OmegaConf's errors as amp_lab's one line that says what to do.
+
+Hydra prints an unknown group option with its whole option listing and config search path (18
+lines), an unparsable value with OmegaConf's key/type report (7 lines). `one_line()` keeps what a
+user acts on: the override, the options or the expected type, the nearest real key.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import fields, is_dataclass
+from difflib import get_close_matches
+
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+from amp_lab.config import CONF_DIR, AmpLabConfig
+
+_GROUP = re.compile(r"Available options in '([^']+)'")
+_NOT_IN_DEFAULTS = re.compile(r"Could not override '([^']+)'\. No match in the defaults list")
+
+
+def schema_keys() -> dict[str, str]:
+    """Every `group.field` (and top-level field) of the schema, with its type as written."""
+    keys: dict[str, str] = {}
+    for group in fields(AmpLabConfig):
+        keys[group.name] = str(group.type)
+        section = getattr(AmpLabConfig(), group.name)
+        if is_dataclass(section):
+            hints = typing.get_type_hints(type(section))
+            for f in fields(section):
+                keys[f"{group.name}.{f.name}"] = getattr(hints[f.name], "__name__",
+                                                         str(hints[f.name]))
+    return keys
+
+
+def did_you_mean(key: str) -> str:
+    """'; did you mean scaler.init_scale?' for the nearest schema key, or ''."""
+    close = get_close_matches(key, list(schema_keys()), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _missing_option(err: MissingConfigException) -> str:
+    found = _GROUP.search(str(err))
+    missing = err.missing_cfg_file or ""
+    if not found or not err.options:
+        return str(err).strip().splitlines()[0]
+    group = found.group(1)
+    name = missing[len(group) + 1:] if missing.startswith(group + "/") else missing
+    # a prefix counts too: `pitfall=half` means half_model
+    close = [o for o in err.options if o.startswith(name)] or get_close_matches(name, err.options)
+    hint = f"did you mean {group}={close[0]}? " if close else ""
+    return (f"{group}={name} is not an option of the {group} group; {hint}"
+            f"options: {', '.join(err.options)}")
+
+
+def _bad_value(err: ValidationError) -> str:
+    key, message = str(err.full_key), str(err).strip().splitlines()[0]
+    choices = getattr(getattr(err, "child_node", None), "enum_type", None)
+    if choices is not None:  # a choice field (an Enum of amp_lab/choices.py)
+        return f"{key}={err.value!r} is unknown; use one of {', '.join(c.name for c in choices)}"
+    value = re.match(r"Value '([^']*)' (of type|is not)", message)
+    if value is None:  # e.g. an Enum's "Invalid value 'x', expected one of [...]"
+        return f"{key}: {message}"
+    return f"{key}={value.group(1)} is not a valid {schema_keys().get(key, 'value')}"
+
+
+def one_line(err: BaseException) -> str:
+    """The error as one line: the cause a user fixes, never a listing or a traceback."""
+    cause = err.__cause__
+    if isinstance(err, MissingConfigException):
+        return _missing_option(err)
+    if isinstance(err, OverrideParseException):
+        reason = err.message.strip().splitlines()[0]
+        return (f"cannot parse the override {err.override!r} ({reason}); quote values with "
+                "spaces or brackets, see `python -m amp_lab --help`")
+    if found := _NOT_IN_DEFAULTS.search(str(err)):  # a group the defaults list leaves out
+        group = found.group(1)
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        return (f"{group} is an optional group: choose it with +{group}=OPTION "
+                f"(options: {', '.join(options)})")
+    if isinstance(err, ValidationError) and err.full_key:
+        return _bad_value(err)
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return _bad_value(cause)
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        key = str(cause.full_key)
+        parent = key.rpartition(".")[0]
+        if schema_keys().get(parent, "").startswith("dict"):  # model.kwargs, optim.kwargs
+            return f"{parent} is free-form: add a key to it with +{key}=VALUE"
+        return (f"unknown setting {key}{did_you_mean(key)} "
+                "(python -m amp_lab --help lists the groups)")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if cause is not None and str(cause).strip():
+        first += f" ({str(cause).strip().splitlines()[0]})"
+    return first
+
+
+def first_sentence(err: BaseException, limit: int = 160) -> str:
+    """An underlying library's message cut to its first sentence: torch's checkpoint errors
+    explain themselves for a paragraph, repeated once per file."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.split(r"(?<=[a-z0-9)])\. ", text, maxsplit=1)[0].rstrip(".")
+    return text if len(text) <= limit else text[:limit - 3] + "..."

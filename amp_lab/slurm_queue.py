@@ -1,0 +1,155 @@
+"""What squeue and sinfo say about a sweep's SLURM jobs, told while the sweep waits.
+
+hydra-submitit-launcher waits silently while a job pends; a job asking more than any node of its
+partition has pends forever (`PartitionConfig`, `Resources`). `PendingWatch` polls squeue in a
+thread while the sweep waits and, once a job has pended longer than a threshold, prints squeue's
+reason and, when the job asks more than the partition's nodes have, the override to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("amp_lab.sweeps")
+
+# sacct fails on clusters without job accounting; submitit then warns on every poll
+_SACCT = "Bypassing sacct error"
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """One line of `squeue`: a job of the sweep and what it asks for."""
+
+    job_id: str
+    state: str
+    reason: str
+    cpus: int
+    mem_gb: float | None  # None: the job asks no memory
+    partition: str
+
+
+def _run(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):  # no SLURM client here, a slow controller
+        return ""
+
+
+def mem_gb(text: str) -> float | None:
+    """squeue/sinfo memory ('64G', '4000M', '23081' MB) in GB; None when none is asked."""
+    found = re.fullmatch(r"([\d.]+)([KMGT]?)\+?", text.strip())
+    if not found or float(found.group(1)) == 0:
+        return None
+    scale = {"K": 1 / 1024**2, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}
+    return float(found.group(1)) * scale[found.group(2)]
+
+
+def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
+    """The sweep's jobs that squeue still lists (one line per array task)."""
+    if not job_ids:
+        return []
+    out = _run(["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))),
+                "-o", "%i|%T|%r|%C|%m|%P"])
+    jobs = []
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 6 and parts[3].isdigit():
+            jobs.append(QueuedJob(parts[0], parts[1], parts[2], int(parts[3]), mem_gb(parts[4]),
+                                  parts[5]))
+    return jobs
+
+
+def partition_size(partition: str) -> tuple[int, float | None]:
+    """(CPUs, GB) of the partition's largest node."""
+    out = _run(["sinfo", "-h", "-p", partition, "-o", "%c|%m"])
+    sizes = [(int(c), mem_gb(m)) for c, m in (line.split("|") for line in out.split())
+             if c.isdigit()]
+    if not sizes:
+        return 0, None
+    return max(c for c, _ in sizes), max((m for _, m in sizes if m is not None), default=None)
+
+
+def advice(jobs: list[QueuedJob], seconds: float) -> str:
+    """One line for jobs alike: how long they have pended, squeue's reason, what to change."""
+    job = jobs[0]
+    asks = f"{job.cpus} CPUs" + (f" / {job.mem_gb:g} GB" if job.mem_gb else "")
+    names = ", ".join(j.job_id for j in jobs)
+    line = (f"SLURM job{'s' if len(jobs) > 1 else ''} {names} pending for {seconds:.0f} s "
+            f"({job.reason}): {'each ' if len(jobs) > 1 else ''}asks {asks}")
+    cpus, mem = partition_size(job.partition)
+    too_big = [name for name, fits in (("cpus_per_task", job.cpus <= cpus),
+                                       ("mem_gb", not job.mem_gb or not mem or job.mem_gb <= mem))
+               if not fits]
+    if cpus and too_big:
+        has = f"{cpus} CPUs" + (f" / {mem:.0f} GB" if mem else "")
+        return (f"{line}; partition {job.partition} has {has} per node: set "
+                f"{' / '.join('hydra.launcher.' + n for n in too_big)} (or "
+                "hydra/launcher=submitit_slurm_cpu on a small cluster)")
+    return f"{line}; waiting for a free node (squeue -j {job.job_id} shows the queue)"
+
+
+def submitted_ids(sweep_dir: Path) -> list[str]:
+    """Job ids of the sweep: submitit keeps a folder per job in <sweep dir>/.submitit/."""
+    folder = sweep_dir / ".submitit"
+    return [p.name.split("_")[0] for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+
+
+class PendingWatch:
+    """A daemon thread that tells, once per job and reason, why a job pends past `warn_s`."""
+
+    def __init__(self, sweep_dir: Path, warn_s: float) -> None:
+        self.sweep_dir, self.warn_s = sweep_dir, warn_s
+        self.stop = threading.Event()
+        self.first_seen: dict[str, float] = {}
+        self.told: set[tuple[str, str]] = set()
+        self.thread = threading.Thread(target=self._run, name="amp_lab-pending", daemon=True)
+
+    def start(self) -> None:
+        submitit_log = logging.getLogger("submitit")
+        if not any(isinstance(f, OnceSacctWarning) for f in submitit_log.filters):
+            submitit_log.addFilter(OnceSacctWarning())
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        while not self.stop.wait(min(10.0, max(1.0, self.warn_s / 2))):
+            self.poll()
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        due: dict[tuple[str, int, float | None, str], list[QueuedJob]] = {}
+        for job in queued_jobs(submitted_ids(self.sweep_dir)):
+            if job.state != "PENDING":
+                continue
+            seconds = now - self.first_seen.setdefault(job.job_id, now)
+            if seconds >= self.warn_s and (job.job_id, job.reason) not in self.told:
+                self.told.add((job.job_id, job.reason))
+                due.setdefault((job.reason, job.cpus, job.mem_gb, job.partition), []).append(job)
+        for jobs in due.values():  # jobs alike (a sweep's array) share one line
+            log.warning("%s", advice(jobs, now - self.first_seen[jobs[0].job_id]))
+
+
+class OnceSacctWarning(logging.Filter):
+    """submitit's sacct warning (every poll, through each of its handlers) becomes one line of
+    amp_lab's that says what it means."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SACCT not in record.getMessage():
+            return True
+        if not self.seen:
+            self.seen = True
+            log.warning("sacct is unavailable on this cluster (no job accounting): submitit "
+                        "reads job states from the jobs' own files")
+        return False
