@@ -13,7 +13,7 @@ from helpers import settings
 
 from amp_lab.bench.throughput import batch_stream, phase_times
 from amp_lab.choices import PitfallName
-from amp_lab.doctor.verdict import SIGNATURE_FIXES
+from amp_lab.doctor.advice import SIGNATURE_FIXES
 from amp_lab.numerics.pitfalls import VARIANTS, HalfModel, LabStep, NoScalerUpdate
 from amp_lab.step import STAGES, TrainStep
 from amp_lab.trainer import Trainer
