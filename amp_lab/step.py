@@ -1,9 +1,11 @@
 """The training step — the GradScaler recipe users get wrong, done right once — and evaluation.
 
-Order per optimizer step (docs/amp_pitfalls.md §2):
-zero_grad(set_to_none) -> for each micro-batch: autocast forward -> fp32 loss / grad_accum ->
-scale(loss).backward() -> at the boundary only: unscale_ -> gradient norm -> clip -> scaler.step
--> scaler.update (once per optimizer step) -> schedule step.
+Order per optimizer step (docs/amp_pitfalls.md §2), one method per stage (STAGES):
+zero_grad(set_to_none) -> for each micro-batch: autocast forward -> fp32 loss / grad_accum
+(forward_and_loss) -> scale(loss).backward() (backward) -> after_micro_batch -> at the boundary
+only: unscale_ -> gradient norm -> clip (unscale_and_clip) -> scaler.step (optimizer_step) ->
+scaler.update, once per optimizer step (update_scale) -> schedule step. The pitfall lab
+(amp_lab/numerics/pitfalls.py) overrides one stage per mistake; nothing else restates the step.
 Nothing here reads a value back to the host: the results are device tensors. The gradient norm
 is computed only when something uses it (a log step, clipping by norm): every op the step
 launches costs host time, and a short GPU step waits on the host.
@@ -12,16 +14,18 @@ launches costs host time, and a short GPU step waits on the host.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.amp import GradScaler
 
 from amp_lab.precision.modes import PrecisionPolicy
-from amp_lab.precision.scaling import skipped_update
+from amp_lab.precision.scaler_internals import found_inf, scale_tensor
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -34,7 +38,7 @@ warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step
 class StepResult:
     """One optimizer step's outcome, all device tensors (no host sync)."""
 
-    loss: torch.Tensor  # mean fp32 loss over the micro-batches
+    loss: torch.Tensor  # mean loss over the micro-batches, fp32 unless a pitfall computes it lower
     correct: torch.Tensor  # correctly classified samples
     samples: int
     grad_norm: torch.Tensor | None  # L2 norm of the unscaled gradients before clipping; None
@@ -42,11 +46,49 @@ class StepResult:
     found_inf: torch.Tensor  # 1.0 when the gradients held inf/nan and the update was skipped
 
 
-class StepObserver:
-    """Does nothing; amp_lab/diagnostics.py overrides these to watch the numerics of a step."""
+@dataclass(frozen=True)
+class StepView:
+    """What a step shows the numerics that watch it (amp_lab/numerics/diagnostics.py): the
+    watched model and its gradients, the scale, the clip settings and the weights the optimizer
+    updates; the step number comes with each `begin_step`."""
 
-    def begin_step(self) -> None:
-        """Before the forward pass."""
+    device: torch.device
+    model: torch.nn.Module  # the module the step runs (compiled or DDP-wrapped as built)
+    optimizer: torch.optim.Optimizer  # its state must stay fp32
+    clip_grad: float
+    clip_mode: str
+    uses_scaler: bool  # False: the step scales nothing, its scale means nothing
+    scaler: GradScaler = field(repr=False)
+    masters: bool = False  # the optimizer updates fp32 masters of 16-bit weights
+    checks_weights: bool = True  # the weights the optimizer updates must be fp32
+
+    def scale(self) -> torch.Tensor:
+        """The loss scale as a device tensor (no sync); 1 before the scaler's first scale()."""
+        scale = scale_tensor(self.scaler)
+        return torch.ones((), device=self.device) if scale is None else scale
+
+    def host_scale(self) -> float:
+        """The scale before the next step, read to the host (at start-up or resume only)."""
+        return float(self.scaler.get_scale()) if self.uses_scaler else 1.0
+
+    def optimized_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The named tensors the optimizer updates, if they must be fp32: the model's weights,
+        or in the pure modes the fp32 masters (read now: the masters replace the model's
+        weights in the optimizer's param groups when the precision is prepared)."""
+        if not self.checks_weights:
+            return []
+        if self.masters:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            return [(f"master weight {i}", p) for i, p in enumerate(params)]
+        return list(self.model.named_parameters())
+
+
+class StepObserver:
+    """Does nothing; amp_lab/numerics/diagnostics.py overrides these to watch a step's numerics.
+    The Trainer reads it at log steps, checkpoints it and puts its summary in summary.json."""
+
+    def begin_step(self, step: int) -> None:
+        """Before the forward pass of optimizer step `step` (1-based)."""
 
     def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """The module this step's forward passes run through: `model` unless told otherwise."""
@@ -57,6 +99,19 @@ class StepObserver:
 
     def end_step(self, result: StepResult) -> None:
         """After the update, the scale update and the schedule step."""
+
+    def read(self, step: int) -> dict[str, Any]:
+        """The record's telemetry at a log step."""
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -73,64 +128,107 @@ def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (logits.detach().max(-1).indices == labels).sum()
 
 
+# The stages of a step, in call order; the pitfall lab overrides one at a time and the
+# throughput bench times them through `watching_stages`.
+STAGES = ("forward_and_loss", "backward", "after_micro_batch", "unscale_and_clip",
+          "optimizer_step", "update_scale")
+
+
 @dataclass
 class TrainStep:
+    """One optimizer step, written once as named stages (see STAGES)."""
+
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: GradScaler
     policy: PrecisionPolicy
+    # from policy.prepare(), which must run first: the pure modes swap fp32 masters into the
+    # optimizer's param groups, which the step captures; pure modes copy grads in with it
+    before_unscale: Callable[[], None]
     clip_grad: float = 0.0
     clip_mode: str = "norm"
-    channels_last: bool = False
     micro_batch_context: Callable[[bool], contextlib.AbstractContextManager] = (
         lambda is_last: contextlib.nullcontext())  # DDP's no_sync() until the boundary
-    before_unscale: Callable[[], None] = lambda: None  # pure modes: grads into the fp32 masters
-    diagnostics: StepObserver = field(default_factory=StepObserver)  # numerics telemetry
+    # builds the numerics observer from the step's view, once, when the step is built
+    observe: Callable[[StepView], StepObserver] = lambda view: StepObserver()
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn  # fp32 training loss
 
     uses_scaler = True  # pitfalls.HalfModel drops the scaler: its scale then means nothing
+    loss_dtype = torch.float32  # pitfalls.LossInLowPrecision computes the loss in 16 bits
 
     def __post_init__(self) -> None:
         # the tensors the optimizer steps: the model's, or their fp32 masters in the pure modes
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.held: tuple[torch.Tensor, torch.Tensor] | None = None  # see __call__
+        self.step_number = 0  # the last optimizer step run, 1-based
+        self.diagnostics = self.observe(self.view())
 
-    def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True) -> StepResult:
-        """One optimizer step; `measure_norm=False` skips the gradient norm unless clipping by
-        norm needs it (the loop asks for it on log steps only)."""
-        self.diagnostics.begin_step()
+    def view(self) -> StepView:
+        """What this step shows its observer."""
+        mode, options = self.policy.mode, self.policy.options
+        low_weights = mode.param_dtype != torch.float32
+        return StepView(self.policy.device, self.model, self.optimizer, self.clip_grad,
+                        self.clip_mode, self.uses_scaler, self.scaler,
+                        masters=low_weights and options.master_weights,
+                        # without masters, the bf16 weights are what bf16_pure studies
+                        checks_weights=not low_weights or options.master_weights)
+
+    def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True,
+                 step: int | None = None) -> StepResult:
+        """Optimizer step `step` (the loop passes it; default: the one after the last);
+        `measure_norm=False` skips the gradient norm unless clipping by norm needs it (the loop
+        asks for it on log steps only)."""
+        self.step_number = self.step_number + 1 if step is None else step
+        self.diagnostics.begin_step(self.step_number)
         model = self.diagnostics.forward_module(self.model)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=self.policy.device)
+        # allocated before the forward: where a step's tensors land in the CPU heap moves its
+        # speed by ~2% (see `held` below)
+        loss_sum = torch.zeros((), device=self.policy.device, dtype=self.loss_dtype)
         correct = torch.zeros((), device=self.policy.device, dtype=torch.long)
-        samples = 0
+        samples, count = 0, len(micro_batches)
         for i, (images, labels) in enumerate(micro_batches):
-            if self.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            with self.micro_batch_context(i == len(micro_batches) - 1):
-                with self.policy.autocast():
-                    logits = model(images)
-                # dividing by the number of micro-batches makes accumulation an average
-                loss = self.loss(logits, labels) / len(micro_batches)
+            last = i == count - 1
+            with self.micro_batch_context(last):
+                logits, loss = self.forward_and_loss(model, images, labels, count, last)
                 # The previous logits and loss (with its spent graph) are freed here, as a
                 # hand-written loop frees them by reassigning its variables. Freed at return
                 # instead, they moved the next step's tensors in the CPU heap, and test_vit's
                 # steps ran ~2% slower (docs/benchmarks.md).
                 self.held = (logits, loss)
-                self.scaler.scale(loss).backward()
+                self.backward(loss)
+            self.after_micro_batch(last)
             loss_sum += loss.detach()
             correct += count_correct(logits, labels)
             samples += labels.shape[0]
         grad_norm = self.unscale_and_clip(measure_norm)
         self.diagnostics.before_optimizer_step()
-        self.scaler.step(self.optimizer)
-        found_inf = skipped_update(self.scaler, self.optimizer)  # before update() clears it
-        self.scaler.update()
+        skipped = self.optimizer_step(grad_norm)
+        self.update_scale()
         self.scheduler.step()
-        result = StepResult(loss_sum, correct, samples, grad_norm, found_inf)
+        result = StepResult(loss_sum, correct, samples, grad_norm, skipped)
         self.diagnostics.end_step(result)
         return result
+
+    # -- the stages ----------------------------------------------------------------------------
+    def forward_and_loss(self, model: torch.nn.Module, images: torch.Tensor,
+                         labels: torch.Tensor, micro_batches: int,
+                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The autocast forward pass and this micro-batch's share of the loss."""
+        with self.policy.autocast():
+            logits = model(images)
+        # dividing by the number of micro-batches makes accumulation an average
+        return logits, self.compute_loss(logits, labels) / micro_batches
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss(logits, labels)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def after_micro_batch(self, last: bool) -> None:
+        """Nothing between micro-batches: the scaler acts once, at the boundary."""
 
     def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
         """Unscale first, so the norm and the clip threshold see the true gradients."""
@@ -146,24 +244,51 @@ class TrainStep:
         if measure_norm or clip_norm:
             grads = [p.grad for p in self.params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        if clip_norm:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
-        elif self.clip_grad > 0:
+            if clip_norm:
+                torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm,
+                                                     foreach=True)
+        if self.clip_grad > 0 and not clip_norm:
             torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
         return None if norm is None else norm.float()
 
+    def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
+        """The update, skipped when the gradients hold inf/nan; returns that skip flag."""
+        self.scaler.step(self.optimizer)
+        return found_inf(self.scaler, self.optimizer)  # before update() clears it
+
+    def update_scale(self) -> None:
+        self.scaler.update()  # once per optimizer step
+
+    @contextlib.contextmanager
+    def watching_stages(self, after_stage: Callable[[str], None]) -> Iterator[None]:
+        """Call `after_stage(name)` each time a stage returns; the stages run as they are."""
+        for name in STAGES:
+            setattr(self, name, _then(getattr(self, name), functools.partial(after_stage, name)))
+        try:
+            yield
+        finally:
+            for name in STAGES:
+                delattr(self, name)  # the class's own stages again
+
+
+def _then(stage: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
+    @functools.wraps(stage)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = stage(*args, **kwargs)
+        after()
+        return out
+    return run
+
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch], policy: PrecisionPolicy,
-             channels_last: bool = False) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch],
+             policy: PrecisionPolicy) -> dict[str, float]:
     """Mean val loss and accuracy under the run's own autocast policy."""
     model.eval()
     loss_sum = torch.zeros((), device=policy.device)
     correct = torch.zeros((), device=policy.device, dtype=torch.long)
     count = 0
     for images, labels in batches:
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
         with policy.autocast():
             logits = model(images)
         loss_sum += loss_fn(logits, labels) * labels.shape[0]

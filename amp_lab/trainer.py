@@ -7,6 +7,7 @@ host only at log steps, so steps in between never wait for the device.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -32,9 +33,10 @@ from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
 from amp_lab.components.threads import apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
-from amp_lab.numerics.diagnostics import attach_diagnostics
+from amp_lab.numerics.diagnostics import build_diagnostics
 from amp_lab.numerics.health import RunHealth, Window
-from amp_lab.numerics.pitfalls import make_step, prepare_model
+from amp_lab.numerics.pitfalls import prepare_model, step_class
+from amp_lab.parts import BuiltParts
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import resolve_device, resolve_precision
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes, state_dtype_of
@@ -127,7 +129,8 @@ class Trainer:
         self.device = resolve_device(self.dist.device(t.device))
         torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
-        self.data = build_data(settings.data, t.seed, self.device, settings.model.name)
+        self.data = build_data(settings.data, t.seed, self.device, settings.model.name,
+                               settings.model.channels_last)
         self.mixup = build_mixup(settings.data, self.data.spec.num_classes, t.batch_size)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
@@ -149,7 +152,9 @@ class Trainer:
                         "reaches its peak; shorten lr.warmup_steps / lr.warmup_epochs",
                         self.warmup, self.total_steps)
         self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
-        before_unscale = self.policy.prepare(self.model, self.optimizer)  # fp8, 16-bit weights
+        # fp8, 16-bit weights; the pure modes swap fp32 masters into the optimizer's param
+        # groups. The step needs the hook it returns, so it is built after and captures those.
+        before_unscale = self.policy.prepare(self.model, self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
                                          self.steps_per_epoch)
         self.scaler = build_scaler(settings.scaler, self.policy)
@@ -158,17 +163,22 @@ class Trainer:
         forward_model = parallel_model
         if t.compile:  # torch.compile(module) returns an OptimizedModule; its stubs say Callable
             forward_model = cast(torch.nn.Module, torch.compile(parallel_model))
-        self.train_step = TrainStep(forward_model, self.optimizer, self.scheduler, self.scaler,
-                                    self.policy, t.clip_grad, t.clip_mode,
-                                    settings.model.channels_last,
-                                    self.dist.micro_batch_context(parallel_model),
-                                    before_unscale=before_unscale,
-                                    loss=build_loss(settings.data))
-        self.train_step = make_step(self.train_step, settings.pitfall.name, settings.fault)
-        self.diagnostics = attach_diagnostics(
-            settings.diagnostics, self.train_step, settings.scaler,
-            uses_dynamic_scaling(settings.scaler, self.policy), t.log_every,
-            self.out_dir if self.dist.is_main else None)
+        # built once, of the class the pitfall lab picks; it builds its numerics observer from
+        # its own view as it is built (nothing is swapped or attached afterwards)
+        make_step = step_class(settings.pitfall.name, settings.fault)
+        self.train_step: TrainStep = make_step(
+            forward_model, self.optimizer, self.scheduler, self.scaler, self.policy,
+            before_unscale, t.clip_grad, t.clip_mode,
+            self.dist.micro_batch_context(parallel_model),
+            observe=functools.partial(build_diagnostics, settings.diagnostics, settings.scaler,
+                                      uses_dynamic_scaling(settings.scaler, self.policy),
+                                      t.log_every, self.out_dir if self.dist.is_main else None),
+            loss=build_loss(settings.data))
+        self.diagnostics = self.train_step.diagnostics
+        self.parts = BuiltParts(settings, self.device, self.policy, self.data, self.sampler,
+                                self.model, self.optimizer, self.scheduler, self.scaler,
+                                self.train_step, self.steps_per_epoch, self.global_batch,
+                                self.peak_lr)
         self.health = RunHealth(settings.diagnostics,
                                 uses_dynamic_scaling(settings.scaler, self.policy),
                                 float(self.scaler.get_scale()),
@@ -269,7 +279,7 @@ class Trainer:
                 data_s = time.perf_counter() - fetch_start
                 last = st.step + 1 >= self.total_steps
                 log_step = (st.step + 1) % t.log_every == 0 or last
-                result = self.train_step(micro_batches, measure_norm=log_step)
+                result = self.train_step(micro_batches, measure_norm=log_step, step=st.step + 1)
                 counters.add(result)
                 st.step += 1
                 update_ema(self.ema, self.model, t.ema, st.step)
@@ -360,11 +370,9 @@ class Trainer:
         st, t = self.state, self.settings.trainer
         eval_start = time.perf_counter()
         # the plain module: a DDP forward on rank 0 alone could wait on a buffer broadcast
-        metrics = evaluate(self.model, self.data.val_batches(t.batch_size),
-                           self.policy, self.settings.model.channels_last)
+        metrics = evaluate(self.model, self.data.val_batches(t.batch_size), self.policy)
         if self.ema is not None:  # the EMA under the same autocast policy as the model
-            ema = evaluate(self.ema.module, self.data.val_batches(t.batch_size), self.policy,
-                           self.settings.model.channels_last)
+            ema = evaluate(self.ema.module, self.data.val_batches(t.batch_size), self.policy)
             metrics.update({"val/acc_ema": ema["val/acc"], "val/loss_ema": ema["val/loss"]})
         meter.exclude(time.perf_counter() - eval_start)
         st.eval_s += time.perf_counter() - eval_start

@@ -154,7 +154,7 @@ def run_overhead(args: argparse.Namespace, device: torch.device,
                                   f"multiple), or add --override trainer.log_every={args.steps}")
             run_dir = args.out / "runs" / f"overhead_{variant.replace(' ', '_')}_{precision}"
             trainer = Trainer(settings, run_dir)
-            sink = AlternatingSink(BareLoop(trainer), args.steps, device)
+            sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
             trainer.extra_sinks.append(sink)
             run_dir.mkdir(parents=True, exist_ok=True)
             with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
@@ -203,7 +203,7 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
                                                                  compiled))
                 trainer = Trainer(settings, args.out / "runs" / "throughput")
                 try:
-                    rows.append(measure_throughput(trainer, args.warmup, args.steps,
+                    rows.append(measure_throughput(trainer.parts, args.warmup, args.steps,
                                                    flops.get(model)))
                     flops[model] = rows[-1].flops_per_step
                     outcome = f"{rows[-1].samples_per_s:.1f} samples/s"

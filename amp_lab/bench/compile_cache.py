@@ -49,9 +49,9 @@ class CompileRecord:
 def first_steps(settings: AmpLabConfig, run_dir: Path, steps: int) -> float | None:
     """`steps` steps of the runner's compiled step, as the timed row's warm-up runs them (so
     every graph it needs gets built); returns the seconds of the first (None for no steps)."""
-    trainer = Trainer(settings, run_dir)
-    first_step_s = warm_up(trainer, batch_stream(trainer), steps)
-    synchronize(trainer.device)
+    parts = Trainer(settings, run_dir).parts
+    first_step_s = warm_up(parts, batch_stream(parts), steps)
+    synchronize(parts.device)
     return first_step_s
 
 

@@ -23,29 +23,30 @@ from torch.utils.data import TensorDataset
 
 from amp_lab.components.metrics import synchronize
 from amp_lab.config import ConfigError
+from amp_lab.parts import BuiltParts
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
 
 class BareLoop:
-    """The hand-written baseline: a copy of the trainer's model, its data, batch and precision."""
+    """The hand-written baseline: a copy of the runner's model, its data, batch and precision."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        if not isinstance(trainer.data.train, TensorDataset):
+    def __init__(self, parts: BuiltParts) -> None:
+        if not isinstance(parts.data.train, TensorDataset):
             raise ConfigError("the overhead bench needs in-memory data (data=synthetic or digits)")
-        t, mode = trainer.settings.trainer, trainer.policy.mode
-        self.device = trainer.device
-        self.model = copy.deepcopy(trainer.model)  # same architecture and initial weights
+        t, mode = parts.settings.trainer, parts.policy.mode
+        self.device = parts.device
+        self.model = copy.deepcopy(parts.model)  # same architecture and initial weights
         self.forward = torch.compile(self.model) if t.compile else self.model
-        fused = bool(trainer.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer.peak_lr,
-                                           weight_decay=trainer.settings.optim.weight_decay,
+        fused = bool(parts.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=parts.peak_lr,
+                                           weight_decay=parts.settings.optim.weight_decay,
                                            fused=fused or None)
-        self.scaler = GradScaler(self.device.type, init_scale=trainer.settings.scaler.init_scale,
+        self.scaler = GradScaler(self.device.type, init_scale=parts.settings.scaler.init_scale,
                                  enabled=mode.dynamic_scaling)
         self.dtype = mode.autocast_dtype
-        self.channels_last = trainer.settings.model.channels_last
-        self.images, self.labels = trainer.data.train.tensors
+        self.channels_last = parts.data.channels_last  # as the runner's batches arrive
+        self.images, self.labels = parts.data.train.tensors
         self.batch_size, self.position = t.batch_size, len(self.labels)  # shuffle on first use
         self.order = torch.empty(0, dtype=torch.long, device=self.images.device)
 
@@ -140,7 +141,7 @@ def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
                      warmup_rounds: int) -> OverheadResult:
     """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
     trainer.fit()
-    result = OverheadResult(variant, trainer.policy.mode.name, sink.steps)
+    result = OverheadResult(variant, trainer.parts.policy.mode.name, sink.steps)
     around = [((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
               for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])]
     for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, around))[warmup_rounds:]:

@@ -2,8 +2,9 @@
 
 Measured as timm's benchmark.py does: warm-up steps left out, the device synchronised only at the
 timing boundaries of the run of real `TrainStep` calls (the runner's own step, on its own
-on-device data). The forward / backward / optimizer split comes from extra steps that
-synchronise between the phases; their sum is close to, not exactly, the unsynchronised step time.
+on-device data). The forward / backward / optimizer split comes from extra real steps whose
+stages are watched (`TrainStep.watching_stages`): the device is synchronised as the forward and
+the backward stages return; their sum is close to, not exactly, the unsynchronised step time.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
 from amp_lab.bench.flops import compute_dtype, mfu, peak_flops, train_step_flops
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
+from amp_lab.parts import BuiltParts
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
-from amp_lab.step import Batch, loss_fn, take
-from amp_lab.trainer import Trainer
+from amp_lab.step import Batch, take
 
 
 @dataclass
@@ -36,7 +35,8 @@ class ThroughputRow:
     step_ms: float  # unsynchronised real steps
     forward_ms: float  # forward + loss, from the phase-synchronised steps
     backward_ms: float
-    optimizer_ms: float  # unscale, grad norm, clip, optimizer step, scaler update, schedule
+    optimizer_ms: float  # unscale, grad norm, clip, optimizer step, scaler update, schedule,
+    # diagnostics (and zero_grad, accuracy counting)
     peak_memory_mb: float  # in the timed steps: CUDA peak allocated; CPU peak RSS (Linux)
     flops_per_step: int  # forward + backward, counted by torch.utils.flop_counter
     achieved_tflops: float
@@ -46,97 +46,96 @@ class ThroughputRow:
     speedup_vs_fp32: float | None = None  # filled in once the fp32 row of the same group exists
 
 
-def batch_stream(trainer: Trainer) -> Iterator[list[Batch]]:
+def batch_stream(parts: BuiltParts) -> Iterator[list[Batch]]:
     """Micro-batches for one optimizer step at a time, from the runner's own data, endlessly."""
     epoch = 0
     while True:
-        trainer.sampler.set_epoch(epoch)
-        batches = trainer.data.train_batches(trainer.sampler)
-        for _ in range(trainer.steps_per_epoch):
-            yield take(batches, trainer.settings.trainer.grad_accum)
+        parts.sampler.set_epoch(epoch)
+        batches = parts.data.train_batches(parts.sampler)
+        for _ in range(parts.steps_per_epoch):
+            yield take(batches, parts.settings.trainer.grad_accum)
         epoch += 1
 
 
-def phase_times(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> list[float]:
-    """Mean seconds of forward, backward and optimizer phases over `steps` synchronised steps."""
-    ts, device = trainer.train_step, trainer.device
+# the stage whose end closes each timed phase; the rest of the step is the optimizer phase
+PHASE_END = {"forward_and_loss": 0, "backward": 1}
+
+
+def phase_times(parts: BuiltParts, stream: Iterator[list[Batch]], steps: int) -> list[float]:
+    """Mean seconds of forward, backward and optimizer phases over `steps` real steps, with the
+    device synchronised as the forward and the backward stages of each micro-batch return."""
+    device = parts.device
     totals = [0.0, 0.0, 0.0]
-    for _ in range(steps):
-        micro_batches = next(stream)
-        synchronize(device)
-        mark = time.perf_counter()
-        ts.optimizer.zero_grad(set_to_none=True)
-        for images, labels in micro_batches:  # the same calls as TrainStep.__call__
-            if ts.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            with ts.policy.autocast():
-                logits = ts.model(images)
-            loss = loss_fn(logits, labels) / len(micro_batches)
+    mark = 0.0
+
+    def stage_done(stage: str) -> None:
+        nonlocal mark
+        if stage in PHASE_END:
             synchronize(device)
             now = time.perf_counter()
-            totals[0], mark = totals[0] + now - mark, now
-            ts.scaler.scale(loss).backward()
+            totals[PHASE_END[stage]] += now - mark
+            mark = now
+
+    with parts.train_step.watching_stages(stage_done):
+        for _ in range(steps):
+            micro_batches = next(stream)
             synchronize(device)
-            now = time.perf_counter()
-            totals[1], mark = totals[1] + now - mark, now
-        ts.unscale_and_clip(measure_norm=False)  # as on the loop's steps between log steps
-        ts.scaler.step(ts.optimizer)
-        ts.scaler.update()
-        ts.scheduler.step()
-        synchronize(device)
-        totals[2] += time.perf_counter() - mark
+            mark = time.perf_counter()
+            parts.train_step(micro_batches, measure_norm=False)  # as between log steps
+            synchronize(device)
+            totals[2] += time.perf_counter() - mark
     return [total / steps for total in totals]
 
 
-def warm_up(trainer: Trainer, stream: Iterator[list[Batch]], steps: int) -> float | None:
+def warm_up(parts: BuiltParts, stream: Iterator[list[Batch]], steps: int) -> float | None:
     """`steps` steps as the timed ones run them; the seconds of the first (compilation,
     autotuning, allocator growth), or None without warm-up."""
     if steps < 1:
         return None
     start = time.perf_counter()
-    trainer.train_step(next(stream), measure_norm=False)
-    synchronize(trainer.device)
+    parts.train_step(next(stream), measure_norm=False)
+    synchronize(parts.device)
     first_step_s = time.perf_counter() - start
     for _ in range(steps - 1):
-        trainer.train_step(next(stream), measure_norm=False)
+        parts.train_step(next(stream), measure_norm=False)
     return first_step_s
 
 
-def measure_throughput(trainer: Trainer, warmup: int, steps: int,
+def measure_throughput(parts: BuiltParts, warmup: int, steps: int,
                        flops: int | None = None) -> ThroughputRow:
     """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
     as they do not depend on the precision) the FLOPs of a step."""
-    stream = batch_stream(trainer)
-    first_step_s = warm_up(trainer, stream, warmup)
-    reset_peak_memory(trainer.device)
-    synchronize(trainer.device)
+    stream = batch_stream(parts)
+    first_step_s = warm_up(parts, stream, warmup)
+    reset_peak_memory(parts.device)
+    synchronize(parts.device)
     start = time.perf_counter()
     for _ in range(steps):  # steps between log steps: no gradient norm unless clipping
-        trainer.train_step(next(stream), measure_norm=False)
-    synchronize(trainer.device)
+        parts.train_step(next(stream), measure_norm=False)
+    synchronize(parts.device)
     step_s = (time.perf_counter() - start) / steps
-    forward_s, backward_s, optimizer_s = phase_times(trainer, stream, max(2, steps // 4))
-    memory = peak_memory_mb(trainer.device)
+    forward_s, backward_s, optimizer_s = phase_times(parts, stream, max(2, steps // 4))
+    memory = peak_memory_mb(parts.device)
     if flops is None:
         images, labels = next(stream)[0]
-        flops = train_step_flops(trainer.model, images, labels, trainer.policy.autocast())
-        flops *= trainer.settings.trainer.grad_accum
-    s = trainer.settings
-    mode = trainer.policy.mode
+        flops = train_step_flops(parts.model, images, labels, parts.policy.autocast())
+        flops *= parts.settings.trainer.grad_accum
+    s = parts.settings
+    mode = parts.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
-    peak = peak_flops(trainer.device, compute_dtype(mode)) if getattr(
+    peak = peak_flops(parts.device, compute_dtype(mode)) if getattr(
         mode, "reports_mfu", True) else None
     return ThroughputRow(
-        model=s.model.name, precision=trainer.policy.mode.name, compile=s.trainer.compile,
-        channels_last=s.model.channels_last, batch_size=trainer.global_batch,
+        model=s.model.name, precision=mode.name, compile=s.trainer.compile,
+        channels_last=s.model.channels_last, batch_size=parts.global_batch,
         img_size=s.data.img_size, first_step_s=first_step_s,
-        samples_per_s=trainer.global_batch / step_s,
+        samples_per_s=parts.global_batch / step_s,
         step_ms=1000 * step_s, forward_ms=1000 * forward_s, backward_ms=1000 * backward_s,
         optimizer_ms=1000 * optimizer_s, peak_memory_mb=memory, flops_per_step=flops,
         achieved_tflops=flops / step_s / 1e12, mfu=mfu(flops, step_s, peak),
-        state_dtype=s.optim.state_dtype, state_mb=(state_bytes(trainer.optimizer) +
-                                                    master_weight_bytes(trainer.optimizer,
-                                                                        trainer.model)) / 2**20)
+        state_dtype=s.optim.state_dtype, state_mb=(state_bytes(parts.optimizer) +
+                                                    master_weight_bytes(parts.optimizer,
+                                                                        parts.model)) / 2**20)
 
 
 def fill_speedups(rows: list[ThroughputRow]) -> None:

@@ -75,6 +75,7 @@ class DataSource:
     cfg: DataConfig
     device: torch.device
     _loaders: dict = field(default_factory=dict)  # one DataLoader per data set, kept across epochs
+    channels_last: bool = False  # batches reach the device in NHWC (model.channels_last)
 
     def train_batches(self, sampler: EpochBatchSampler) -> Iterator[Batch]:
         return self._batches(self.train, sampler)
@@ -114,8 +115,10 @@ class DataSource:
         return options
 
     def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> Batch:
-        # non_blocking overlaps the copy with compute when the source is pinned
-        return (images.to(self.device, non_blocking=True),
+        # non_blocking overlaps the copy with compute when the source is pinned; the one place
+        # batches take the model's memory format (a no-op when they already have it)
+        memory_format = torch.channels_last if self.channels_last else torch.preserve_format
+        return (images.to(self.device, non_blocking=True, memory_format=memory_format),
                 labels.to(self.device, non_blocking=True))
 
 
@@ -205,10 +208,11 @@ def _imagefolder(cfg: DataConfig, seed: int,
 
 
 def build_data(cfg: DataConfig, seed: int, device: torch.device,
-               model_name: str | None = None) -> DataSource:
+               model_name: str | None = None, channels_last: bool = False) -> DataSource:
     """Load the configured data set; a missing local root is a ConfigError saying what to do.
     Image files go through timm's transforms, normalised as `model_name`'s pretrained config
-    says unless data.mean/std are set."""
+    says unless data.mean/std are set. `channels_last`: every batch reaches the device in NHWC,
+    for a channels_last model."""
     if cfg.name == "digits":
         train, val, spec = _digits(cfg, seed)
     elif cfg.name == "synthetic":
@@ -220,4 +224,4 @@ def build_data(cfg: DataConfig, seed: int, device: torch.device,
     # in memory (both sets, or neither): put them on the device once, not per batch
     if isinstance(train, TensorDataset) and isinstance(val, TensorDataset):
         train, val = (TensorDataset(*(t.to(device) for t in ds.tensors)) for ds in (train, val))
-    return DataSource(train, val, spec, cfg, device)
+    return DataSource(train, val, spec, cfg, device, channels_last=channels_last)

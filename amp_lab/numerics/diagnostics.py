@@ -5,8 +5,10 @@ Every step (light and full) costs a few device ops and no host sync: the scale a
 and whether it skipped go into a window buffer, and the first non-finite step is kept on the
 device. Probe steps (every `diagnostics.every` steps) also measure fp16 headroom per module,
 fp16 underflow of the gradients, the gradient norm the optimizer gets and the update-to-weight
-ratio. Module hooks (amp_lab/module_probe.py) run on probe steps, on every step in `full` mode,
-and in `light` mode after a log window that held a non-finite step, until one is attributed.
+ratio. Module hooks (module_probe.py) run on probe steps, on every step in `full` mode, and in
+`light` mode after a log window that held a non-finite step, until one is attributed.
+The observer sees a StepView (amp_lab/step.py), not the step: the watched model, the scale, the
+clip settings and the weights that must stay fp32; the loop gives it the step number.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
@@ -27,13 +30,9 @@ from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.precision.optimizer_state import CHOSEN_STATE
 from amp_lab.records import DIAGNOSTICS_FILE
-from amp_lab.step import StepObserver, StepResult, TrainStep
+from amp_lab.step import StepObserver, StepResult, StepView
 
 log = logging.getLogger(__name__)
-
-CLIP_BEFORE_UNSCALE = "clip_before_unscale"
-HALF_STATE = "half_model"
-LOW_PRECISION_LOSS = "loss_in_low_precision"
 
 
 def low_precision_state(named: list[tuple[str, torch.Tensor]],
@@ -52,15 +51,15 @@ def low_precision_state(named: list[tuple[str, torch.Tensor]],
 
 
 class Diagnostics(StepObserver):
-    """Watches a TrainStep; `read()` at log steps, `summary()` at the end."""
+    """Watches a TrainStep through its view; `read()` at log steps, `summary()` at the end."""
 
-    def __init__(self, cfg: DiagnosticsConfig, step: TrainStep, scaler_cfg: ScalerConfig,
+    def __init__(self, cfg: DiagnosticsConfig, view: StepView, scaler_cfg: ScalerConfig,
                  dynamic: bool, log_every: int, out_dir: Path | None) -> None:
-        self.cfg, self.step_fn, self.out_dir = cfg, step, out_dir
-        self.device = step.policy.device
+        self.cfg, self.view, self.out_dir = cfg, view, out_dir
+        self.device = view.device
         self.every = cfg.every or log_every
-        model = getattr(step.model, "_orig_mod", step.model)  # torch.compile wraps the model
-        if model is not step.model and cfg.mode == "full":
+        model = getattr(view.model, "_orig_mod", view.model)  # torch.compile wraps the model
+        if model is not view.model and cfg.mode == "full":
             log.warning("diagnostics=full hooks every module on every step, which a compiled "
                         "model cannot run: every step runs eager. Use diagnostics=light with "
                         "trainer.compile=true, or trainer.compile=false")
@@ -70,8 +69,11 @@ class Diagnostics(StepObserver):
         self.skips = torch.zeros(log_every, device=self.device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
         # a step without a scaler runs at scale 1 (see _scale), and none of its skips backs off
-        self.tracker = ScaleTracker(scaler_cfg, dynamic and step.uses_scaler, self._start_scale())
-        self.window_first, self.armed, self.probing = 1, False, False
+        self.tracker = ScaleTracker(scaler_cfg, dynamic and view.uses_scaler, view.host_scale())
+        # the first step of the open log window; None: the first step this run takes (a resume
+        # from a checkpoint written with diagnostics=off)
+        self.window_first: int | None = 1
+        self.armed, self.probing = False, False
         self.step = 0
         self.warnings: list[str] = []
         self.signatures: dict[str, str] = {}
@@ -80,8 +82,10 @@ class Diagnostics(StepObserver):
         self.reported: set[str] = set()  # phases whose attribution was logged
 
     # -- the step ----------------------------------------------------------------------------
-    def begin_step(self) -> None:
-        self.step = self.step_fn.scheduler.last_epoch + 1  # optimizer steps are counted on host
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        if self.window_first is None:
+            self.window_first = step
         self.probing = self.step % self.every == 0
         if self.probing or self.cfg.mode == "full" or self.armed:
             self.probe.attach()
@@ -92,35 +96,38 @@ class Diagnostics(StepObserver):
         return getattr(model, "_orig_mod", model) if self.probe.attached else model
 
     def before_optimizer_step(self) -> None:
-        pairs = [(n, p) for n, p in self.named if p.grad is not None] if self.probing else []
-        if not pairs:
+        if not self.probing:
             return
-        grads = [p.grad for _, p in pairs]
-        counts, hist = grad_stats(grads, self._scale())
+        found = [(n, p, p.grad) for n, p in self.named if p.grad is not None]
+        if not found:
+            return
+        grads = [g for _, _, g in found]
+        counts, hist = grad_stats(grads, self.view.scale())
         self.window.update(counts=counts, sizes=[g.numel() for g in grads],
-                           grad_names=[n for n, _ in pairs],
+                           grad_names=[n for n, _, _ in found],
                            applied_norm=torch.nn.utils.get_total_norm(grads, foreach=True))
         self.window["hist"] = hist + self.window["hist"] if "hist" in self.window else hist
-        self.window["before"] = [p.detach().clone() for _, p in pairs]
-        self.window["params"] = [p for _, p in pairs]
+        self.window["before"] = [p.detach().clone() for _, p, _ in found]
+        self.window["params"] = [p for _, p, _ in found]
 
     def end_step(self, result: StepResult) -> None:
         k = (self.step - 1) % self.scales.numel()
-        self.scales[k] = self._scale()
+        self.scales[k] = self.view.scale()
         self.skips[k] = result.found_inf
         bad = (result.found_inf > 0) | ~torch.isfinite(result.loss)
         self.first_bad.masked_fill_(bad & (self.first_bad < 0), self.step)
         if result.loss.dtype != torch.float32:
-            self.signatures.setdefault(LOW_PRECISION_LOSS, f"the loss is {result.loss.dtype}")
+            self.signatures.setdefault(PitfallName.loss_in_low_precision.value,
+                                       f"the loss is {result.loss.dtype}")
         if self.probing and "before" in self.window:
             params, before = self.window.pop("params"), self.window.pop("before")
             delta = torch._foreach_sub([p.detach() for p in params], before)
             self.window["update_ratio"] = torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(delta))) / torch.linalg.vector_norm(
                 torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
-            self.window["state"] = probe_state(self.step_fn.optimizer, before, delta)
+            self.window["state"] = probe_state(self.view.optimizer, before, delta)
         elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
-            self.window["state"] = probe_state(self.step_fn.optimizer, [], [])
+            self.window["state"] = probe_state(self.view.optimizer, [], [])
         if self.probe.attached:
             self.probe.end_step(self.step)
             if not (self.cfg.mode == "full" or self.armed):
@@ -129,30 +136,15 @@ class Diagnostics(StepObserver):
             self.state_checked = True
             self._check_state()
 
-    def _start_scale(self) -> float:
-        """The scale before the next step, read to the host (at start-up or resume only)."""
-        return float(self.step_fn.scaler.get_scale()) if self.step_fn.uses_scaler else 1.0
-
-    def _scale(self) -> torch.Tensor:
-        scale = self.step_fn.scaler._get_scale_async()  # the device tensor: reading it is no sync
-        return torch.ones((), device=self.device) if scale is None else scale
-
     def _check_state(self) -> None:
-        """The weights the optimizer updates and its state must be fp32: the model's own
-        weights, or in the pure modes the fp32 masters (without masters, the bf16 weights are
-        what bf16_pure studies; its optimizer state is still fp32)."""
-        step, policy = self.step_fn, self.step_fn.policy
-        if policy.mode.param_dtype == torch.float32:
-            named = list(step.model.named_parameters())
-        elif policy.options.master_weights:
-            named = [(f"master weight {i}", p) for i, p in enumerate(step.params)]
-        else:
-            named = []
-        bad = low_precision_state(named, step.optimizer)
+        """The weights the optimizer updates and its state must be fp32 (StepView says which
+        weights; the optimizer state is checked in every mode)."""
+        bad = low_precision_state(self.view.optimized_weights(), self.view.optimizer)
         if bad:
-            self.signatures[HALF_STATE] = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
+            evidence = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
+            self.signatures[PitfallName.half_model.value] = evidence
             self._warn(f"fp32-state check: master weights and optimizer state must be fp32, but "
-                       f"{self.signatures[HALF_STATE]}; use autocast instead of model.half()")
+                       f"{evidence}; use autocast instead of model.half()")
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -161,6 +153,8 @@ class Diagnostics(StepObserver):
     # -- log steps (the only reads) -----------------------------------------------------------
     def read(self, step: int) -> dict[str, Any]:
         """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
+        if self.window_first is None:  # no step since a resume
+            return {}
         n = step - self.window_first + 1
         k0 = (self.window_first - 1) % self.scales.numel()
         order = [(k0 + i) % self.scales.numel() for i in range(n)]
@@ -221,15 +215,16 @@ class Diagnostics(StepObserver):
 
     def _check_clip(self, applied: float) -> None:
         """Clipping scaled gradients leaves the optimizer a norm of clip / scale."""
-        clip, scale = self.step_fn.clip_grad, self.tracker.scale
-        if self.step_fn.clip_mode != "norm" or clip <= 0 or scale < 16 or not applied > 0:
+        clip, scale = self.view.clip_grad, self.tracker.scale
+        if self.view.clip_mode != "norm" or clip <= 0 or scale < 16 or not applied > 0:
             return
         if 0.5 < applied * scale / clip < 1.01:
-            self._signature(CLIP_BEFORE_UNSCALE, (
+            self._signature(PitfallName.clip_before_unscale, (
                 f"the optimizer got gradient norm {applied:.3g} = trainer.clip_grad / loss scale "
                 f"({clip:g} / {scale:g}): the clip acted on scaled gradients"))
 
     def _signature(self, name: str, evidence: str) -> None:
+        name = PitfallName(name).value  # a plain str key: checkpoints load with weights_only=True
         if name not in self.signatures:
             self.signatures[name] = evidence
             self._warn(f"pitfall signature {name}: {evidence}")
@@ -251,8 +246,8 @@ class Diagnostics(StepObserver):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # written with diagnostics=off: the history starts at the resumed step
-            self.window_first = self.step_fn.scheduler.last_epoch + 1
-            self.tracker.scale = self._start_scale()
+            self.window_first = None
+            self.tracker.scale = self.view.host_scale()
             return
         self.scales.copy_(state["scales"])
         self.skips.copy_(state["skips"])
@@ -289,34 +284,24 @@ class Diagnostics(StepObserver):
             "scale_events": self.tracker.events[-200:],  # the last 200 backoffs and growths
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
-            "fp32_state_ok": HALF_STATE not in self.signatures,
+            "fp32_state_ok": PitfallName.half_model not in self.signatures,
         }
 
 
 class DiagnosticsOff(StepObserver):
-    """diagnostics=off: the core counters only."""
-
-    def read(self, step: int) -> dict[str, Any]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore: a run resumed with diagnostics=off keeps no history."""
+    """diagnostics=off: the core counters only; a run resumed with it keeps no history."""
 
     def summary(self) -> dict[str, Any]:
         return {"mode": "off"}
 
 
-def attach_diagnostics(cfg: DiagnosticsConfig, step: TrainStep, scaler_cfg: ScalerConfig,
-                       dynamic: bool, log_every: int,
-                       out_dir: Path | None) -> Diagnostics | DiagnosticsOff:
-    """Build the observer for `diagnostics.mode` and hand it to the step."""
-    observer = (DiagnosticsOff() if cfg.mode == "off"
-                else Diagnostics(cfg, step, scaler_cfg, dynamic, log_every, out_dir))
-    step.diagnostics = observer
-    return observer
+def build_diagnostics(cfg: DiagnosticsConfig, scaler_cfg: ScalerConfig, dynamic: bool,
+                      log_every: int, out_dir: Path | None, view: StepView) -> StepObserver:
+    """The observer for `diagnostics.mode`, watching the step whose view it gets (the step
+    calls this once, as it is built: TrainStep.observe)."""
+    if cfg.mode == "off":
+        return DiagnosticsOff()
+    return Diagnostics(cfg, view, scaler_cfg, dynamic, log_every, out_dir)
 
 
 def _order(value: float) -> float:

@@ -11,6 +11,7 @@ each weight matrix. All of it stays on the device until a log step reads it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,8 +32,8 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([zero, ((magnitude > 0) & (magnitude < tiny)).sum()])
 
 
-def probe_state(optimizer: torch.optim.Optimizer, before: list[torch.Tensor],
-                delta: list[torch.Tensor]) -> dict[str, Any]:
+def probe_state(optimizer: torch.optim.Optimizer, before: Sequence[torch.Tensor],
+                delta: Sequence[torch.Tensor]) -> dict[str, Any]:
     """Device tensors for one probe step: second-moment counts and per-weight update ratios."""
     moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     probe: dict[str, Any] = {}

@@ -1,34 +1,37 @@
 """The pitfall lab: classic AMP mistakes and numerical faults, reproduced on purpose.
 
-`pitfall=` swaps the correct TrainStep (amp_lab/step.py, left untouched) for a variant that makes
-one mistake of docs/amp_pitfalls.md §2-3; `fault.*` injects a numerical fault. LabStep
-restates the correct recipe with one method per stage, and each variant overrides one stage, so
-every mistake is a few lines that read next to the right way.
+`pitfall=` swaps the correct TrainStep (amp_lab/step.py) for a variant that makes one mistake
+of docs/amp_pitfalls.md §2-3; `fault.*` injects a numerical fault. LabStep is TrainStep plus the
+faults, and each variant overrides one of TrainStep's stages, so every mistake is a few lines
+that read next to the right way, and every other stage is the runner's own.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import ConfigError, FaultConfig
-from amp_lab.precision.scaling import skipped_update
-from amp_lab.step import Batch, StepResult, TrainStep, count_correct
+from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
+from amp_lab.step import TrainStep
 
 
-def _scale_output(factor: float):
+def _scale_output(factor: float) -> Callable[[torch.nn.Module, object, torch.Tensor],
+                                             torch.Tensor]:
     def hook(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
         return output * factor  # in the module's own dtype: fp16 passes 65504 and turns inf
 
     return hook
 
 
-def _cast_inputs_to(dtype: torch.dtype):
+def _cast_inputs_to(dtype: torch.dtype) -> Callable[[torch.nn.Module, tuple], tuple]:
     def hook(module: torch.nn.Module, args: tuple) -> tuple:
         return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
                      for a in args)
@@ -46,64 +49,27 @@ def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> N
                               f"of the model; did you mean {', '.join(close) or '?'}")
         modules[fault.overflow_module].register_forward_hook(
             _scale_output(fault.overflow_factor))
-    if pitfall == "half_model":
+    if pitfall == PitfallName.half_model:
         model.half()  # the mistake: the optimizer built next keeps fp16 weights and fp16 state
         model.register_forward_pre_hook(_cast_inputs_to(torch.float16))
 
 
 @dataclass
 class LabStep(TrainStep):
-    """The correct recipe, one method per stage, plus the faults of `fault.*`."""
+    """The correct step plus the faults of `fault.*`; each pitfall below overrides one stage."""
 
     fault: FaultConfig = field(default_factory=FaultConfig)
 
-    def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True) -> StepResult:
-        self.diagnostics.begin_step()
-        model = self.diagnostics.forward_module(self.model)
-        step = self.scheduler.last_epoch + 1  # this optimizer step, 1-based, known on the host
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = None  # keeps the loss's own dtype (fp16 for loss_in_low_precision)
-        correct = torch.zeros((), device=self.policy.device, dtype=torch.long)
-        samples = 0
-        for i, (images, labels) in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            if self.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            with self.micro_batch_context(last):
-                with self.policy.autocast():
-                    logits = model(images)
-                loss = self.compute_loss(logits, labels) / len(micro_batches)
-                if last and step == self.fault.inf_grad_at_step:
-                    logits.register_hook(lambda g: g * math.inf)  # the injected inf gradient
-                self.backward(loss)
-            self.after_micro_batch(last)
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            correct += count_correct(logits, labels)
-            samples += labels.shape[0]
-        grad_norm = self.unscale_and_clip(measure_norm)
-        self.diagnostics.before_optimizer_step()
-        found_inf = self.optimizer_step(grad_norm)
-        self.update_scale()
-        self.scheduler.step()
-        result = StepResult(loss_sum, correct, samples, grad_norm, found_inf)
-        self.diagnostics.end_step(result)
-        return result
+    def forward_and_loss(self, model: torch.nn.Module, images: torch.Tensor,
+                         labels: torch.Tensor, micro_batches: int,
+                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, loss = super().forward_and_loss(model, images, labels, micro_batches, last)
+        if last and self.step_number == self.fault.inf_grad_at_step:
+            logits.register_hook(lambda g: g * math.inf)  # the injected inf gradient
+        return logits, loss
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss(logits, labels) * self.fault.loss_multiplier
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
-
-    def after_micro_batch(self, last: bool) -> None:
-        """Nothing between micro-batches: the scaler acts once, at the boundary."""
-
-    def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
-        self.scaler.step(self.optimizer)  # skips the update when the gradients hold inf/nan
-        return skipped_update(self.scaler, self.optimizer)
-
-    def update_scale(self) -> None:
-        self.scaler.update()
+        return super().compute_loss(logits, labels) * self.fault.loss_multiplier
 
 
 class NoScalerUpdate(LabStep):
@@ -114,7 +80,8 @@ class NoScalerUpdate(LabStep):
     """
 
     def update_scale(self) -> None:
-        self.scaler.update(self.scaler._get_scale_async().clone())  # same scale, state reset
+        scale = scale_tensor(self.scaler)
+        self.scaler.update(None if scale is None else scale.clone())  # same scale, state reset
 
 
 class UpdateEveryMicrobatch(LabStep):
@@ -124,14 +91,8 @@ class UpdateEveryMicrobatch(LabStep):
     def after_micro_batch(self, last: bool) -> None:
         if last:
             return  # the regular update() follows scaler.step()
-        grads = [p.grad for p in self.params if p.grad is not None]
-        found_inf = torch.zeros((), device=self.policy.device)
-        if grads:  # the inf check update() relies on, on the gradients so far (inv_scale 1)
-            torch._amp_foreach_non_finite_check_and_unscale_(
-                grads, found_inf, torch.ones((), device=self.policy.device))
-        s = self.scaler
-        torch._amp_update_scale_(s._scale, s._growth_tracker, found_inf, s._growth_factor,
-                                 s._backoff_factor, s._growth_interval)
+        # the inf check update() relies on, on the gradients so far
+        update_scale_now(self.scaler, [p.grad for p in self.params if p.grad is not None])
 
 
 class ClipBeforeUnscale(LabStep):
@@ -139,6 +100,7 @@ class ClipBeforeUnscale(LabStep):
     about 1/scale of the intended one, and training crawls."""
 
     def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
+        self.before_unscale()
         norm = self.norm_and_clip(measure_norm)  # on the scaled gradients: the mistake
         self.scaler.unscale_(self.optimizer)
         return norm  # the scaled norm, which is what such a loop logs
@@ -162,7 +124,8 @@ class HalfModel(LabStep):
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
         return norm.float()
 
-    def optimizer_step(self, grad_norm: torch.Tensor) -> torch.Tensor:
+    def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
+        assert grad_norm is not None  # this variant's unscale_and_clip always measures it
         self.optimizer.step()  # no skip: a non-finite gradient reaches the weights
         return (~torch.isfinite(grad_norm)).float()
 
@@ -174,22 +137,27 @@ class LossInLowPrecision(LabStep):
     """The loss is computed from fp16 logits in fp16: its resolution is coarse (10 mantissa
     bits), and the backward enters it with the loss scale in fp16, where 65536 is already inf."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.loss_dtype = self.policy.mode.autocast_dtype or torch.float32
+
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        dtype = self.policy.mode.autocast_dtype or torch.float32
         with torch.autocast(self.policy.device.type, enabled=False):  # no fp32 promotion
-            return F.cross_entropy(logits.to(dtype), labels) * self.fault.loss_multiplier
+            return F.cross_entropy(logits.to(self.loss_dtype),
+                                   labels) * self.fault.loss_multiplier
 
 
-VARIANTS: dict[str, type[LabStep]] = {
-    "none": LabStep, "no_scaler_update": NoScalerUpdate,
-    "update_every_microbatch": UpdateEveryMicrobatch, "clip_before_unscale": ClipBeforeUnscale,
-    "half_model": HalfModel, "loss_in_low_precision": LossInLowPrecision,
+VARIANTS: dict[PitfallName, type[LabStep]] = {
+    PitfallName.none: LabStep, PitfallName.no_scaler_update: NoScalerUpdate,
+    PitfallName.update_every_microbatch: UpdateEveryMicrobatch,
+    PitfallName.clip_before_unscale: ClipBeforeUnscale, PitfallName.half_model: HalfModel,
+    PitfallName.loss_in_low_precision: LossInLowPrecision,
 }
 
 
-def make_step(step: TrainStep, pitfall: str, fault: FaultConfig) -> TrainStep:
-    """The correct step itself, or the pitfall's variant built from the same parts."""
-    if pitfall == "none" and fault == FaultConfig():
-        return step
-    parts = {f.name: getattr(step, f.name) for f in fields(step)}
-    return VARIANTS[pitfall](**parts, fault=fault)
+def step_class(pitfall: str, fault: FaultConfig) -> Callable[..., TrainStep]:
+    """What builds the run's step: the correct TrainStep itself, or the pitfall's variant (with
+    the faults), chosen before the step is built, so it is built once."""
+    if pitfall == PitfallName.none and fault == FaultConfig():
+        return TrainStep
+    return functools.partial(VARIANTS[PitfallName(pitfall)], fault=fault)

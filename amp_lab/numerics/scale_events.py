@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import ScalerConfig
 
-NO_UPDATE = "no_scaler_update"
-MULTI_UPDATE = "update_every_microbatch"
+# plain str keys: the tracker's state goes into checkpoints loaded with weights_only=True
+NO_UPDATE = PitfallName.no_scaler_update.value
+MULTI_UPDATE = PitfallName.update_every_microbatch.value
 
 
 @dataclass

@@ -20,6 +20,12 @@ from typing import Any
 import torch
 from torch.amp import GradScaler
 
+from amp_lab.precision.scaler_internals import (
+    clear_step_state,
+    scale_and_growth_tracker,
+    step_found_inf,
+)
+
 _EXTRA = ("hysteresis", "min_scale", "max_scale", "_hysteresis_tracker", "_floor_hit")
 
 
@@ -36,37 +42,38 @@ class HysteresisGradScaler(GradScaler):
         self._hysteresis_tracker: torch.Tensor | None = None  # overflows left before a backoff
         self._floor_hit: torch.Tensor | None = None  # 1 once a backoff was due at min_scale
 
-    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
-        super()._lazy_init_scale_growth_tracker(dev)
-        self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker,
-                                              dtype=torch.int32, device=dev)
-        self._floor_hit = torch.full((), self._init_floor_hit, dtype=torch.int32, device=dev)
+    def _trackers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hysteresis count and the floor flag, created on the scale's device on first use."""
+        if self._hysteresis_tracker is None or self._floor_hit is None:
+            self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker,
+                                                  dtype=torch.int32, device=device)
+            self._floor_hit = torch.full((), self._init_floor_hit, dtype=torch.int32,
+                                         device=device)
+        return self._hysteresis_tracker, self._floor_hit
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Once per optimizer step, after step(): apply hysteresis, growth and the bounds."""
-        if new_scale is not None or not self._enabled:
+        if new_scale is not None or not self.is_enabled():
             super().update(new_scale)
             return
-        scale, growth = self._check_scale_growth_tracker("update")
-        found = [f.to(scale.device, non_blocking=True)
-                 for state in self._per_optimizer_states.values()
-                 for f in state["found_inf_per_device"].values()]
+        scale, growth = scale_and_growth_tracker(self)
+        found = [f.to(scale.device, non_blocking=True) for f in step_found_inf(self)]
         if not found:
             raise AssertionError("No inf checks were recorded prior to update.")
         overflow = torch.stack(found).sum() > 0
-        assert self._hysteresis_tracker is not None and self._floor_hit is not None
-        left = torch.where(overflow, self._hysteresis_tracker - 1, self.hysteresis)
+        tracker, floor_hit = self._trackers(scale.device)
+        left = torch.where(overflow, tracker - 1, self.hysteresis)
         backoff = overflow & (left <= 0)
         # a backoff due while already at the floor: loss scaling has run out of room
-        self._floor_hit |= (backoff & (scale <= self.min_scale)).int()
+        floor_hit |= (backoff & (scale <= self.min_scale)).int()
         grown = growth + 1
-        grow = ~overflow & (grown >= self._growth_interval)
-        new = torch.where(backoff, scale * self._backoff_factor,
-                          torch.where(grow, scale * self._growth_factor, scale))
+        grow = ~overflow & (grown >= self.get_growth_interval())
+        new = torch.where(backoff, scale * self.get_backoff_factor(),
+                          torch.where(grow, scale * self.get_growth_factor(), scale))
         scale.copy_(new.clamp(self.min_scale, self.max_scale))
         growth.copy_(torch.where(overflow | grow, 0, grown))
-        self._hysteresis_tracker.copy_(left.clamp(min=0))
-        self._per_optimizer_states.clear()
+        tracker.copy_(left.clamp(min=0))
+        clear_step_state(self)
 
     def floor_reached(self) -> bool:
         """True once a backoff was due at min_scale (a host sync: call at log steps only)."""
@@ -87,7 +94,7 @@ class HysteresisGradScaler(GradScaler):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict({k: v for k, v in state_dict.items() if k not in _EXTRA})
-        if not self._enabled or "hysteresis" not in state_dict:
+        if not self.is_enabled() or "hysteresis" not in state_dict:
             return  # a plain GradScaler's state: keep this scaler's own settings
         self.hysteresis = state_dict["hysteresis"]
         self.min_scale, self.max_scale = state_dict["min_scale"], state_dict["max_scale"]

@@ -51,13 +51,6 @@ def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
                       backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval)
 
 
-def skipped_update(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0: the inf/nan flag that
-    unscale_ left on the device (no sync). Read it between step() and update(), which clears it."""
-    flags = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-    return flags[0] if len(flags) == 1 else sum(flags)
-
-
 def scaler_stop_reason(scaler: GradScaler) -> str | None:
     """Why the scaler says the run cannot go on (host sync: call at log steps only), or None."""
     if isinstance(scaler, HysteresisGradScaler) and scaler.floor_reached():

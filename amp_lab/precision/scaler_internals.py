@@ -1,0 +1,70 @@
+"""Every use of torch GradScaler's private state, in one place.
+
+torch's public GradScaler API has no device-side view of the inf/nan flag `unscale_` leaves, of
+the scale tensor, or of a scale update outside `update()`. amp_lab needs all three without a
+host sync: the step reports skipped updates, the diagnostics record the scale every step, the
+hysteresis scaler replaces `update()`, and the pitfall lab updates the scale per micro-batch on
+purpose. These functions were checked against the torch versions in CHECKED_TORCH
+(tests/test_scaler_internals.py fails on any other major.minor until they are re-checked).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.amp import GradScaler
+
+# torch major.minor versions whose GradScaler source these functions were read against
+CHECKED_TORCH = ("2.14",)
+# what to re-read in torch/amp/grad_scaler.py before adding a version to CHECKED_TORCH
+RECHECK = ("GradScaler._per_optimizer_states[id(optimizer)]['found_inf_per_device'] (written "
+           "by unscale_, cleared by update), _get_scale_async(), _check_scale_growth_tracker(), "
+           "the update() body (torch._amp_update_scale_ on _scale and _growth_tracker) and "
+           "torch._amp_foreach_non_finite_check_and_unscale_")
+
+
+def torch_major_minor(version: str = torch.__version__) -> str:
+    """'2.14' for '2.14.1+cu130'."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def found_inf(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0: the inf/nan flag that
+    unscale_ left on the device (no sync). Read it between step() and update(), which clears it."""
+    flags = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+    return flags[0] if len(flags) == 1 else sum(flags)
+
+
+def step_found_inf(scaler: GradScaler) -> list[torch.Tensor]:
+    """The inf/nan flags of every optimizer stepped since the last update(), per device."""
+    return [flag for state in scaler._per_optimizer_states.values()
+            for flag in state["found_inf_per_device"].values()]
+
+
+def clear_step_state(scaler: GradScaler) -> None:
+    """Forget this step's unscale/step records, as the end of update() does."""
+    scaler._per_optimizer_states.clear()
+
+
+def scale_tensor(scaler: GradScaler) -> torch.Tensor | None:
+    """The scale as the device tensor (reading it is no sync); None while disabled or before the
+    first scale()."""
+    return scaler._get_scale_async()
+
+
+def scale_and_growth_tracker(scaler: GradScaler) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scale and the count of clean steps since the last change, device tensors to update
+    in place; raises if scale() was never called."""
+    return scaler._check_scale_growth_tracker("update")
+
+
+def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
+    """Back off or grow the scale now from `grads` (checked for inf/nan as they are), with
+    update()'s own kernel, but keep this step's records: the pitfall lab's per-micro-batch
+    update."""
+    scale, growth = scale_and_growth_tracker(scaler)
+    flag = torch.zeros((), device=scale.device)
+    if grads:  # inv_scale 1: only the check, the gradients keep their values
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            grads, flag, torch.ones((), device=scale.device))
+    torch._amp_update_scale_(scale, growth, flag, scaler.get_growth_factor(),
+                             scaler.get_backoff_factor(), scaler.get_growth_interval())
