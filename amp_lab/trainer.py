@@ -188,7 +188,8 @@ class Trainer:
         self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
             "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
             "scaler": self.scaler, "counters": self.counters.values,
-            "diagnostics": self.diagnostics, **({"ema": self.ema} if self.ema else {})},
+            "diagnostics": self.diagnostics, "health": self.health,
+            **({"ema": self.ema} if self.ema else {})},
             self.dist)
         # A run dir whose run finished keeps its results (a relaunched sweep trains only what
         # did not finish); one holding a checkpoint resumes from it.

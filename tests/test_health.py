@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import settings
+from helpers.resume import interrupt
 
 from amp_lab.config import ConfigError, DiagnosticsConfig
 from amp_lab.numerics.health import RunHealth, Window, rules
@@ -90,6 +91,17 @@ def test_an_fp32_run_whose_loss_blows_up_is_named(tmp_path):
     summary = _fit(tmp_path, "lr.base=1", "trainer.max_steps=20", "trainer.log_every=10")
     assert rules(summary) == {"loss_rises"}
     assert summary["status"] == "completed"  # finite, just not training
+
+
+def test_a_resumed_run_keeps_its_health_history(tmp_path):
+    """Health findings and windows are part of the checkpoint: a run stopped after its first
+    finding and resumed reports exactly what the uninterrupted run reports, once."""
+    run = ["precision=fp16_noscale", "fault.loss_multiplier=1e-6", "trainer.max_steps=20",
+           "trainer.log_every=5", "diagnostics.every=0", "checkpoint.every_minutes=0"]
+    whole = _fit(tmp_path / "whole", *run)
+    interrupt(tmp_path / "resumed", [*TINY, *run], at_step=10)
+    resumed = _fit(tmp_path / "resumed", *run)
+    assert resumed["health"] == whole["health"] and rules(whole) == {"underflow"}
 
 
 def test_a_final_window_all_nonfinite_ends_diverged_however_long(tmp_path):

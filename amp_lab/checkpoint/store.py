@@ -147,6 +147,8 @@ class Checkpointer:
                               "are kept)")
         try:
             for name, part in self.parts.items():
+                if name not in payload["parts"] and getattr(part, "optional_in_checkpoint", False):
+                    continue  # a part an older checkpoint did not hold starts afresh
                 if isinstance(part, torch.Tensor):
                     part.copy_(payload["parts"][name])
                 else:

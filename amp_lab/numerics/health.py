@@ -11,7 +11,7 @@ their defaults explained in docs/diagnostics.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from amp_lab.config import DiagnosticsConfig
@@ -51,6 +51,18 @@ class RunHealth:
     chance_loss: float = math.inf
     windows: list[Window] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
+
+    # checkpoints written before run health was saved resume with a fresh history
+    optional_in_checkpoint = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows seen and the findings made (plain data), so a resumed run judges its
+        whole history and does not report a finding twice."""
+        return {"windows": [asdict(w) for w in self.windows], "entries": list(self.entries)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.windows = [Window(**w) for w in state["windows"]]
+        self.entries = [dict(e) for e in state["entries"]]
 
     def _add(self, rule: str, step: int, evidence: str) -> str | None:
         """Record a finding once per rule; returns its warning line when it is new."""
