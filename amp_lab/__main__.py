@@ -28,8 +28,11 @@ log = logging.getLogger("amp_lab")
 register()
 
 
-TOOLS = {"doctor": "amp_lab.doctor.diagnose", "report": "amp_lab.report.compare",
-         "bench": "amp_lab.bench.cli"}
+TOOLS = {
+    "doctor": "amp_lab.doctor.diagnose",
+    "report": "amp_lab.report.compare",
+    "bench": "amp_lab.bench.cli",
+}
 
 
 # An absolute path: the installed `amp_lab` script imports this module from anywhere
@@ -81,14 +84,20 @@ def cli() -> None:
     word = sys.argv[1] if len(sys.argv) > 1 else "="
     if not (word.startswith(("-", "~", "+")) or "=" in word):  # not an override: a tool typo
         close = get_close_matches(word, TOOLS, n=1)
-        print(f"amp_lab: error: unknown command {word!r}"
-              f"{f'; did you mean {close[0]}?' if close else ''} (commands: "
-              f"{', '.join(TOOLS)}; anything else is key=value overrides)", file=sys.stderr)
+        print(
+            f"amp_lab: error: unknown command {word!r}"
+            f"{f'; did you mean {close[0]}?' if close else ''} (commands: "
+            f"{', '.join(TOOLS)}; anything else is key=value overrides)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     run_hydra()
     if sweeps.skipped:  # the other jobs ran; a script or CI job still learns that some did not
-        print(f"amp_lab: error: {len(sweeps.skipped)} sweep job(s) did not run: "
-              f"{'; '.join(sweeps.skipped)}", file=sys.stderr)
+        print(
+            f"amp_lab: error: {len(sweeps.skipped)} sweep job(s) did not run: "
+            f"{'; '.join(sweeps.skipped)}",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 

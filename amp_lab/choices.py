@@ -18,7 +18,6 @@ class Choice(str, Enum):
         return str(self.value)
 
 
-
 class DatasetName(Choice):
     digits = "digits"
     synthetic = "synthetic"

@@ -122,30 +122,51 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(self.img_size >= 8, f"data.img_size={self.img_size} is too small; use >= 8")
-        _require(0.0 < self.val_fraction < 1.0,
-                 f"data.val_fraction={self.val_fraction} must be between 0 and 1")
+        _require(
+            0.0 < self.val_fraction < 1.0,
+            f"data.val_fraction={self.val_fraction} must be between 0 and 1",
+        )
         _require(self.num_workers >= 0, "data.num_workers must be >= 0")
         for key in ("mixup_alpha", "cutmix_alpha"):
-            _require(getattr(self, key) >= 0,
-                     f"data.{key}={getattr(self, key)} must be >= 0 (0: off)")
+            _require(
+                getattr(self, key) >= 0, f"data.{key}={getattr(self, key)} must be >= 0 (0: off)"
+            )
         for key in ("mixup_prob", "mixup_switch_prob", "hflip", "re_prob"):
-            _require(0.0 <= getattr(self, key) <= 1.0,
-                     f"data.{key}={getattr(self, key)} must be in [0, 1]")
-        _require(0.0 <= self.label_smoothing < 1.0,
-                 f"data.label_smoothing={self.label_smoothing} must be in [0, 1)")
-        _require(len(self.scale) == 2 and 0.0 < self.scale[0] <= self.scale[1] <= 1.0,
-                 f"data.scale={self.scale} must be [min, max] area shares, 0 < min <= max <= 1")
+            _require(
+                0.0 <= getattr(self, key) <= 1.0,
+                f"data.{key}={getattr(self, key)} must be in [0, 1]",
+            )
+        _require(
+            0.0 <= self.label_smoothing < 1.0,
+            f"data.label_smoothing={self.label_smoothing} must be in [0, 1)",
+        )
+        _require(
+            len(self.scale) == 2 and 0.0 < self.scale[0] <= self.scale[1] <= 1.0,
+            f"data.scale={self.scale} must be [min, max] area shares, 0 < min <= max <= 1",
+        )
         for key in ("mean", "std"):
-            _require(getattr(self, key) is None or len(getattr(self, key)) == 3,
-                     f"data.{key}={getattr(self, key)} must hold 3 channel values (or null)")
-        _require(self.crop_pct is None or 0.0 < self.crop_pct <= 1.0,
-                 f"data.crop_pct={self.crop_pct} must be in (0, 1] (or null: the model's)")
-        image_keys = [k for k, v in (("auto_augment", self.auto_augment is not None),
-                                     ("re_prob", self.re_prob > 0)) if v]
-        _require(self.name not in ("digits", "synthetic") or not image_keys,
-                 f"data.{image_keys[0] if image_keys else ''} needs image files (cifar10, "
-                 f"cifar100, imagefolder); data={self.name} keeps its tensor path (mixup and "
-                 "label smoothing work there)")
+            _require(
+                getattr(self, key) is None or len(getattr(self, key)) == 3,
+                f"data.{key}={getattr(self, key)} must hold 3 channel values (or null)",
+            )
+        _require(
+            self.crop_pct is None or 0.0 < self.crop_pct <= 1.0,
+            f"data.crop_pct={self.crop_pct} must be in (0, 1] (or null: the model's)",
+        )
+        image_keys = [
+            k
+            for k, v in (
+                ("auto_augment", self.auto_augment is not None),
+                ("re_prob", self.re_prob > 0),
+            )
+            if v
+        ]
+        _require(
+            self.name not in ("digits", "synthetic") or not image_keys,
+            f"data.{image_keys[0] if image_keys else ''} needs image files (cifar10, "
+            f"cifar100, imagefolder); data={self.name} keeps its tensor path (mixup and "
+            "label smoothing work there)",
+        )
 
 
 @dataclass
@@ -177,16 +198,23 @@ class ScalerConfig:
     def __post_init__(self) -> None:
         _require(self.init_scale > 0, f"scaler.init_scale={self.init_scale} must be > 0")
         _require(self.hysteresis >= 1, f"scaler.hysteresis={self.hysteresis} must be >= 1")
-        _require(0 < self.min_scale <= self.max_scale,
-                 f"scaler.min_scale={self.min_scale} must be > 0 and <= scaler.max_scale")
-        _require(self.kind != "hysteresis" or self.min_scale <= self.init_scale <= self.max_scale,
-                 f"scaler.init_scale={self.init_scale} must lie between scaler.min_scale="
-                 f"{self.min_scale} and scaler.max_scale={self.max_scale}")
+        _require(
+            0 < self.min_scale <= self.max_scale,
+            f"scaler.min_scale={self.min_scale} must be > 0 and <= scaler.max_scale",
+        )
+        _require(
+            self.kind != "hysteresis" or self.min_scale <= self.init_scale <= self.max_scale,
+            f"scaler.init_scale={self.init_scale} must lie between scaler.min_scale="
+            f"{self.min_scale} and scaler.max_scale={self.max_scale}",
+        )
         _require(self.growth_factor > 1, f"scaler.growth_factor={self.growth_factor} must be > 1")
-        _require(0 < self.backoff_factor < 1,
-                 f"scaler.backoff_factor={self.backoff_factor} must be between 0 and 1")
-        _require(self.growth_interval >= 1,
-                 f"scaler.growth_interval={self.growth_interval} must be >= 1")
+        _require(
+            0 < self.backoff_factor < 1,
+            f"scaler.backoff_factor={self.backoff_factor} must be between 0 and 1",
+        )
+        _require(
+            self.growth_interval >= 1, f"scaler.growth_interval={self.growth_interval} must be >= 1"
+        )
 
 
 @dataclass
@@ -212,8 +240,10 @@ class LRConfig:
         _require(0 <= self.warmup_init <= 1, f"lr.warmup_init={self.warmup_init} must be in [0, 1]")
         _require(0 <= self.min_factor <= 1, f"lr.min_factor={self.min_factor} must be in [0, 1]")
         _require(0 < self.step_gamma <= 1, f"lr.step_gamma={self.step_gamma} must be in (0, 1]")
-        _require(self.step_every >= 0, f"lr.step_every={self.step_every} must be >= 0 (0: a "
-                 "third of the run)")
+        _require(
+            self.step_every >= 0,
+            f"lr.step_every={self.step_every} must be >= 0 (0: a third of the run)",
+        )
 
 
 @dataclass
@@ -232,25 +262,38 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
-        _require(self.state_dtype in STATE_DTYPES, f"optim.state_dtype={self.state_dtype!r} is "
-                 f"unknown; use one of {STATE_DTYPES}")
-        _require(self.state_dtype == "fp32" or self.name in STATE_OPTIMIZERS,
-                 f"optim.state_dtype={self.state_dtype} exists for {STATE_OPTIMIZERS} only, not "
-                 f"optim.name={self.name}; use optim.state_dtype=fp32")
-        _require(self.state_rounding in ("nearest", "stochastic"),
-                 f"optim.state_rounding={self.state_rounding!r} is unknown; use nearest or "
-                 "stochastic")
-        _require(self.state_rounding == "nearest" or self.state_dtype == "bf16",
-                 f"optim.state_rounding=stochastic exists for optim.state_dtype=bf16 only, not "
-                 f"{self.state_dtype}")
-        _require(self.block_size is None or self.state_dtype in ("int8", "int4", "fp8"),
-                 f"optim.block_size applies to state_dtype int8, int4 or fp8, not "
-                 f"{self.state_dtype}; drop it")
-        _require(self.block_size is None or self.block_size >= 1,
-                 f"optim.block_size={self.block_size} must be >= 1")
-        _require(self.state_dtype == "fp32" or not self.fused,
-                 f"optim.fused=true has no kernel for optim.state_dtype={self.state_dtype}; use "
-                 "optim.fused=null")
+        _require(
+            self.state_dtype in STATE_DTYPES,
+            f"optim.state_dtype={self.state_dtype!r} is unknown; use one of {STATE_DTYPES}",
+        )
+        _require(
+            self.state_dtype == "fp32" or self.name in STATE_OPTIMIZERS,
+            f"optim.state_dtype={self.state_dtype} exists for {STATE_OPTIMIZERS} only, not "
+            f"optim.name={self.name}; use optim.state_dtype=fp32",
+        )
+        _require(
+            self.state_rounding in ("nearest", "stochastic"),
+            f"optim.state_rounding={self.state_rounding!r} is unknown; use nearest or stochastic",
+        )
+        _require(
+            self.state_rounding == "nearest" or self.state_dtype == "bf16",
+            f"optim.state_rounding=stochastic exists for optim.state_dtype=bf16 only, not "
+            f"{self.state_dtype}",
+        )
+        _require(
+            self.block_size is None or self.state_dtype in ("int8", "int4", "fp8"),
+            f"optim.block_size applies to state_dtype int8, int4 or fp8, not "
+            f"{self.state_dtype}; drop it",
+        )
+        _require(
+            self.block_size is None or self.block_size >= 1,
+            f"optim.block_size={self.block_size} must be >= 1",
+        )
+        _require(
+            self.state_dtype == "fp32" or not self.fused,
+            f"optim.fused=true has no kernel for optim.state_dtype={self.state_dtype}; use "
+            "optim.fused=null",
+        )
 
 
 STATE_DTYPES = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
@@ -269,8 +312,10 @@ class EmaConfig:
     fp32: bool = True
 
     def __post_init__(self) -> None:
-        _require(0.0 <= self.decay < 1.0,
-                 f"trainer.ema.decay={self.decay} must be in (0, 1), e.g. 0.9999 (0: no EMA)")
+        _require(
+            0.0 <= self.decay < 1.0,
+            f"trainer.ema.decay={self.decay} must be in (0, 1), e.g. 0.9999 (0: no EMA)",
+        )
         _require(self.every >= 1, f"trainer.ema.every={self.every} must be >= 1")
 
 
@@ -306,12 +351,17 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
         _require(self.grad_accum >= 1, f"trainer.grad_accum={self.grad_accum} must be >= 1")
-        _require(self.max_steps >= 0, f"trainer.max_steps={self.max_steps} must be >= 0 (0: "
-                 "trainer.epochs decides)")
-        _require(self.epochs >= 1 or self.max_steps >= 1,
-                 "set trainer.epochs or trainer.max_steps to at least 1")
-        _require(0 <= self.target_acc <= 1,
-                 f"trainer.target_acc={self.target_acc} must be in [0, 1]")
+        _require(
+            self.max_steps >= 0,
+            f"trainer.max_steps={self.max_steps} must be >= 0 (0: trainer.epochs decides)",
+        )
+        _require(
+            self.epochs >= 1 or self.max_steps >= 1,
+            "set trainer.epochs or trainer.max_steps to at least 1",
+        )
+        _require(
+            0 <= self.target_acc <= 1, f"trainer.target_acc={self.target_acc} must be in [0, 1]"
+        )
         _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
@@ -341,14 +391,19 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         _require(self.every_steps >= 0, f"checkpoint.every_steps={self.every_steps} must be >= 0")
-        _require(self.every_minutes >= 0,
-                 f"checkpoint.every_minutes={self.every_minutes} must be >= 0")
+        _require(
+            self.every_minutes >= 0, f"checkpoint.every_minutes={self.every_minutes} must be >= 0"
+        )
         _require(self.keep >= 1, f"checkpoint.keep={self.keep} must be >= 1")
         for name in self.signals:
-            _require(name in signal.Signals.__members__,
-                     f"checkpoint.signals: {name!r} is not a signal name; use e.g. SIGUSR2")
-            _require(name not in ("SIGKILL", "SIGSTOP"),
-                     f"checkpoint.signals: {name} cannot be caught; use e.g. SIGUSR2 or SIGTERM")
+            _require(
+                name in signal.Signals.__members__,
+                f"checkpoint.signals: {name!r} is not a signal name; use e.g. SIGUSR2",
+            )
+            _require(
+                name not in ("SIGKILL", "SIGSTOP"),
+                f"checkpoint.signals: {name} cannot be caught; use e.g. SIGUSR2 or SIGTERM",
+            )
 
 
 @dataclass
@@ -372,14 +427,20 @@ class DiagnosticsConfig:
 
     def __post_init__(self) -> None:
         _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
-        _require(0 < self.skip_warn_rate <= 1,
-                 f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]")
+        _require(
+            0 < self.skip_warn_rate <= 1,
+            f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]",
+        )
         for name in ("health_zero_grad_share", "health_min_drop", "health_skip_rate"):
-            _require(0 < getattr(self, name) <= 1,
-                     f"diagnostics.{name}={getattr(self, name)} must be in (0, 1]")
+            _require(
+                0 < getattr(self, name) <= 1,
+                f"diagnostics.{name}={getattr(self, name)} must be in (0, 1]",
+            )
         _require(self.health_rise > 0, f"diagnostics.health_rise={self.health_rise} must be > 0")
-        _require(self.health_min_steps >= 1 and self.health_window >= 1,
-                 "diagnostics.health_min_steps and diagnostics.health_window must be >= 1")
+        _require(
+            self.health_min_steps >= 1 and self.health_window >= 1,
+            "diagnostics.health_min_steps and diagnostics.health_window must be >= 1",
+        )
 
 
 @dataclass
@@ -411,10 +472,10 @@ class AmpLabConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig, metadata=FREE_ON_RESUME)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig,
-                                         metadata=FREE_ON_RESUME)
-    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig,
-                                           metadata=FREE_ON_RESUME)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=FREE_ON_RESUME)
+    diagnostics: DiagnosticsConfig = field(
+        default_factory=DiagnosticsConfig, metadata=FREE_ON_RESUME
+    )
     pitfall: PitfallConfig = field(default_factory=PitfallConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
@@ -434,25 +495,34 @@ def free_on_resume() -> frozenset[str]:
             free.add(group.name)
         section = getattr(schema, group.name)
         if is_dataclass(section):
-            free |= {f"{group.name}.{f.name}" for f in fields(section)
-                     if f.metadata.get("free_on_resume")}
+            free |= {
+                f"{group.name}.{f.name}"
+                for f in fields(section)
+                if f.metadata.get("free_on_resume")
+            }
     return frozenset(free)
 
 
 def flat_settings(settings: AmpLabConfig) -> dict[str, str]:
     """`group.key` -> JSON value (choices as plain strings): what a run records of its settings,
     in settings.json and in each checkpoint."""
-    return {f"{group}.{key}": json.dumps(value, sort_keys=True)
-            for group, values in asdict(settings).items() if isinstance(values, dict)
-            for key, value in values.items()}
+    return {
+        f"{group}.{key}": json.dumps(value, sort_keys=True)
+        for group, values in asdict(settings).items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+    }
 
 
 def changed_settings(saved: Mapping[str, str], settings: AmpLabConfig) -> list[str]:
     """`key old -> new` for each setting that differs from a saved run's and is not free on
     resume; a key the saved run did not have (a setting added since) counts as unchanged."""
     free = free_on_resume()
-    return [f"{k} {saved[k]} -> {v}" for k, v in flat_settings(settings).items()
-            if saved.get(k, v) != v and k.split(".")[0] not in free and k not in free]
+    return [
+        f"{k} {saved[k]} -> {v}"
+        for k, v in flat_settings(settings).items()
+        if saved.get(k, v) != v and k.split(".")[0] not in free and k not in free
+    ]
 
 
 def _unknown_keys(cfg: DictConfig) -> list[str]:
@@ -466,18 +536,25 @@ def _unknown_keys(cfg: DictConfig) -> list[str]:
             found.append((group, [f.name for f in fields(schema)]))
         elif is_dataclass(section):
             names = [f.name for f in fields(section)]  # model/optim.kwargs: free-form dicts
-            found += [(f"{group}.{key}", [f"{group}.{n}" for n in names])
-                      for key in cfg[group] if key not in names]
-    return [f"{key}; did you mean {close[0]}?" if (close := get_close_matches(key, names, 1))
-            else key for key, names in found]
+            found += [
+                (f"{group}.{key}", [f"{group}.{n}" for n in names])
+                for key in cfg[group]
+                if key not in names
+            ]
+    return [
+        f"{key}; did you mean {close[0]}?" if (close := get_close_matches(key, names, 1)) else key
+        for key, names in found
+    ]
 
 
 def validate(cfg: DictConfig) -> AmpLabConfig:
     """Turn the composed config into typed objects, running every cross-field check once."""
     unknown = _unknown_keys(cfg)
     if unknown:
-        raise ConfigError(f"unknown setting {', '.join(unknown)} (python -m amp_lab --help "
-                          "lists the groups; conf/ holds every key)")
+        raise ConfigError(
+            f"unknown setting {', '.join(unknown)} (python -m amp_lab --help "
+            "lists the groups; conf/ holds every key)"
+        )
     try:
         settings = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:  # __post_init__ errors arrive wrapped

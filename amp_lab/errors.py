@@ -30,8 +30,9 @@ def schema_keys() -> dict[str, str]:
         if is_dataclass(section):
             hints = typing.get_type_hints(type(section))
             for f in fields(section):
-                keys[f"{group.name}.{f.name}"] = getattr(hints[f.name], "__name__",
-                                                         str(hints[f.name]))
+                keys[f"{group.name}.{f.name}"] = getattr(
+                    hints[f.name], "__name__", str(hints[f.name])
+                )
     return keys
 
 
@@ -47,12 +48,14 @@ def _missing_option(err: MissingConfigException) -> str:
     if not found or not err.options:
         return str(err).strip().splitlines()[0]
     group = found.group(1)
-    name = missing[len(group) + 1:] if missing.startswith(group + "/") else missing
+    name = missing[len(group) + 1 :] if missing.startswith(group + "/") else missing
     # a prefix counts too: `pitfall=half` means half_model
     close = [o for o in err.options if o.startswith(name)] or get_close_matches(name, err.options)
     hint = f"did you mean {group}={close[0]}? " if close else ""
-    return (f"{group}={name} is not an option of the {group} group; {hint}"
-            f"options: {', '.join(err.options)}")
+    return (
+        f"{group}={name} is not an option of the {group} group; {hint}"
+        f"options: {', '.join(err.options)}"
+    )
 
 
 def _bad_value(err: ValidationError) -> str:
@@ -73,13 +76,17 @@ def one_line(err: BaseException) -> str:
         return _missing_option(err)
     if isinstance(err, OverrideParseException):
         reason = err.message.strip().splitlines()[0]
-        return (f"cannot parse the override {err.override!r} ({reason}); quote values with "
-                "spaces or brackets, see `python -m amp_lab --help`")
+        return (
+            f"cannot parse the override {err.override!r} ({reason}); quote values with "
+            "spaces or brackets, see `python -m amp_lab --help`"
+        )
     if found := _NOT_IN_DEFAULTS.search(str(err)):  # a group the defaults list leaves out
         group = found.group(1)
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        return (f"{group} is an optional group: choose it with +{group}=OPTION "
-                f"(options: {', '.join(options)})")
+        return (
+            f"{group} is an optional group: choose it with +{group}=OPTION "
+            f"(options: {', '.join(options)})"
+        )
     if isinstance(err, ValidationError) and err.full_key:
         return _bad_value(err)
     if isinstance(cause, ValidationError) and cause.full_key:
@@ -89,8 +96,9 @@ def one_line(err: BaseException) -> str:
         parent = key.rpartition(".")[0]
         if schema_keys().get(parent, "").startswith("dict"):  # model.kwargs, optim.kwargs
             return f"{parent} is free-form: add a key to it with +{key}=VALUE"
-        return (f"unknown setting {key}{did_you_mean(key)} "
-                "(python -m amp_lab --help lists the groups)")
+        return (
+            f"unknown setting {key}{did_you_mean(key)} (python -m amp_lab --help lists the groups)"
+        )
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if cause is not None and str(cause).strip():
         first += f" ({str(cause).strip().splitlines()[0]})"
@@ -102,4 +110,4 @@ def first_sentence(err: BaseException, limit: int = 160) -> str:
     explain themselves for a paragraph, repeated once per file."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     text = re.split(r"(?<=[a-z0-9)])\. ", text, maxsplit=1)[0].rstrip(".")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

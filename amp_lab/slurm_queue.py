@@ -54,22 +54,25 @@ def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
     """The sweep's jobs that squeue still lists (one line per array task)."""
     if not job_ids:
         return []
-    out = _run(["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))),
-                "-o", "%i|%T|%r|%C|%m|%P"])
+    out = _run(
+        ["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r|%C|%m|%P"]
+    )
     jobs = []
     for line in out.splitlines():
         parts = line.strip().split("|")
         if len(parts) == 6 and parts[3].isdigit():
-            jobs.append(QueuedJob(parts[0], parts[1], parts[2], int(parts[3]), mem_gb(parts[4]),
-                                  parts[5]))
+            jobs.append(
+                QueuedJob(parts[0], parts[1], parts[2], int(parts[3]), mem_gb(parts[4]), parts[5])
+            )
     return jobs
 
 
 def partition_size(partition: str) -> tuple[int, float | None]:
     """(CPUs, GB) of the partition's largest node."""
     out = _run(["sinfo", "-h", "-p", partition, "-o", "%c|%m"])
-    sizes = [(int(c), mem_gb(m)) for c, m in (line.split("|") for line in out.split())
-             if c.isdigit()]
+    sizes = [
+        (int(c), mem_gb(m)) for c, m in (line.split("|") for line in out.split()) if c.isdigit()
+    ]
     if not sizes:
         return 0, None
     return max(c for c, _ in sizes), max((m for _, m in sizes if m is not None), default=None)
@@ -80,17 +83,26 @@ def advice(jobs: list[QueuedJob], seconds: float) -> str:
     job = jobs[0]
     asks = f"{job.cpus} CPUs" + (f" / {job.mem_gb:g} GB" if job.mem_gb else "")
     names = ", ".join(j.job_id for j in jobs)
-    line = (f"SLURM job{'s' if len(jobs) > 1 else ''} {names} pending for {seconds:.0f} s "
-            f"({job.reason}): {'each ' if len(jobs) > 1 else ''}asks {asks}")
+    line = (
+        f"SLURM job{'s' if len(jobs) > 1 else ''} {names} pending for {seconds:.0f} s "
+        f"({job.reason}): {'each ' if len(jobs) > 1 else ''}asks {asks}"
+    )
     cpus, mem = partition_size(job.partition)
-    too_big = [name for name, fits in (("cpus_per_task", job.cpus <= cpus),
-                                       ("mem_gb", not job.mem_gb or not mem or job.mem_gb <= mem))
-               if not fits]
+    too_big = [
+        name
+        for name, fits in (
+            ("cpus_per_task", job.cpus <= cpus),
+            ("mem_gb", not job.mem_gb or not mem or job.mem_gb <= mem),
+        )
+        if not fits
+    ]
     if cpus and too_big:
         has = f"{cpus} CPUs" + (f" / {mem:.0f} GB" if mem else "")
-        return (f"{line}; partition {job.partition} has {has} per node: set "
-                f"{' / '.join('hydra.launcher.' + n for n in too_big)} (or "
-                "hydra/launcher=submitit_slurm_cpu on a small cluster)")
+        return (
+            f"{line}; partition {job.partition} has {has} per node: set "
+            f"{' / '.join('hydra.launcher.' + n for n in too_big)} (or "
+            "hydra/launcher=submitit_slurm_cpu on a small cluster)"
+        )
     return f"{line}; waiting for a free node (squeue -j {job.job_id} shows the queue)"
 
 
@@ -150,6 +162,8 @@ class OnceSacctWarning(logging.Filter):
             return True
         if not self.seen:
             self.seen = True
-            log.warning("sacct is unavailable on this cluster (no job accounting): submitit "
-                        "reads job states from the jobs' own files")
+            log.warning(
+                "sacct is unavailable on this cluster (no job accounting): submitit "
+                "reads job states from the jobs' own files"
+            )
         return False

@@ -130,8 +130,14 @@ def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 # The stages of a step, in call order; the pitfall lab overrides one at a time and the
 # throughput bench times them through `watching_stages`.
-STAGES = ("forward_and_loss", "backward", "after_micro_batch", "unscale_and_clip",
-          "optimizer_step", "update_scale")
+STAGES = (
+    "forward_and_loss",
+    "backward",
+    "after_micro_batch",
+    "unscale_and_clip",
+    "optimizer_step",
+    "update_scale",
+)
 
 
 @dataclass
@@ -148,8 +154,9 @@ class TrainStep:
     before_unscale: Callable[[], None]
     clip_grad: float = 0.0
     clip_mode: str = "norm"
-    micro_batch_context: Callable[[bool], contextlib.AbstractContextManager] = (
-        lambda is_last: contextlib.nullcontext())  # DDP's no_sync() until the boundary
+    micro_batch_context: Callable[[bool], contextlib.AbstractContextManager] = lambda is_last: (
+        contextlib.nullcontext()
+    )  # DDP's no_sync() until the boundary
     # builds the numerics observer from the step's view, once, when the step is built
     observe: Callable[[StepView], StepObserver] = lambda view: StepObserver()
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn  # fp32 training loss
@@ -168,14 +175,22 @@ class TrainStep:
         """What this step shows its observer."""
         mode, options = self.policy.mode, self.policy.options
         low_weights = mode.param_dtype != torch.float32
-        return StepView(self.policy.device, self.model, self.optimizer, self.clip_grad,
-                        self.clip_mode, self.uses_scaler, self.scaler,
-                        masters=low_weights and options.master_weights,
-                        # without masters, the bf16 weights are what bf16_pure studies
-                        checks_weights=not low_weights or options.master_weights)
+        return StepView(
+            self.policy.device,
+            self.model,
+            self.optimizer,
+            self.clip_grad,
+            self.clip_mode,
+            self.uses_scaler,
+            self.scaler,
+            masters=low_weights and options.master_weights,
+            # without masters, the bf16 weights are what bf16_pure studies
+            checks_weights=not low_weights or options.master_weights,
+        )
 
-    def __call__(self, micro_batches: Sequence[Batch], measure_norm: bool = True,
-                 step: int | None = None) -> StepResult:
+    def __call__(
+        self, micro_batches: Sequence[Batch], measure_norm: bool = True, step: int | None = None
+    ) -> StepResult:
         """Optimizer step `step` (the loop passes it; default: the one after the last);
         `measure_norm=False` skips the gradient norm unless clipping by norm needs it (the loop
         asks for it on log steps only)."""
@@ -212,9 +227,14 @@ class TrainStep:
         return result
 
     # -- the stages ----------------------------------------------------------------------------
-    def forward_and_loss(self, model: torch.nn.Module, images: torch.Tensor,
-                         labels: torch.Tensor, micro_batches: int,
-                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_and_loss(
+        self,
+        model: torch.nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        micro_batches: int,
+        last: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The autocast forward pass and this micro-batch's share of the loss."""
         with self.policy.autocast():
             logits = model(images)
@@ -245,8 +265,9 @@ class TrainStep:
             grads = [p.grad for p in self.params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
             if clip_norm:
-                torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm,
-                                                     foreach=True)
+                torch.nn.utils.clip_grads_with_norm_(
+                    self.params, self.clip_grad, norm, foreach=True
+                )
         if self.clip_grad > 0 and not clip_norm:
             torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
         return None if norm is None else norm.float()
@@ -277,12 +298,14 @@ def _then(stage: Callable[..., Any], after: Callable[[], None]) -> Callable[...,
         out = stage(*args, **kwargs)
         after()
         return out
+
     return run
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch],
-             policy: PrecisionPolicy) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module, batches: Iterable[Batch], policy: PrecisionPolicy
+) -> dict[str, float]:
     """Mean val loss and accuracy under the run's own autocast policy."""
     model.eval()
     loss_sum = torch.zeros((), device=policy.device)

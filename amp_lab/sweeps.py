@@ -62,9 +62,13 @@ def job_state(job_dir: Path) -> str:
 
 def job_table(sweep_dir: Path) -> list[str]:
     """One line per job folder (it holds .hydra/), in job-number order."""
-    dirs = sorted({p.parent for p in sweep_dir.rglob(HYDRA_DIR)},
-                  key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit()
-                                 else 1 << 30, d.name))
+    dirs = sorted(
+        {p.parent for p in sweep_dir.rglob(HYDRA_DIR)},
+        key=lambda d: (
+            int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit() else 1 << 30,
+            d.name,
+        ),
+    )
     return [f"  {d.relative_to(sweep_dir)}: {job_state(d)}" for d in dirs]
 
 
@@ -92,5 +96,10 @@ class SkippedJobs(Callback):
         markers = sweep_dir.rglob(REFUSED_FILE)
         skipped[:] = sorted(m.read_text(errors="replace").strip() for m in markers)
         lines = job_table(sweep_dir)
-        print(f"amp_lab: sweep {sweep_dir}: {len(lines)} job(s)", *lines,
-              f"next: amp_lab report {sweep_dir}", sep="\n", file=sys.stderr)
+        print(
+            f"amp_lab: sweep {sweep_dir}: {len(lines)} job(s)",
+            *lines,
+            f"next: amp_lab report {sweep_dir}",
+            sep="\n",
+            file=sys.stderr,
+        )

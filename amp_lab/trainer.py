@@ -75,22 +75,40 @@ class LoopState:
 class DeviceCounters:
     """Running sums kept on the device; `read()` is the one host sync of a log step."""
 
-    NAMES = ("loss_sum", "loss_count", "correct", "samples", "skipped", "window_skipped",
-             "streak", "worst_streak")
+    NAMES = (
+        "loss_sum",
+        "loss_count",
+        "correct",
+        "samples",
+        "skipped",
+        "window_skipped",
+        "streak",
+        "worst_streak",
+    )
 
     def __init__(self, device: torch.device) -> None:
         self.values = torch.zeros(len(self.NAMES), device=device, dtype=torch.float64)
         # 0-d views into `values`: updating them in place costs one op each, no indexing
         self.views = dict(zip(self.NAMES, self.values.unbind()))
-        self.sums = [self.views[name] for name in
-                     ("loss_sum", "loss_count", "correct", "skipped", "window_skipped")]
+        self.sums = [
+            self.views[name]
+            for name in ("loss_sum", "loss_count", "correct", "skipped", "window_skipped")
+        ]
 
     def add(self, result: StepResult) -> None:
         """A handful of device ops per step (each op costs host time; a short GPU step feels it)."""
         finite = torch.isfinite(result.loss)
         skip = result.found_inf
-        torch._foreach_add_(self.sums, [torch.where(finite, result.loss, 0.0),  # nan counted apart
-                                        finite, result.correct, skip, skip])
+        torch._foreach_add_(
+            self.sums,
+            [
+                torch.where(finite, result.loss, 0.0),  # nan counted apart
+                finite,
+                result.correct,
+                skip,
+                skip,
+            ],
+        )
         self.views["samples"].add_(result.samples)
         streak = self.views["streak"].add_(1).mul_(skip)  # consecutive bad steps
         torch.maximum(self.views["worst_streak"], streak, out=self.views["worst_streak"])
@@ -103,8 +121,14 @@ class DeviceCounters:
     def read_window(self) -> dict[str, float]:
         """Host copy of all counters; the per-window ones are reset afterwards."""
         values = dict(zip(self.NAMES, self.values.tolist()))
-        for name in ("loss_sum", "loss_count", "correct", "samples", "window_skipped",
-                     "worst_streak"):
+        for name in (
+            "loss_sum",
+            "loss_count",
+            "correct",
+            "samples",
+            "window_skipped",
+            "worst_streak",
+        ):
             self.views[name].zero_()
         return values
 
@@ -117,8 +141,9 @@ class Trainer:
         t = settings.trainer
         self.threads = apply_threads(t.threads, settings.data.num_workers)
         if self.threads.workers != settings.data.num_workers:
-            settings = replace(settings, data=replace(settings.data,
-                                                      num_workers=self.threads.workers))
+            settings = replace(
+                settings, data=replace(settings.data, num_workers=self.threads.workers)
+            )
         self.tracking: dict[str, Any] = {}
         self.setup_s = 0.0
         self.dist = setup_distributed(t.strategy, t.device)
@@ -129,34 +154,42 @@ class Trainer:
         self.device = resolve_device(self.dist.device(t.device))
         torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
-        self.data = build_data(settings.data, t.seed, self.device, settings.model.name,
-                               settings.model.channels_last)
+        self.data = build_data(
+            settings.data, t.seed, self.device, settings.model.name, settings.model.channels_last
+        )
         self.mixup = build_mixup(settings.data, self.data.spec.num_classes, t.batch_size)
         self.model = build_model(settings.model, self.data.spec).to(self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
         keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
         prepare_model(self.model, settings.fault, settings.pitfall.name)  # pitfall lab faults
-        self.sampler = EpochBatchSampler(len(self.data.train), t.batch_size, t.seed,
-                                         self.dist.rank, self.dist.world_size)
+        self.sampler = EpochBatchSampler(
+            len(self.data.train), t.batch_size, t.seed, self.dist.rank, self.dist.world_size
+        )
         self.steps_per_epoch = len(self.sampler) // t.grad_accum
         self.global_batch = t.batch_size * t.grad_accum * self.dist.world_size
         if self.steps_per_epoch == 0:
-            raise ConfigError(f"the global batch (batch_size x grad_accum x ranks) = "
-                              f"{self.global_batch} exceeds the {len(self.data.train)} training "
-                              f"samples; lower it")
+            raise ConfigError(
+                f"the global batch (batch_size x grad_accum x ranks) = "
+                f"{self.global_batch} exceeds the {len(self.data.train)} training "
+                f"samples; lower it"
+            )
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.peak_lr = peak_lr(settings.lr, self.global_batch)
         self.warmup = warmup_length(settings.lr, self.steps_per_epoch)
         if self.warmup >= self.total_steps:
-            log.warning("the LR warmup (%d steps) is as long as the run (%d steps): the LR never "
-                        "reaches its peak; shorten lr.warmup_steps / lr.warmup_epochs",
-                        self.warmup, self.total_steps)
+            log.warning(
+                "the LR warmup (%d steps) is as long as the run (%d steps): the LR never "
+                "reaches its peak; shorten lr.warmup_steps / lr.warmup_epochs",
+                self.warmup,
+                self.total_steps,
+            )
         self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
         # fp8, 16-bit weights; the pure modes swap fp32 masters into the optimizer's param
         # groups. The step needs the hook it returns, so it is built after and captures those.
         before_unscale = self.policy.prepare(self.model, self.optimizer)
-        self.scheduler = build_scheduler(self.optimizer, settings.lr, self.total_steps,
-                                         self.steps_per_epoch)
+        self.scheduler = build_scheduler(
+            self.optimizer, settings.lr, self.total_steps, self.steps_per_epoch
+        )
         self.scaler = build_scaler(settings.scaler, self.policy)
         self.ema = build_ema(self.model, t.ema)  # after prepare: a copy of the cast weights
         parallel_model = self.dist.wrap(self.model, self.device)
@@ -167,30 +200,65 @@ class Trainer:
         # its own view as it is built (nothing is swapped or attached afterwards)
         make_step = step_class(settings.pitfall.name, settings.fault)
         self.train_step: TrainStep = make_step(
-            forward_model, self.optimizer, self.scheduler, self.scaler, self.policy,
-            before_unscale, t.clip_grad, t.clip_mode,
+            forward_model,
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            self.policy,
+            before_unscale,
+            t.clip_grad,
+            t.clip_mode,
             self.dist.micro_batch_context(parallel_model),
-            observe=functools.partial(build_diagnostics, settings.diagnostics, settings.scaler,
-                                      uses_dynamic_scaling(settings.scaler, self.policy),
-                                      t.log_every, self.out_dir if self.dist.is_main else None),
-            loss=build_loss(settings.data))
+            observe=functools.partial(
+                build_diagnostics,
+                settings.diagnostics,
+                settings.scaler,
+                uses_dynamic_scaling(settings.scaler, self.policy),
+                t.log_every,
+                self.out_dir if self.dist.is_main else None,
+            ),
+            loss=build_loss(settings.data),
+        )
         self.diagnostics = self.train_step.diagnostics
-        self.parts = BuiltParts(settings, self.device, self.policy, self.data, self.sampler,
-                                self.model, self.optimizer, self.scheduler, self.scaler,
-                                self.train_step, self.steps_per_epoch, self.global_batch,
-                                self.peak_lr)
-        self.health = RunHealth(settings.diagnostics,
-                                uses_dynamic_scaling(settings.scaler, self.policy),
-                                float(self.scaler.get_scale()),
-                                math.log(self.data.spec.num_classes))
+        self.parts = BuiltParts(
+            settings,
+            self.device,
+            self.policy,
+            self.data,
+            self.sampler,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            self.train_step,
+            self.steps_per_epoch,
+            self.global_batch,
+            self.peak_lr,
+        )
+        self.health = RunHealth(
+            settings.diagnostics,
+            uses_dynamic_scaling(settings.scaler, self.policy),
+            float(self.scaler.get_scale()),
+            math.log(self.data.spec.num_classes),
+        )
         self.state = LoopState()
         self.counters = DeviceCounters(self.device)
-        self.checkpointer = Checkpointer(settings, self.out_dir, self.state, {
-            "model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
-            "scaler": self.scaler, "counters": self.counters.values,
-            "diagnostics": self.diagnostics, "health": self.health,
-            **({"ema": self.ema} if self.ema else {})},
-            self.dist)
+        self.checkpointer = Checkpointer(
+            settings,
+            self.out_dir,
+            self.state,
+            {
+                "model": self.model,
+                "optimizer": self.optimizer,
+                "scheduler": self.scheduler,
+                "scaler": self.scaler,
+                "counters": self.counters.values,
+                "diagnostics": self.diagnostics,
+                "health": self.health,
+                **({"ema": self.ema} if self.ema else {}),
+            },
+            self.dist,
+        )
         # A run dir whose run finished keeps its results (a relaunched sweep trains only what
         # did not finish); one holding a checkpoint resumes from it.
         self.finished = self.checkpointer.finished() if t.resume else None
@@ -202,11 +270,16 @@ class Trainer:
         s = self.settings
         return {
             "precision": self.policy.describe(),
-            "scaler": {"dynamic": uses_dynamic_scaling(s.scaler, self.policy),
-                       **asdict(s.scaler)},
-            "lr": {"peak": self.peak_lr, "base": s.lr.base, "rule": s.lr.rule,
-                   "scale": s.lr.scale, "global_batch": self.global_batch,
-                   "warmup_steps": self.warmup, "schedule": s.lr.schedule},
+            "scaler": {"dynamic": uses_dynamic_scaling(s.scaler, self.policy), **asdict(s.scaler)},
+            "lr": {
+                "peak": self.peak_lr,
+                "base": s.lr.base,
+                "rule": s.lr.rule,
+                "scale": s.lr.scale,
+                "global_batch": self.global_batch,
+                "warmup_steps": self.warmup,
+                "schedule": s.lr.schedule,
+            },
             "model": s.model.name,
             "params": sum(p.numel() for p in self.model.parameters()),
             "data": s.data.name,
@@ -223,24 +296,43 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to the end (or to divergence); write metrics.jsonl and summary.json."""
         if self.finished is not None:
-            log.warning("%s already holds a finished run (%s after %d steps): nothing to train; "
-                        "trainer.resume=false trains it again", self.out_dir,
-                        self.finished["status"], self.finished["steps"])
+            log.warning(
+                "%s already holds a finished run (%s after %d steps): nothing to train; "
+                "trainer.resume=false trains it again",
+                self.out_dir,
+                self.finished["status"],
+                self.finished["steps"],
+            )
             self.dist.close()
             return self.finished
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpointer.record_settings()
         t = self.settings.trainer
         info = self.describe()
-        log.info("%s on %s (rank %d of %d): peak LR %.4g (base %.4g, rule %s at global batch "
-                 "%d, scale %g), %d steps", info["precision"]["name"], self.device,
-                 self.dist.rank, self.dist.world_size, self.peak_lr, self.settings.lr.base,
-                 self.settings.lr.rule, self.global_batch, self.settings.lr.scale,
-                 self.total_steps)
-        sinks = Sinks([JsonlSink(self.out_dir / METRICS_FILE),  # rank 0 alone writes
-                       ConsoleSink(self.total_steps, t.progress), *self.extra_sinks,
-                       *build_tracking_sinks(self.settings, self.out_dir)]
-                      if self.dist.is_main else [])
+        log.info(
+            "%s on %s (rank %d of %d): peak LR %.4g (base %.4g, rule %s at global batch "
+            "%d, scale %g), %d steps",
+            info["precision"]["name"],
+            self.device,
+            self.dist.rank,
+            self.dist.world_size,
+            self.peak_lr,
+            self.settings.lr.base,
+            self.settings.lr.rule,
+            self.global_batch,
+            self.settings.lr.scale,
+            self.total_steps,
+        )
+        sinks = Sinks(
+            [
+                JsonlSink(self.out_dir / METRICS_FILE),  # rank 0 alone writes
+                ConsoleSink(self.total_steps, t.progress),
+                *self.extra_sinks,
+                *build_tracking_sinks(self.settings, self.out_dir),
+            ]
+            if self.dist.is_main
+            else []
+        )
         started = time.perf_counter() - self.state.elapsed_s
         reset_peak_memory(self.device)  # this run's peak, not the process's (a local sweep)
         try:
@@ -255,8 +347,11 @@ class Trainer:
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
         except BaseException as err:  # a stop signal's clean stop is resumable, not a crash
-            status = (f"interrupted: {err}" if isinstance(err, Interrupted) else
-                      f"crashed: {type(err).__name__}: {err}")
+            status = (
+                f"interrupted: {err}"
+                if isinstance(err, Interrupted)
+                else f"crashed: {type(err).__name__}: {err}"
+            )
             self.write_summary(self.summary(time.perf_counter() - started, status=status))
             raise
         finally:
@@ -289,18 +384,25 @@ class Trainer:
                 if log_step:
                     sinks.log(self._train_record(counters, result, meter, started))
                 epoch_end = st.batch_in_epoch == self.steps_per_epoch
-                if self.dist.is_main and ((t.eval_every and st.step % t.eval_every == 0) or (
-                        not t.eval_every and epoch_end) or last):
+                if self.dist.is_main and (
+                    (t.eval_every and st.step % t.eval_every == 0)
+                    or (not t.eval_every and epoch_end)
+                    or last
+                ):
                     sinks.log(self._eval_record(meter, started))
-                meter.exclude(self.checkpointer.step_done(time.perf_counter() - started,
-                                                          final=last or st.diverged))
+                meter.exclude(
+                    self.checkpointer.step_done(
+                        time.perf_counter() - started, final=last or st.diverged
+                    )
+                )
                 if last or st.diverged:
                     break
             if st.batch_in_epoch == self.steps_per_epoch:
                 st.epoch, st.batch_in_epoch = st.epoch + 1, 0
 
-    def _train_record(self, counters: DeviceCounters, result: StepResult,
-                      meter: ThroughputMeter, started: float) -> dict[str, Any]:
+    def _train_record(
+        self, counters: DeviceCounters, result: StepResult, meter: ThroughputMeter, started: float
+    ) -> dict[str, Any]:
         st, t = self.state, self.settings.trainer
         counters.reduce(self.dist)
         c = counters.read_window()
@@ -309,13 +411,20 @@ class Trainer:
         self.skipped_total = int(c["skipped"])
         if c["worst_streak"] >= t.max_bad_steps:
             st.diverged = True
-            log.warning("step %d: %d consecutive non-finite steps (trainer.max_bad_steps=%d); "
-                        "stopping as diverged", st.step, int(c["worst_streak"]), t.max_bad_steps)
+            log.warning(
+                "step %d: %d consecutive non-finite steps (trainer.max_bad_steps=%d); "
+                "stopping as diverged",
+                st.step,
+                int(c["worst_streak"]),
+                t.max_bad_steps,
+            )
         if (reason := scaler_stop_reason(self.scaler)) is not None:
             st.diverged = True
             log.warning("step %d: %s; stopping as diverged", st.step, reason)
         record = {
-            "kind": "train", "step": st.step, "epoch": st.step / self.steps_per_epoch,
+            "kind": "train",
+            "step": st.step,
+            "epoch": st.step / self.steps_per_epoch,
             "time_s": self._train_clock(started),
             "train/loss": c["loss_sum"] / c["loss_count"] if c["loss_count"] else float("nan"),
             "train/acc": c["correct"] / max(1.0, c["samples"]),
@@ -332,8 +441,14 @@ class Trainer:
 
     def _observe_health(self, c: dict[str, float], steps: int, record: dict[str, Any]) -> None:
         """The run-health rules, fed with what this log step has read already (no sync)."""
-        window = Window(self.state.step, steps, round(c["loss_count"] / self.dist.world_size),
-                        int(c["window_skipped"]), record["train/loss"], record["amp/loss_scale"])
+        window = Window(
+            self.state.step,
+            steps,
+            round(c["loss_count"] / self.dist.world_size),
+            int(c["window_skipped"]),
+            record["train/loss"],
+            record["amp/loss_scale"],
+        )
         for line in self.health.observe(window, record.get("diag/grad_zero_share")):
             if self.dist.is_main:
                 log.warning(line)
@@ -356,15 +471,21 @@ class Trainer:
         world = self.dist.world_size
         local_rate = figures.get("throughput/samples_per_s", 0.0)
         memory = figures["memory/peak_mb"]
-        totals = self.dist.all_reduce(torch.tensor([local_rate, memory], dtype=torch.float64,
-                                                   device=self.device))
-        peak = self.dist.all_reduce(torch.tensor([memory], dtype=torch.float64,
-                                                 device=self.device), op="max")
+        totals = self.dist.all_reduce(
+            torch.tensor([local_rate, memory], dtype=torch.float64, device=self.device)
+        )
+        peak = self.dist.all_reduce(
+            torch.tensor([memory], dtype=torch.float64, device=self.device), op="max"
+        )
         rate, memory_total = totals.tolist()
         figures.update({"memory/peak_mb": peak.item(), "memory/peak_mb_total": memory_total})
         if "throughput/samples_per_s" in figures:
-            figures.update({"throughput/samples_per_s": rate,
-                            "throughput/samples_per_s_per_device": rate / world})
+            figures.update(
+                {
+                    "throughput/samples_per_s": rate,
+                    "throughput/samples_per_s_per_device": rate / world,
+                }
+            )
         return figures
 
     def _eval_record(self, meter: ThroughputMeter, started: float) -> dict[str, Any]:
@@ -383,8 +504,13 @@ class Trainer:
         st.best_val_acc = acc if st.best_val_acc is None else max(st.best_val_acc, acc)
         if st.steps_to_target is None and acc >= t.target_acc:
             st.steps_to_target, st.time_to_target_s = st.step, now
-        return {"kind": "val", "step": st.step, "epoch": st.step / self.steps_per_epoch,
-                "time_s": now, **metrics}
+        return {
+            "kind": "val",
+            "step": st.step,
+            "epoch": st.step / self.steps_per_epoch,
+            "time_s": now,
+            **metrics,
+        }
 
     def _train_clock(self, started: float) -> float:
         """Seconds of training so far: the loop's wall time less its evaluations."""

@@ -13,8 +13,10 @@ from helpers import FAST, run_cli
 
 BAD_INPUTS = [
     # (overrides, what the one line must say); Hydra's errors first: no run starts
-    (["model=vit_nope"], "model=vit_nope is not an option of the model group; options: "
-                         "convnext_tiny,"),
+    (
+        ["model=vit_nope"],
+        "model=vit_nope is not an option of the model group; options: convnext_tiny,",
+    ),
     (["data=synth"], "did you mean data=synthetic?"),
     (["precision=fp17"], "did you mean precision=fp16? options: bf16, bf16_pure, fp16,"),
     (["scaler=dynamc"], "did you mean scaler=dynamic?"),
@@ -36,8 +38,10 @@ BAD_INPUTS = [
     (["+scaler.init_scal=1"], "unknown setting scaler.init_scal; did you mean scaler.init_scale?"),
     (["trainer.max_step=5"], "did you mean trainer.max_steps?"),
     (["fault.inf_grad_at=3"], "did you mean fault.inf_grad_at_step?"),
-    (["optim.kwargs.betas=[0.9,0.95]"], "optim.kwargs is free-form: add a key to it with "
-                                        "+optim.kwargs.betas=VALUE"),
+    (
+        ["optim.kwargs.betas=[0.9,0.95]"],
+        "optim.kwargs is free-form: add a key to it with +optim.kwargs.betas=VALUE",
+    ),
     (["trainer.max_steps=[1"], "cannot parse the override 'trainer.max_steps=[1'"),
     # amp_lab's own start-up checks (these build the run, so they import torch)
     (["trainer.max_steps=-1"], "trainer.max_steps=-1 must be >= 0"),
@@ -54,8 +58,9 @@ def _one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("overrides, expected", BAD_INPUTS,
-                         ids=[" ".join(o) for o, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    "overrides, expected", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS]
+)
 def test_a_bad_input_is_one_line_and_exit_2(overrides, expected, tmp_path):
     result = run_cli(*overrides, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
@@ -69,8 +74,9 @@ def test_groups_covered():
     from amp_lab.config import CONF_DIR
 
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
-    named = {o.lstrip("+").split("=")[0].split(".")[0] for overrides, _ in BAD_INPUTS
-             for o in overrides}
+    named = {
+        o.lstrip("+").split("=")[0].split(".")[0] for overrides, _ in BAD_INPUTS for o in overrides
+    }
     assert groups <= named, groups - named
     assert "hydra/launcher" in named
 
@@ -83,13 +89,14 @@ def test_a_bad_sweep_value_is_one_line(tmp_path):
 
 def test_a_bad_input_loses_nothing_already_written(tmp_path):
     """A typo on a relaunch into a finished run's folder leaves its results as they were."""
-    assert run_cli(*FAST, "checkpoint.every_steps=2", "hydra.run.dir=run",
-                   cwd=tmp_path).returncode == 0
+    assert (
+        run_cli(*FAST, "checkpoint.every_steps=2", "hydra.run.dir=run", cwd=tmp_path).returncode
+        == 0
+    )
     run = tmp_path / "run"
     kept = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts}
     for typo in ("trainer.max_steps=ten", "trainer.max_steps=-1"):
-        result = run_cli(*FAST, "checkpoint.every_steps=2", typo, "hydra.run.dir=run",
-                         cwd=tmp_path)
+        result = run_cli(*FAST, "checkpoint.every_steps=2", typo, "hydra.run.dir=run", cwd=tmp_path)
         assert result.returncode == 2
         _one_error_line(result.stderr)
     assert {p: p.read_bytes() for p in kept} == kept

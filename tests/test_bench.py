@@ -20,9 +20,28 @@ from amp_lab.bench import flops
 from amp_lab.config import ConfigError
 from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
 
-TINY = ["--models", "test_vit", "--precisions", "fp32", "bf16", "--img-size", "16",
-        "--batch-size", "8", "--steps", "2", "--rounds", "1", "--warmup", "1",
-        "--override", "trainer.log_every=2", "data.num_classes=10", "--device", "cpu"]
+TINY = [
+    "--models",
+    "test_vit",
+    "--precisions",
+    "fp32",
+    "bf16",
+    "--img-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "2",
+    "--rounds",
+    "1",
+    "--warmup",
+    "1",
+    "--override",
+    "trainer.log_every=2",
+    "data.num_classes=10",
+    "--device",
+    "cpu",
+]
 DEFAULT = "default (diagnostics=light, W&B offline)"  # the 'default' variant, as labelled
 
 
@@ -33,8 +52,7 @@ def _positive(value) -> bool:
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    code = bench.main([*TINY, "--variants", "default", "trainer.clip_grad=1.0", "--out",
-                       str(out)])
+    code = bench.main([*TINY, "--variants", "default", "trainer.clip_grad=1.0", "--out", str(out)])
     return code, out
 
 
@@ -49,8 +67,11 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     assert env["date"] and env["device"]
     overhead = data["overhead"]  # one row per variant x precision, in order
     assert [(o["variant"], o["precision"]) for o in overhead] == [
-        (DEFAULT, "fp32"), (DEFAULT, "bf16"),
-        ("trainer.clip_grad=1.0", "fp32"), ("trainer.clip_grad=1.0", "bf16")]
+        (DEFAULT, "fp32"),
+        (DEFAULT, "bf16"),
+        ("trainer.clip_grad=1.0", "fp32"),
+        ("trainer.clip_grad=1.0", "bf16"),
+    ]
     for row in overhead:
         assert len(row["ratios"]) == 1 and all(map(_positive, row["ratios"]))
         assert all(map(_positive, row["amp_lab_ms"] + row["bare_ms"]))
@@ -58,11 +79,22 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
         assert _positive(row["median_ratio"]) and _positive(row["median_cpu_ratio"])
     rows = data["throughput"]
     assert [(r["model"], r["precision"], r["compile"]) for r in rows] == [
-        ("test_vit", "fp32", False), ("test_vit", "bf16", False)]
+        ("test_vit", "fp32", False),
+        ("test_vit", "bf16", False),
+    ]
     for row in rows:
-        for key in ["first_step_s", "samples_per_s", "step_ms", "forward_ms", "backward_ms",
-                    "optimizer_ms", "peak_memory_mb", "flops_per_step", "achieved_tflops",
-                    "speedup_vs_fp32"]:
+        for key in [
+            "first_step_s",
+            "samples_per_s",
+            "step_ms",
+            "forward_ms",
+            "backward_ms",
+            "optimizer_ms",
+            "peak_memory_mb",
+            "flops_per_step",
+            "achieved_tflops",
+            "speedup_vs_fp32",
+        ]:
             assert _positive(row[key]), key
         assert row["mfu"] is None  # no peak FLOPs on a CPU
         assert row["batch_size"] == 8 and row["img_size"] == 16
@@ -76,11 +108,14 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     md = (out / "bench.md").read_text()
     env = json.loads((out / "bench.json").read_text())["environment"]
     assert env["date"] in md and env["device"] in md and f"`{env['command']}`" in md
-    assert ("| variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | max "
-            "| CPU-time ratio | rounds |") in md
+    assert (
+        "| variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | max "
+        "| CPU-time ratio | rounds |"
+    ) in md
     assert "| trainer.clip_grad=1.0 | bf16 |" in md
-    assert ("| model | precision | compile | channels_last | batch | first step s | samples/s "
-            "|") in md
+    assert (
+        "| model | precision | compile | channels_last | batch | first step s | samples/s |"
+    ) in md
     assert "| test_vit | bf16 | off | off | 8 |" in md
     # the real runs behind the overhead rows are ordinary run directories
     assert (out / "runs" / "overhead_default_fp32" / "summary.json").is_file()
@@ -92,14 +127,33 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     GPU time is spent: every part finishes, the compiled rows load what compile_cache built,
     and gpu_check.md gathers every table."""
     out = tmp_path / "check"
-    env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cpu", "MODELS": "test_vit",
-           "MODES": "fp32 bf16", "BATCH_SIZE": "4", "IMG_SIZE": "16",
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    done = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "DEVICE": "cpu",
+        "MODELS": "test_vit",
+        "MODES": "fp32 bf16",
+        "BATCH_SIZE": "4",
+        "IMG_SIZE": "16",
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    parts = ["compile_cache", "no_sync", "overhead", "throughput_eager",
-             "throughput_compiled_test_vit", "overhead_full"]
+    parts = [
+        "compile_cache",
+        "no_sync",
+        "overhead",
+        "throughput_eager",
+        "throughput_compiled_test_vit",
+        "overhead_full",
+    ]
     status = dict(line.split(": ", 1) for line in (out / "status.txt").read_text().splitlines())
     assert sorted(status) == sorted(parts)
     failed = {part: outcome for part, outcome in status.items() if not outcome.startswith("rc=0 ")}
@@ -109,15 +163,22 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         return json.loads((out / part / "bench.json").read_text())[key]
 
     assert [(r["precision"], r["error"]) for r in table("compile_cache", "compile_cache")] == [
-        ("fp32", None), ("bf16", None)]
+        ("fp32", None),
+        ("bf16", None),
+    ]
     assert [(o["precision"], o["variant"]) for o in table("overhead", "overhead")] == [
-        ("fp32", DEFAULT), ("bf16", DEFAULT)]
+        ("fp32", DEFAULT),
+        ("bf16", DEFAULT),
+    ]
     assert [(o["precision"], o["variant"]) for o in table("overhead_full", "overhead")] == [
-        ("fp32", "diagnostics=full")]
+        ("fp32", "diagnostics=full")
+    ]
     for part, compiled in [("throughput_eager", False), ("throughput_compiled_test_vit", True)]:
         rows = table(part, "throughput")
         assert [(r["precision"], r["compile"], r["batch_size"]) for r in rows] == [
-            ("fp32", compiled, 4), ("bf16", compiled, 4)]
+            ("fp32", compiled, 4),
+            ("bf16", compiled, 4),
+        ]
     md = (out / "gpu_check.md").read_text()
     assert "- device: CPU" in md and 'MODES="fp32 bf16"' in md
     assert "no-sync check: 3 skipped" in md  # the CUDA-only tests, on this CPU
@@ -125,8 +186,9 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     positions = [md.index(f"--out {out / part}`") for part in benchmarks]
     assert positions == sorted(positions)  # each benchmark's own markdown, in the order it ran
     # the compiled rows loaded what compile_cache built: inductor wrote no graph after it ended
-    graphs = [p.stat().st_mtime for p in (tmp_path / "inductor").glob("fxgraph/**/*")
-              if p.is_file()]
+    graphs = [
+        p.stat().st_mtime for p in (tmp_path / "inductor").glob("fxgraph/**/*") if p.is_file()
+    ]
     assert len(graphs) >= 4  # a forward and a backward graph per configuration
     assert max(graphs) < (out / "compile_cache" / "bench.json").stat().st_mtime
 
@@ -134,8 +196,19 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
 @pytest.mark.slow
 def test_a_second_bench_into_the_same_folder_measures_again(tmp_path):
     for _ in range(2):
-        code = bench.main([*TINY, "--parts", "overhead", "--variants", "default",
-                           "--precisions", "fp32", "--out", str(tmp_path)])
+        code = bench.main(
+            [
+                *TINY,
+                "--parts",
+                "overhead",
+                "--variants",
+                "default",
+                "--precisions",
+                "fp32",
+                "--out",
+                str(tmp_path),
+            ]
+        )
         assert code == 0
         (row,) = json.loads((tmp_path / "bench.json").read_text())["overhead"]
         assert _positive(row["median_ratio"])
@@ -145,35 +218,66 @@ def test_a_second_bench_into_the_same_folder_measures_again(tmp_path):
 def test_a_pure_16_bit_row_first_for_its_model_counts_its_flops(tmp_path):
     """The FLOPs are counted once per model, by its first row: here a bf16_pure model, which
     takes fp32 images only under its autocast."""
-    code = bench.main([*TINY, "--parts", "throughput", "--precisions", "bf16_pure", "fp32",
-                       "--out", str(tmp_path)])
+    code = bench.main(
+        [
+            *TINY,
+            "--parts",
+            "throughput",
+            "--precisions",
+            "bf16_pure",
+            "fp32",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     data = json.loads((tmp_path / "bench.json").read_text())
     assert code == 0 and data["throughput_errors"] == []
     first, fp32 = data["throughput"]
-    assert first["precision"] == "bf16_pure" and first["flops_per_step"] == fp32[
-        "flops_per_step"] > 0
+    assert (
+        first["precision"] == "bf16_pure" and first["flops_per_step"] == fp32["flops_per_step"] > 0
+    )
 
 
 @pytest.mark.slow
 def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tmp_path):
     # The config composes, but this machine has no CUDA device: the process fails at start-up.
-    code = bench.main([*TINY, "--parts", "compile_cache", "--override", "trainer.device=cuda",
-                       "--precisions", "fp32", "--out", str(tmp_path)])
+    code = bench.main(
+        [
+            *TINY,
+            "--parts",
+            "compile_cache",
+            "--override",
+            "trainer.device=cuda",
+            "--precisions",
+            "fp32",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     (record,) = json.loads((tmp_path / "bench.json").read_text())["compile_cache"]
-    assert record["first_step_s"] is None and "exit 1: amp_lab.bench.compile_cache: error:" \
-        in record["error"] and "cuda" in record["error"].lower()
+    assert (
+        record["first_step_s"] is None
+        and "exit 1: amp_lab.bench.compile_cache: error:" in record["error"]
+        and "cuda" in record["error"].lower()
+    )
     assert "| test_vit | fp32 | failed: exit 1" in (tmp_path / "bench.md").read_text()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--variants", "diagnostics=nope"], "diagnostics"),
-    (["--steps", "3"], "multiple of trainer.log_every=2; use --steps 2 (or a multiple), or add "
-                       "--override trainer.log_every=3"),
-    (["--precisions", "fp64"], "fp64"),
-    (["--models", "test_vit", "nosuch"], "nosuch"),  # before test_vit is measured
-    (["--device", "cuda"], "--device cuda but no CUDA GPU is visible; use --device cpu"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--variants", "diagnostics=nope"], "diagnostics"),
+        (
+            ["--steps", "3"],
+            "multiple of trainer.log_every=2; use --steps 2 (or a multiple), or add "
+            "--override trainer.log_every=3",
+        ),
+        (["--precisions", "fp64"], "fp64"),
+        (["--models", "test_vit", "nosuch"], "nosuch"),  # before test_vit is measured
+        (["--device", "cuda"], "--device cuda but no CUDA GPU is visible; use --device cpu"),
+    ],
+)
 def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
     code = bench.main([*TINY, "--parts", "overhead", *args, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -205,10 +309,18 @@ def test_train_step_flops_count_forward_and_backward_matmuls():
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("gpu, dtype, tflops", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "tf32", 378.0),
-    ("NVIDIA H200", "fp16", 989.4), ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
-    ("NVIDIA L4", "bf16", 121.0), ("NVIDIA L40S", "bf16", None), ("NVIDIA H100", "fp8", None)])
+@pytest.mark.parametrize(
+    "gpu, dtype, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "tf32", 378.0),
+        ("NVIDIA H200", "fp16", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 19.5),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "bf16", None),
+        ("NVIDIA H100", "fp8", None),
+    ],
+)
 def test_peak_flops_per_device_and_dtype(monkeypatch, gpu, dtype, tflops):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
     peak = flops.peak_flops(torch.device("cuda"), dtype)
@@ -221,4 +333,9 @@ def test_mfu_and_compute_dtype_of_each_mode():
     assert flops.mfu(10**12, 0.5, None) is None
     dtypes = {name: flops.compute_dtype(mode) for name, mode in PRECISION_MODES.items()}
     assert {k: dtypes[k] for k in ["fp32", "tf32", "fp16", "fp16_noscale", "bf16"]} == {
-        "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "fp16_noscale": "fp16", "bf16": "bf16"}
+        "fp32": "fp32",
+        "tf32": "tf32",
+        "fp16": "fp16",
+        "fp16_noscale": "fp16",
+        "bf16": "bf16",
+    }

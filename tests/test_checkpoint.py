@@ -23,8 +23,11 @@ from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
 # fp16: a small growth interval, so the scale moves and a lost growth tracker would show
-PRECISION = {"fp32": ["precision=fp32"], "bf16": ["precision=bf16"],
-             "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"]}
+PRECISION = {
+    "fp32": ["precision=fp32"],
+    "bf16": ["precision=bf16"],
+    "fp16": ["precision=fp16", "scaler.init_scale=1024", "scaler.growth_interval=3"],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -49,8 +52,7 @@ class KillAt(Sink):
 
 
 def _diagnostics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in
-            (run_dir / "diagnostics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "diagnostics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -74,14 +76,17 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
 
     assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")  # also: no gap, no repeat
     assert [r["step"] for r in _rows(tmp_path / "split") if r["kind"] == "train"] == list(
-        range(1, 13))
+        range(1, 13)
+    )
     for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     assert resumed.scaler.state_dict() == whole.scaler.state_dict()
     assert summary["steps"] == 12 and summary["status"] == "completed"
     if precision == "fp16":  # the scale really moved, so the restored tracker mattered
-        assert len({r["amp/loss_scale"] for r in _rows(tmp_path / "whole")
-                    if r["kind"] == "train"}) > 1
+        assert (
+            len({r["amp/loss_scale"] for r in _rows(tmp_path / "whole") if r["kind"] == "train"})
+            > 1
+        )
 
 
 @pytest.mark.slow
@@ -89,8 +94,13 @@ def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
     """A kill between a mid-window checkpoint and the next one: the resumed run's scale events,
     probe results and pitfall verdicts are those of an uninterrupted run (no invented events,
     no false signature, no record twice)."""
-    overrides = [*RUN, *PRECISION["fp16"], "trainer.log_every=4", "diagnostics.every=2",
-                 "checkpoint.every_steps=3"]
+    overrides = [
+        *RUN,
+        *PRECISION["fp16"],
+        "trainer.log_every=4",
+        "diagnostics.every=2",
+        "checkpoint.every_steps=3",
+    ]
     whole = Trainer(settings(*overrides), tmp_path / "whole").fit()
     with pytest.raises(KeyboardInterrupt):  # after step 8's records; the checkpoint is step 6
         Trainer(settings(*overrides), tmp_path / "split", sinks=[KillAt(8)]).fit()
@@ -108,9 +118,11 @@ def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
 def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_path, caplog):
     _interrupt(tmp_path, RUN, at_step=5)
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    for changed, named in [(["optim=sgd"], "optim.name \"adamw\" -> \"sgd\""),
-                           (["trainer.batch_size=8"], "trainer.batch_size 16 -> 8"),
-                           (["precision=fp16"], "precision.name \"fp32\" -> \"fp16\"")]:
+    for changed, named in [
+        (["optim=sgd"], 'optim.name "adamw" -> "sgd"'),
+        (["trainer.batch_size=8"], "trainer.batch_size 16 -> 8"),
+        (["precision=fp16"], 'precision.name "fp32" -> "fp16"'),
+    ]:
         with pytest.raises(ConfigError, match="written with other settings: ") as refused:
             Trainer(settings(*RUN, *changed), tmp_path)
         assert named in str(refused.value) and "trainer.resume=false" in str(refused.value)
@@ -127,8 +139,14 @@ def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
     [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
     assert path.name == "step_000000003.pt"
     payload = torch.load(path, weights_only=True)
-    assert set(payload["parts"]) == {"model", "optimizer", "scheduler", "scaler", "counters",
-                                     "diagnostics"}
+    assert set(payload["parts"]) == {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "counters",
+        "diagnostics",
+    }
     assert payload["loop"]["step"] == 3 and payload["loop"]["epoch"] == 0
     assert payload["parts"]["scaler"]["_growth_tracker"] == 3  # fp16 default interval: 2000
     assert payload["parts"]["scheduler"]["last_epoch"] == 3
@@ -163,8 +181,9 @@ def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, 
     assert "Ctrl-C: stopping after this step's checkpoint" in capsys.readouterr().err
     assert Trainer(settings(*RUN), tmp_path / "once").state.step == 5  # and it resumes there
     with pytest.raises(KeyboardInterrupt):
-        Trainer(settings(*RUN), tmp_path / "twice",
-                sinks=[SignalAt(5, signal.SIGINT, times=2)]).fit()
+        Trainer(
+            settings(*RUN), tmp_path / "twice", sinks=[SignalAt(5, signal.SIGINT, times=2)]
+        ).fit()
     assert not (tmp_path / "twice" / "checkpoints").exists()
 
 
@@ -212,14 +231,16 @@ def test_sigterm_stops_after_the_checkpoint_even_when_its_handler_returns(tmp_pa
     assert calls == [signal.SIGTERM] and stopped.code == 128 + signal.SIGTERM
     assert "handed on, stopping" in str(stopped)
     assert json.loads((tmp_path / "summary.json").read_text())["status"].startswith(
-        "interrupted: SIGTERM at step 4")
+        "interrupted: SIGTERM at step 4"
+    )
     assert [p.name for p in (tmp_path / "checkpoints").glob("*.pt")] == ["step_000000004.pt"]
 
 
 @pytest.mark.parametrize("keep, expected", [(2, [8, 4]), (1, [8])])
 def test_periodic_checkpoints_keep_the_newest(keep, expected, tmp_path):
-    trainer = Trainer(settings(*RUN, "checkpoint.every_steps=4", f"checkpoint.keep={keep}"),
-                      tmp_path)
+    trainer = Trainer(
+        settings(*RUN, "checkpoint.every_steps=4", f"checkpoint.keep={keep}"), tmp_path
+    )
     trainer.fit()  # step 12 ends the run: its results are the summary, not a checkpoint
     assert [int(p.stem.split("_")[1]) for p in trainer.checkpointer.checkpoints()] == expected
 
@@ -251,11 +272,19 @@ def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, m
     with pytest.raises(ConfigError, match="no usable checkpoint in .*trainer.resume=false"):
         Trainer(settings(*RUN), tmp_path / "run")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    result = run_cli(*RUN, "trainer.progress=false", "model=test_vit", "data.img_size=16",
-                     "trainer.device=cpu", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli(
+        *RUN,
+        "trainer.progress=false",
+        "model=test_vit",
+        "data.img_size=16",
+        "trainer.device=cpu",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "amp_lab: error: no usable checkpoint in")
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("amp_lab: error: no usable checkpoint in")
+    )
     assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == files
     assert max(r["step"] for r in _rows(tmp_path / "run")) == 5  # metrics untouched too
 
@@ -268,8 +297,13 @@ def test_resume_false_starts_fresh_and_keeps_the_old_files(tmp_path):
     trainer.fit()
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "train"] == list(range(1, 13))
     assert [r["step"] for r in _diagnostics(tmp_path)] == list(range(1, 13))
-    for old in ["checkpoints.old-*", "metrics.old-*.jsonl", "diagnostics.old-*.jsonl",
-                "summary.old-*.json", "wandb_run_id.old-*"]:
+    for old in [
+        "checkpoints.old-*",
+        "metrics.old-*.jsonl",
+        "diagnostics.old-*.jsonl",
+        "summary.old-*.json",
+        "wandb_run_id.old-*",
+    ]:
         assert len(list(tmp_path.glob(old))) == 1, old
     assert not (tmp_path / "wandb_run_id").exists()  # no W&B: a new run would get its own id
 
@@ -278,13 +312,18 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
     first = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with caplog.at_level(logging.WARNING, logger="amp_lab.trainer"):
-        again = Trainer(settings(*RUN, "checkpoint.every_steps=5", "trainer.eval_every=3"),
-                        tmp_path).fit()  # settings that leave training unchanged may differ
-    assert again == first and "already holds a finished run (completed after 12 steps)" \
-        in caplog.text
+        again = Trainer(
+            settings(*RUN, "checkpoint.every_steps=5", "trainer.eval_every=3"), tmp_path
+        ).fit()  # settings that leave training unchanged may differ
+    assert (
+        again == first and "already holds a finished run (completed after 12 steps)" in caplog.text
+    )
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
-    with pytest.raises(ConfigError, match="holds a finished run with other settings: "
-                                          "trainer.max_steps 12 -> 20; use another run"):
+    with pytest.raises(
+        ConfigError,
+        match="holds a finished run with other settings: "
+        "trainer.max_steps 12 -> 20; use another run",
+    ):
         Trainer(settings(*RUN, "trainer.max_steps=20"), tmp_path)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
@@ -294,8 +333,13 @@ def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_
     """The checkpoint was written with diagnostics=off; the resumed run watches from its step
     on, from the scale it resumed at (1 for the scaler-less half_model loop), inventing no
     event before it."""
-    common = [*RUN, "precision=fp16", "pitfall=half_model", "trainer.log_every=4",
-              "checkpoint.every_steps=4"]
+    common = [
+        *RUN,
+        "precision=fp16",
+        "pitfall=half_model",
+        "trainer.log_every=4",
+        "checkpoint.every_steps=4",
+    ]
     with pytest.raises(KeyboardInterrupt):
         Trainer(settings(*common, "diagnostics=off"), tmp_path, sinks=[KillAt(8)]).fit()
     summary = Trainer(settings(*common, "diagnostics=light"), tmp_path).fit()
@@ -313,8 +357,7 @@ def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_p
     (run / "wandb_run_id").write_text("abc123\n")  # the W&B run those records went to
     with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
         Trainer(settings(*RUN), run).fit()
-    assert "earlier attempt's records but no checkpoint: starting over from step 0" in \
-        caplog.text
+    assert "earlier attempt's records but no checkpoint: starting over from step 0" in caplog.text
     assert _curve(run) == _curve(tmp_path / "whole")
     assert len(list(run.glob("wandb_run_id.old-*"))) == 1  # a new W&B run, not appended
 
@@ -331,9 +374,17 @@ def test_bad_checkpoint_settings_are_one_line_errors():
 # How tests/snapshots/checkpoint_format2_step2.pt was written, by the checkpointer before it was
 # split into store/run_dir/signals: these settings, checkpoint.every_steps=2, killed after step 2
 SNAPSHOT = ROOT / "tests" / "snapshots" / "checkpoint_format2_step2.pt"
-SNAPSHOT_RUN = ["trainer.max_steps=3", "trainer.log_every=1", "data.val_fraction=0.05",
-                "checkpoint.every_minutes=0", "precision=fp16", "scaler.init_scale=1024",
-                "scaler.growth_interval=1", "+model.kwargs.depth=2", "+model.kwargs.embed_dim=32"]
+SNAPSHOT_RUN = [
+    "trainer.max_steps=3",
+    "trainer.log_every=1",
+    "data.val_fraction=0.05",
+    "checkpoint.every_minutes=0",
+    "precision=fp16",
+    "scaler.init_scale=1024",
+    "scaler.growth_interval=1",
+    "+model.kwargs.depth=2",
+    "+model.kwargs.embed_dim=32",
+]
 
 
 def test_a_checkpoint_written_before_the_split_still_resumes(tmp_path):
@@ -360,16 +411,32 @@ def test_a_checkpoint_written_before_the_split_still_resumes(tmp_path):
 
 def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(tmp_path):
     assert free_on_resume() == {
-        "checkpoint", "logger", "diagnostics", "trainer.progress", "trainer.resume",
-        "trainer.device", "trainer.compile", "trainer.eval_every", "trainer.target_acc",
-        "trainer.max_bad_steps", "trainer.timing_warmup", "data.root", "data.prefetch_factor",
-        "data.pin_memory", "trainer.threads"}
+        "checkpoint",
+        "logger",
+        "diagnostics",
+        "trainer.progress",
+        "trainer.resume",
+        "trainer.device",
+        "trainer.compile",
+        "trainer.eval_every",
+        "trainer.target_acc",
+        "trainer.max_bad_steps",
+        "trainer.timing_warmup",
+        "data.root",
+        "data.prefetch_factor",
+        "data.pin_memory",
+        "trainer.threads",
+    }
     _interrupt(tmp_path, RUN, at_step=5)
     # the workers seed the augmentation: a resume with other workers is refused
     with pytest.raises(ConfigError, match=r"data.num_workers 0 -> [12]"):
         Trainer(settings(*RUN, "data.num_workers=2"), tmp_path)
-    resumed = Trainer(settings(*RUN, "trainer.timing_warmup=2", "data.prefetch_factor=4",
-                               "logger.project=elsewhere"), tmp_path)
+    resumed = Trainer(
+        settings(
+            *RUN, "trainer.timing_warmup=2", "data.prefetch_factor=4", "logger.project=elsewhere"
+        ),
+        tmp_path,
+    )
     assert resumed.state.step == 5
 
 
@@ -381,7 +448,8 @@ def test_settings_json_of_a_run_records_choices_as_plain_strings(tmp_path):
     assert saved["trainer.clip_mode"] == '"norm"' and saved["diagnostics.mode"] == '"light"'
     assert changed_settings(saved, settings(*RUN, "precision=bf16", "scaler=hysteresis")) == []
     assert changed_settings(saved, settings(*RUN, "precision=fp16", "scaler=hysteresis")) == [
-        'precision.name "bf16" -> "fp16"']
+        'precision.name "bf16" -> "fp16"'
+    ]
     summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     assert summary["scaler"]["kind"] == "hysteresis" and summary["lr"]["schedule"] == "cosine"
 
@@ -398,10 +466,14 @@ def test_run_dir_file_names_are_written_once_in_the_package():
             continue
         tree = ast.parse(path.read_text())
         keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)} | {
-            id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+            id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys
+        }
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and node.value in RUN_DIR_NAMES and \
-                    id(node) not in keys:
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in RUN_DIR_NAMES
+                and id(node) not in keys
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert RUN_DIR_NAMES >= {"summary.json", "metrics.jsonl", "wandb_run_id", "refused.txt"}
     assert found == []

@@ -23,16 +23,26 @@ from amp_lab.numerics.pitfalls import VARIANTS
 from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.trainer import Trainer
 
-GROUPS = ["model", "data", "precision", "scaler", "lr", "optim", "trainer", "logger", "checkpoint",
-          "diagnostics", "pitfall"]
+GROUPS = [
+    "model",
+    "data",
+    "precision",
+    "scaler",
+    "lr",
+    "optim",
+    "trainer",
+    "logger",
+    "checkpoint",
+    "diagnostics",
+    "pitfall",
+]
 
 
 def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group,option",
-                         [(g, o) for g in GROUPS for o in _options(g)])
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_option_composes_into_the_schema(group, option, tmp_path):
     extra = [f"data.root={tmp_path}"] if group == "data" else []  # imagefolder needs one
     cfg = settings(f"{group}={option}", *extra, fast=False)
@@ -44,7 +54,8 @@ def test_every_option_composes_into_the_schema(group, option, tmp_path):
         family = node.name.split("_patch")[0]
         # a data recipe (imagenet_deit) extends the data set's option first in its defaults
         assert node.name in (option, _extends(group, option)) or (
-            group in ("model", "data") and option.startswith(family))
+            group in ("model", "data") and option.startswith(family)
+        )
 
 
 def test_every_group_has_options():
@@ -54,10 +65,18 @@ def test_every_group_has_options():
 
 def test_defaults_are_the_documented_ones():
     cfg = settings(fast=False)
-    assert (cfg.model.name, cfg.data.name, cfg.precision.name) == ("test_convnext", "digits",
-                                                                  "fp32")
-    assert (cfg.scaler.init_scale, cfg.scaler.growth_factor, cfg.scaler.backoff_factor,
-            cfg.scaler.growth_interval, cfg.scaler.enabled) == (65536.0, 2.0, 0.5, 2000, None)
+    assert (cfg.model.name, cfg.data.name, cfg.precision.name) == (
+        "test_convnext",
+        "digits",
+        "fp32",
+    )
+    assert (
+        cfg.scaler.init_scale,
+        cfg.scaler.growth_factor,
+        cfg.scaler.backoff_factor,
+        cfg.scaler.growth_interval,
+        cfg.scaler.enabled,
+    ) == (65536.0, 2.0, 0.5, 2000, None)
 
 
 def test_the_users_command_sets_the_scale():
@@ -70,57 +89,83 @@ def test_model_kwargs_accept_new_keys():
     assert cfg.model.kwargs["drop_path_rate"] == 0.1
 
 
-@pytest.mark.parametrize("override,message", [
-    ("scaler.init_scale=0", "scaler.init_scale=0.0 must be > 0"),
-    ("scaler.growth_factor=1.0", "scaler.growth_factor=1.0 must be > 1"),
-    ("scaler.backoff_factor=1.5", "scaler.backoff_factor=1.5 must be between 0 and 1"),
-    ("scaler.growth_interval=0", "scaler.growth_interval=0 must be >= 1"),
-    ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
-    ("lr.base=-1", "lr.base=-1.0 must be > 0"),
-    ("lr.rule=cube", "lr.rule='cube' is unknown"),
-    ("lr.schedule=exp", "lr.schedule='exp' is unknown"),
-    ("data.name=mnist", "data.name='mnist' is unknown"),
-    ("precision.name=fp17", "precision.name='fp17' is unknown; use one of fp32, tf32, fp16"),
-    ("trainer.clip_mode=clip", "trainer.clip_mode='clip' is unknown; use one of norm, value"),
-    ("diagnostics.mode=verbose", "diagnostics.mode='verbose' is unknown"),
-    ("trainer.max_steps=-5", "trainer.max_steps=-5 must be >= 0"),
-    ("lr.step_every=-1", "lr.step_every=-1 must be >= 0"),
-    ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in [0, 1]"),
-    ("+scaler.init_scal=1", "unknown setting scaler.init_scal; did you mean scaler.init_scale?"),
-    ("+trainer.max_step=3", "unknown setting trainer.max_step; did you mean trainer.max_steps?"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("scaler.init_scale=0", "scaler.init_scale=0.0 must be > 0"),
+        ("scaler.growth_factor=1.0", "scaler.growth_factor=1.0 must be > 1"),
+        ("scaler.backoff_factor=1.5", "scaler.backoff_factor=1.5 must be between 0 and 1"),
+        ("scaler.growth_interval=0", "scaler.growth_interval=0 must be >= 1"),
+        ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
+        ("lr.base=-1", "lr.base=-1.0 must be > 0"),
+        ("lr.rule=cube", "lr.rule='cube' is unknown"),
+        ("lr.schedule=exp", "lr.schedule='exp' is unknown"),
+        ("data.name=mnist", "data.name='mnist' is unknown"),
+        ("precision.name=fp17", "precision.name='fp17' is unknown; use one of fp32, tf32, fp16"),
+        ("trainer.clip_mode=clip", "trainer.clip_mode='clip' is unknown; use one of norm, value"),
+        ("diagnostics.mode=verbose", "diagnostics.mode='verbose' is unknown"),
+        ("trainer.max_steps=-5", "trainer.max_steps=-5 must be >= 0"),
+        ("lr.step_every=-1", "lr.step_every=-1 must be >= 0"),
+        ("trainer.target_acc=5", "trainer.target_acc=5.0 must be in [0, 1]"),
+        (
+            "+scaler.init_scal=1",
+            "unknown setting scaler.init_scal; did you mean scaler.init_scale?",
+        ),
+        (
+            "+trainer.max_step=3",
+            "unknown setting trainer.max_step; did you mean trainer.max_steps?",
+        ),
+    ],
+)
 def test_invalid_values_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         settings(override)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.name=resnet5", "did you mean resnet50"),
-    ("optim.name=adamx", "optim.name='adamx' is unknown"),
-    ("data=cifar10", "torchvision.datasets.CIFAR10('DIR', download=True)"),
-    ("precision=tf32", "precision=tf32 needs an NVIDIA GPU"),
-    ("trainer.batch_size=4096", "exceeds the 1438 training samples"),
-    ("model=test_convnext", "model test_convnext cannot take 1x16x16 images"),
-    ("data.img_size=10", "model test_vit cannot take 1x10x10 images (Input height (10) should "
-                         "be divisible by patch size (4).)"),  # timm asserts it
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.name=resnet5", "did you mean resnet50"),
+        ("optim.name=adamx", "optim.name='adamx' is unknown"),
+        ("data=cifar10", "torchvision.datasets.CIFAR10('DIR', download=True)"),
+        ("precision=tf32", "precision=tf32 needs an NVIDIA GPU"),
+        ("trainer.batch_size=4096", "exceeds the 1438 training samples"),
+        ("model=test_convnext", "model test_convnext cannot take 1x16x16 images"),
+        (
+            "data.img_size=10",
+            "model test_vit cannot take 1x10x10 images (Input height (10) should "
+            "be divisible by patch size (4).)",
+        ),  # timm asserts it
+    ],
+)
 def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        Trainer(settings(override, "data.root=null" if "cifar" in override else "trainer.seed=0"),
-                tmp_path)
+        Trainer(
+            settings(override, "data.root=null" if "cifar" in override else "trainer.seed=0"),
+            tmp_path,
+        )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args,expected", [
-    (["model.name=resnet5"], "amp_lab: error: model.name='resnet5' is not a timm model"),
-    (["precision=fp17"], "amp_lab: error: precision=fp17 is not an option of the precision"),
-    (["precision.name=fp17"], "amp_lab: error: precision.name='fp17' is unknown; use one of fp32"),
-    (["scaler.init_scale=-1"], "amp_lab: error: scaler.init_scale=-1.0 must be > 0"),
-    (["scaler.init_scal=3"], "did you mean scaler.init_scale?"),
-    (["trainer.batch_size=abc"], "amp_lab: error: trainer.batch_size=abc is not a valid int"),
-    (["data=cifar10", "data.root=/nonexistent"], "amp_lab: error: data.root=/nonexistent is not"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["model.name=resnet5"], "amp_lab: error: model.name='resnet5' is not a timm model"),
+        (["precision=fp17"], "amp_lab: error: precision=fp17 is not an option of the precision"),
+        (
+            ["precision.name=fp17"],
+            "amp_lab: error: precision.name='fp17' is unknown; use one of fp32",
+        ),
+        (["scaler.init_scale=-1"], "amp_lab: error: scaler.init_scale=-1.0 must be > 0"),
+        (["scaler.init_scal=3"], "did you mean scaler.init_scale?"),
+        (["trainer.batch_size=abc"], "amp_lab: error: trainer.batch_size=abc is not a valid int"),
+        (
+            ["data=cifar10", "data.root=/nonexistent"],
+            "amp_lab: error: data.root=/nonexistent is not",
+        ),
+    ],
+)
 def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
     result = run_cli(*args, "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode != 0
@@ -135,7 +180,8 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0")
+        "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0"
+    )
     assert "lr.base=-1.0 must be > 0" in result.stderr
     (first,) = (tmp_path / "sweep").glob("0_*")  # job dirs are named after their overrides
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"
@@ -145,10 +191,15 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
     assert run_cli("-m", "lr.base=1e-3", *FAST, *same, cwd=tmp_path).returncode == 0
     result = run_cli("-m", "lr.base=1e-3", *FAST, *same, "trainer.max_steps=8", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "amp_lab: error: 1 sweep job(s) did not run: job 0: ")
-    assert "holds a finished run with other settings: trainer.max_steps 6 -> 8" in \
-        result.stderr.strip().splitlines()[-1]
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("amp_lab: error: 1 sweep job(s) did not run: job 0: ")
+    )
+    assert (
+        "holds a finished run with other settings: trainer.max_steps 6 -> 8"
+        in result.stderr.strip().splitlines()[-1]
+    )
 
 
 @pytest.mark.slow
@@ -163,19 +214,33 @@ def test_help_lists_the_groups(tmp_path):
 @pytest.mark.slow
 def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_path):
     command = Path(sys.executable).with_name("amp_lab")  # the venv's console script
-    result = subprocess.run([str(command), "--help"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [str(command), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and "Config groups" in result.stdout
-    result = subprocess.run([str(command), "doctor", "--steps", "2", "precision=fp16"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(command), "doctor", "--steps", "2", "precision=fp16"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2  # the doctor itself answered, in one line
-    assert result.stderr.strip() == "amp_lab: error: --steps=2 is too short to compare curves; " \
+    assert (
+        result.stderr.strip() == "amp_lab: error: --steps=2 is too short to compare curves; "
         "use >= 4"
-    result = subprocess.run([str(command), "reprot", "multirun"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    )
+    result = subprocess.run(
+        [str(command), "reprot", "multirun"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and result.stderr.strip() == (
         "amp_lab: error: unknown command 'reprot'; did you mean report? (commands: doctor, "
-        "report, bench; anything else is key=value overrides)")
+        "report, bench; anything else is key=value overrides)"
+    )
 
 
 def test_compose_keeps_output_out_of_the_repo():
@@ -199,19 +264,36 @@ def test_option_files_hold_only_what_differs_from_the_schema():
     assert checked > 40 and repeated == []
 
 
-CHOICES = {f"{group.name}.{f.name}": hint
-           for group in fields(AmpLabConfig) if is_dataclass(group.default_factory)
-           for f in fields(group.default_factory)
-           if isinstance(hint := get_type_hints(group.default_factory)[f.name], type)
-           and issubclass(hint, Choice)}
+CHOICES = {
+    f"{group.name}.{f.name}": hint
+    for group in fields(AmpLabConfig)
+    if is_dataclass(group.default_factory)
+    for f in fields(group.default_factory)
+    if isinstance(hint := get_type_hints(group.default_factory)[f.name], type)
+    and issubclass(hint, Choice)
+}
 
 
 def test_the_choice_fields_are_enums():
     assert set(CHOICES) == {
-        "data.name", "precision.name", "precision.update_rounding", "precision.fp8_recipe",
-        "scaler.kind", "lr.rule", "lr.warmup_type", "lr.schedule", "trainer.device",
-        "trainer.clip_mode", "trainer.strategy", "logger.mode", "diagnostics.mode",
-        "pitfall.name", "data.interpolation", "data.re_mode", "data.mixup_mode"}
+        "data.name",
+        "precision.name",
+        "precision.update_rounding",
+        "precision.fp8_recipe",
+        "scaler.kind",
+        "lr.rule",
+        "lr.warmup_type",
+        "lr.schedule",
+        "trainer.device",
+        "trainer.clip_mode",
+        "trainer.strategy",
+        "logger.mode",
+        "diagnostics.mode",
+        "pitfall.name",
+        "data.interpolation",
+        "data.re_mode",
+        "data.mixup_mode",
+    }
 
 
 @pytest.mark.parametrize("key", sorted(CHOICES))
@@ -219,8 +301,9 @@ def test_every_choice_field_refuses_an_unknown_value_at_compose(key):
     names = ", ".join(c.value for c in CHOICES[key])
     with pytest.raises(HydraException):  # Hydra's compose refuses it already
         compose_cfg(f"{key}=bogus")
-    with pytest.raises(ConfigError, match=re.escape(f"{key}='bogus' is unknown; use one of "
-                                                    f"{names}")) as err:
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{key}='bogus' is unknown; use one of {names}")
+    ) as err:
         settings(f"{key}=bogus")
     assert "\n" not in str(err.value)  # the lab's tools say so in one line
 
@@ -228,11 +311,18 @@ def test_every_choice_field_refuses_an_unknown_value_at_compose(key):
 def test_choices_match_the_mode_table_and_the_option_files():
     assert list(PrecisionName) == list(PRECISION_MODES)
     assert set(PitfallName) == set(VARIANTS)
-    for group, choice in [("precision", PrecisionName), ("pitfall", PitfallName),
-                          ("diagnostics", DiagnosticsMode), ("data", DatasetName)]:
+    for group, choice in [
+        ("precision", PrecisionName),
+        ("pitfall", PitfallName),
+        ("diagnostics", DiagnosticsMode),
+        ("data", DatasetName),
+    ]:
         # a preset may reshape a data set (synthetic_imagenet: synthetic data, ImageNet's shape)
-        presets = {o for o in _options(group) if group == "data"
-                   and compose_cfg(f"data={o}").data.name != o}
+        presets = {
+            o
+            for o in _options(group)
+            if group == "data" and compose_cfg(f"data={o}").data.name != o
+        }
         assert set(_options(group)) - presets == {c.value for c in choice}, group
 
 
@@ -240,7 +330,8 @@ def _extends(group: str, option: str) -> str | None:
     """The option of its own group that `option` lists first in its defaults (a data recipe
     such as imagenet_deit extends imagefolder), or None."""
     first = (yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()) or {}).get(
-        "defaults", [None])[0]
+        "defaults", [None]
+    )[0]
     return first if first in _options(group) else None
 
 
@@ -251,8 +342,14 @@ def test_choices_are_plain_strings_in_every_record():
     assert cfg.precision.name == "fp16" and {"fp16": 1}[cfg.precision.name] == 1
     assert f"{cfg.precision.name}/{cfg.scaler.kind}" == "fp16/hysteresis"
     assert json.loads(json.dumps(asdict(cfg)))["diagnostics"]["mode"] == "off"
-    assert type(OmegaConf.to_container(compose_cfg("precision=fp16"), enum_to_str=True)[
-        "precision"]["name"]) is str
+    assert (
+        type(
+            OmegaConf.to_container(compose_cfg("precision=fp16"), enum_to_str=True)["precision"][
+                "name"
+            ]
+        )
+        is str
+    )
     assert "name: fp16\n" in OmegaConf.to_yaml(compose_cfg("precision=fp16"))  # .hydra/
 
 
@@ -262,6 +359,9 @@ def test_hydra_settings_live_in_conf_hydra():
         hydra = compose("config", return_hydra_config=True).hydra
     assert hydra.callbacks.skipped_jobs._target_ == "amp_lab.sweeps.SkippedJobs"
     assert OmegaConf.to_container(hydra.sweep)["subdir"] == (
-        "${hydra.job.num}_${hydra.job.override_dirname}")  # job dirs named by their overrides
-    assert list(hydra.job.config.override_dirname.exclude_keys) == ["hydra/launcher",
-                                                                    "trainer.device"]
+        "${hydra.job.num}_${hydra.job.override_dirname}"
+    )  # job dirs named by their overrides
+    assert list(hydra.job.config.override_dirname.exclude_keys) == [
+        "hydra/launcher",
+        "trainer.device",
+    ]

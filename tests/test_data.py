@@ -35,8 +35,16 @@ def test_digits_split_is_deterministic_and_disjoint():
 
 
 def test_synthetic_data_lives_on_the_device_and_shapes_the_model(tmp_path):
-    trainer = Trainer(settings("data=synthetic", "data.img_size=16", "data.num_classes=7",
-                               "data.num_samples=128", "trainer.max_steps=2"), tmp_path)
+    trainer = Trainer(
+        settings(
+            "data=synthetic",
+            "data.img_size=16",
+            "data.num_classes=7",
+            "data.num_samples=128",
+            "trainer.max_steps=2",
+        ),
+        tmp_path,
+    )
     assert trainer.data.spec.num_classes == 7 and trainer.data.spec.channels == 3
     assert trainer.model.head.out_features == 7
     assert trainer.fit()["steps"] == 2
@@ -55,18 +63,33 @@ def _write_image_folder(root, classes=3, per_class=12, size=20):
 
 def test_imagefolder_trains_from_png_files(tmp_path):
     _write_image_folder(tmp_path / "images")
-    summary = Trainer(settings("data=imagefolder", f"data.root={tmp_path / 'images'}",
-                               "data.img_size=16", "data.num_workers=0", "trainer.batch_size=8",
-                               "trainer.max_steps=4"), tmp_path / "run").fit()
+    summary = Trainer(
+        settings(
+            "data=imagefolder",
+            f"data.root={tmp_path / 'images'}",
+            "data.img_size=16",
+            "data.num_workers=0",
+            "trainer.batch_size=8",
+            "trainer.max_steps=4",
+        ),
+        tmp_path / "run",
+    ).fit()
     assert summary["steps"] == 4 and summary["final_val_acc"] is not None
 
 
 def test_imagefolder_with_train_and_val_folders(tmp_path):
     _write_image_folder(tmp_path / "images" / "train")
     _write_image_folder(tmp_path / "images" / "val", per_class=4)
-    data = build_data(settings("data=imagefolder", f"data.root={tmp_path / 'images'}",
-                               "data.img_size=16", "data.num_workers=0").data, 0,
-                      torch.device("cpu"))
+    data = build_data(
+        settings(
+            "data=imagefolder",
+            f"data.root={tmp_path / 'images'}",
+            "data.img_size=16",
+            "data.num_workers=0",
+        ).data,
+        0,
+        torch.device("cpu"),
+    )
     assert len(data.train) == 36 and len(data.val) == 12 and data.spec.num_classes == 3
     images, labels = next(data.val_batches(5))
     assert images.shape == (5, 3, 16, 16) and labels.dtype == torch.long
@@ -76,8 +99,11 @@ def test_an_evaluation_draws_nothing_from_the_training_rng(tmp_path):
     """A DataLoader pass draws its workers' base seed; from the global RNG it would shift the
     training's augmentation and dropout by every evaluation (and differently after a resume)."""
     _write_image_folder(tmp_path / "images")
-    data = build_data(settings("data=imagefolder", f"data.root={tmp_path / 'images'}",
-                               "data.img_size=16").data, 0, torch.device("cpu"))
+    data = build_data(
+        settings("data=imagefolder", f"data.root={tmp_path / 'images'}", "data.img_size=16").data,
+        0,
+        torch.device("cpu"),
+    )
     before = torch.get_rng_state()
     for _ in range(2):
         assert sum(len(labels) for _, labels in data.val_batches(5)) == len(data.val)

@@ -12,8 +12,12 @@ from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer
 
 # smaller than FAST: CPU fp16 is slow, and these tests run many short trainings
-TINY = ["data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
-        "+model.kwargs.depth=1"]
+TINY = [
+    "data.img_size=8",
+    "trainer.batch_size=8",
+    "data.val_fraction=0.05",
+    "+model.kwargs.depth=1",
+]
 SYNCS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
 
 
@@ -31,8 +35,10 @@ def _batch(trainer: Trainer, n: int = 8):
 @pytest.mark.parametrize("extra", [[], ["fault.inf_grad_at_step=2"]])
 def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatch, extra):
     """Count every host read of a tensor; only log steps (4, 8) may have any."""
-    trainer = Trainer(settings(*TINY, "precision=fp16", "trainer.log_every=4",
-                               "trainer.max_steps=8", *extra), tmp_path)
+    trainer = Trainer(
+        settings(*TINY, "precision=fp16", "trainer.log_every=4", "trainer.max_steps=8", *extra),
+        tmp_path,
+    )
     assert trainer.settings.diagnostics.mode == "light"  # the default
     current, calls = {"step": 0}, {}
     for name in SYNCS:
@@ -59,13 +65,22 @@ def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatc
 
 
 def test_inf_gradient_is_attributed_and_the_backoff_logged(tmp_path):
-    summary, train = _fit(tmp_path, "precision=fp16", "fault.inf_grad_at_step=3",
-                          "diagnostics=full", "trainer.log_every=2")
+    summary, train = _fit(
+        tmp_path,
+        "precision=fp16",
+        "fault.inf_grad_at_step=3",
+        "diagnostics=full",
+        "trainer.log_every=2",
+    )
     nonfinite = summary["diagnostics"]["nonfinite"]
     assert nonfinite["first_step"] == 3 and nonfinite["attributed_step"] == 3
     assert nonfinite["module"] == "head" and nonfinite["phase"] == "backward"
     assert summary["diagnostics"]["scale_events"][0] == {
-        "step": 3, "kind": "backoff", "from": 65536.0, "to": 32768.0}
+        "step": 3,
+        "kind": "backoff",
+        "from": 65536.0,
+        "to": 32768.0,
+    }
     assert [r["amp/backoffs"] for r in train] == [0, 1, 0]
     assert train[-1]["diag/first_nonfinite_step"] == 3
     detail = [json.loads(x) for x in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
@@ -95,8 +110,12 @@ def test_full_mode_on_a_compiled_model_says_it_runs_eager(tmp_path, caplog):
 
 
 def test_overflowing_module_is_named_in_light_mode(tmp_path):
-    summary, _ = _fit(tmp_path, "precision=fp16", "fault.overflow_module=blocks.0.mlp.fc2",
-                      "fault.overflow_factor=1e6")
+    summary, _ = _fit(
+        tmp_path,
+        "precision=fp16",
+        "fault.overflow_module=blocks.0.mlp.fc2",
+        "fault.overflow_factor=1e6",
+    )
     nonfinite = summary["diagnostics"]["nonfinite"]
     assert nonfinite["forward"]["module"] == "blocks.0.mlp.fc2"
     assert nonfinite["forward"]["dtype"] == "float16"
@@ -106,8 +125,12 @@ def test_overflowing_module_is_named_in_light_mode(tmp_path):
 
 
 def test_skip_warning_and_no_scaler_update_signature(tmp_path):
-    common = ["precision=fp16", "scaler.init_scale=1e12", "trainer.log_every=4",
-              "trainer.max_steps=4"]
+    common = [
+        "precision=fp16",
+        "scaler.init_scale=1e12",
+        "trainer.log_every=4",
+        "trainer.max_steps=4",
+    ]
     right, _ = _fit(tmp_path / "right", *common)
     wrong, _ = _fit(tmp_path / "wrong", *common, "pitfall=no_scaler_update")
     assert right["final_loss_scale"] == pytest.approx(1e12 / 16)  # backs off on each overflow
@@ -119,23 +142,37 @@ def test_skip_warning_and_no_scaler_update_signature(tmp_path):
 
 
 def test_update_every_microbatch_is_named(tmp_path):
-    summary, _ = _fit(tmp_path, "precision=fp16", "pitfall=update_every_microbatch",
-                      "trainer.grad_accum=4", "scaler.init_scale=256",
-                      "scaler.growth_interval=2", "trainer.max_steps=2")
+    summary, _ = _fit(
+        tmp_path,
+        "precision=fp16",
+        "pitfall=update_every_microbatch",
+        "trainer.grad_accum=4",
+        "scaler.init_scale=256",
+        "scaler.growth_interval=2",
+        "trainer.max_steps=2",
+    )
     assert "update_every_microbatch" in summary["diagnostics"]["signatures"]
     assert summary["final_loss_scale"] > 256 * 2  # grew faster than once per step allows
 
 
 def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
-    common = ["optim=sgd", "optim.momentum=0", "optim.weight_decay=0", "lr.base=1.0",
-              "lr.schedule=constant", "trainer.clip_grad=0.05", "diagnostics.every=1"]
+    common = [
+        "optim=sgd",
+        "optim.momentum=0",
+        "optim.weight_decay=0",
+        "lr.base=1.0",
+        "lr.schedule=constant",
+        "trainer.clip_grad=0.05",
+        "diagnostics.every=1",
+    ]
     moves = {}
     for name, extra in [("ref", []), ("wrong", ["pitfall=clip_before_unscale"])]:
         trainer = Trainer(settings(*TINY, "precision=fp16", *common, *extra), tmp_path / name)
         before = [p.detach().clone() for p in trainer.model.parameters()]
         trainer.train_step([_batch(trainer)])
-        moves[name] = torch.sqrt(sum(((a - p.detach()) ** 2).sum() for a, p in
-                                     zip(before, trainer.model.parameters()))).item()
+        moves[name] = torch.sqrt(
+            sum(((a - p.detach()) ** 2).sum() for a, p in zip(before, trainer.model.parameters()))
+        ).item()
         (tmp_path / name).mkdir()
         trainer.diagnostics.read(1)
         signatures = trainer.diagnostics.signatures
@@ -145,8 +182,13 @@ def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
 
 
 def test_half_model_fires_the_fp32_state_check(tmp_path):
-    summary, _ = _fit(tmp_path, "precision=fp16", "pitfall=half_model", "trainer.max_steps=2",
-                      "fault.inf_grad_at_step=1")
+    summary, _ = _fit(
+        tmp_path,
+        "precision=fp16",
+        "pitfall=half_model",
+        "trainer.max_steps=2",
+        "fault.inf_grad_at_step=1",
+    )
     diag = summary["diagnostics"]
     # its own signature only: the loop has no scaler, so a skip without backoff is no misuse
     assert diag["fp32_state_ok"] is False and list(diag["signatures"]) == ["half_model"]
@@ -155,8 +197,13 @@ def test_half_model_fires_the_fp32_state_check(tmp_path):
 
 
 def test_loss_in_low_precision_overflows_the_scaled_loss(tmp_path):
-    summary, train = _fit(tmp_path, "precision=fp16", "pitfall=loss_in_low_precision",
-                          "trainer.max_steps=4", "trainer.log_every=4")
+    summary, train = _fit(
+        tmp_path,
+        "precision=fp16",
+        "pitfall=loss_in_low_precision",
+        "trainer.max_steps=4",
+        "trainer.log_every=4",
+    )
     assert "loss_in_low_precision" in summary["diagnostics"]["signatures"]
     # the backward enters the fp16 loss with the scale, 65536 > 65504: the first step overflows
     assert summary["diagnostics"]["scale_events"][0]["step"] == 1
@@ -164,12 +211,14 @@ def test_loss_in_low_precision_overflows_the_scaled_loss(tmp_path):
 
 
 def test_fp32_modules_run_in_fp32_under_autocast(tmp_path):
-    trainer = Trainer(settings(*TINY, "precision=fp16", "precision.fp32_modules=[head,*norm1]"),
-                      tmp_path)
+    trainer = Trainer(
+        settings(*TINY, "precision=fp16", "precision.fp32_modules=[head,*norm1]"), tmp_path
+    )
     dtypes = {}
     for name, module in trainer.model.named_modules():
         module.register_forward_hook(
-            lambda m, a, out, name=name: dtypes.__setitem__(name, out.dtype))
+            lambda m, a, out, name=name: dtypes.__setitem__(name, out.dtype)
+        )
     trainer.train_step([_batch(trainer)])
     assert dtypes["head"] == dtypes["blocks.0.norm1"] == torch.float32
     assert dtypes["blocks.0.mlp.fc1"] == torch.float16  # the rest stays in autocast
@@ -179,15 +228,30 @@ def test_fp32_modules_run_in_fp32_under_autocast(tmp_path):
 
 @pytest.mark.slow
 def test_fp32_modules_from_the_command_line(tmp_path):
-    bad = run_cli("model=test_vit", *TINY, "trainer.device=cpu", "hydra.run.dir=run",
-                  "precision.fp32_modules=[nothing_like_this]", cwd=tmp_path)
+    bad = run_cli(
+        "model=test_vit",
+        *TINY,
+        "trainer.device=cpu",
+        "hydra.run.dir=run",
+        "precision.fp32_modules=[nothing_like_this]",
+        cwd=tmp_path,
+    )
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith(
-        "amp_lab: error: precision.fp32_modules: 'nothing_like_this' matches no module")
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .startswith("amp_lab: error: precision.fp32_modules: 'nothing_like_this' matches no module")
+    )
 
 
-@pytest.mark.parametrize("mode", [["precision=bf16_pure"], ["precision=fp16_pure"],
-                                  ["precision=bf16_pure", "precision.master_weights=false"]])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["precision=bf16_pure"],
+        ["precision=fp16_pure"],
+        ["precision=bf16_pure", "precision.master_weights=false"],
+    ],
+)
 def test_pure_modes_are_not_the_half_model_pitfall(tmp_path, mode):
     """16-bit weights are what the pure modes are for; their optimizer steps fp32 masters (or,
     without them, the bf16 weights on purpose)."""
@@ -205,16 +269,25 @@ def test_the_masters_of_a_pure_mode_are_checked_for_fp32(tmp_path):
 
     optimizer.register_step_post_hook(break_state)
     summary = trainer.fit()
-    assert "optimizer exp_avg of master weight 0 (torch.bfloat16)" in summary["diagnostics"][
-        "signatures"]["half_model"]
+    assert (
+        "optimizer exp_avg of master weight 0 (torch.bfloat16)"
+        in summary["diagnostics"]["signatures"]["half_model"]
+    )
 
 
 @pytest.mark.parametrize("pitfall, misuse", [("none", False), ("no_scaler_update", True)])
 def test_the_hysteresis_scaler_holding_its_scale_is_no_misuse(tmp_path, pitfall, misuse):
     """Every step overflows (init_scale 1e12): scaler.hysteresis=2 holds the scale on the first
     overflow of a run and backs off on the second, which no_scaler_update never does."""
-    summary, _ = _fit(tmp_path, "precision=fp16", "scaler=hysteresis", "scaler.init_scale=1e12",
-                      "scaler.max_scale=1e12", f"pitfall={pitfall}", "trainer.max_steps=4",
-                      "trainer.log_every=4")
+    summary, _ = _fit(
+        tmp_path,
+        "precision=fp16",
+        "scaler=hysteresis",
+        "scaler.init_scale=1e12",
+        "scaler.max_scale=1e12",
+        f"pitfall={pitfall}",
+        "trainer.max_steps=4",
+        "trainer.log_every=4",
+    )
     assert summary["skipped_steps"] == 4
     assert ("no_scaler_update" in summary["diagnostics"]["signatures"]) == misuse

@@ -18,8 +18,15 @@ from helpers.slurm import JOB, ON_TEST_CLUSTER
 from amp_lab.components.distributed import world_from_environment
 from amp_lab.trainer import Trainer
 
-COMMON = ["model=test_vit", "data.img_size=16", "trainer.max_steps=6", "trainer.log_every=2",
-          "trainer.progress=false", "trainer.device=cpu", "trainer.timing_warmup=1"]
+COMMON = [
+    "model=test_vit",
+    "data.img_size=16",
+    "trainer.max_steps=6",
+    "trainer.log_every=2",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "trainer.timing_warmup=1",
+]
 
 
 def _free_port() -> int:
@@ -55,14 +62,36 @@ def test_world_from_torchrun_and_slurm_environments(monkeypatch):
 def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         f"--master_port={_free_port()}", "-m", "amp_lab", *COMMON, "trainer.strategy=ddp",
-         "trainer.batch_size=8", "hydra.run.dir=ddp"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            "-m",
+            "amp_lab",
+            *COMMON,
+            "trainer.strategy=ddp",
+            "trainer.batch_size=8",
+            "hydra.run.dir=ddp",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     single = subprocess.run(
         [sys.executable, "-m", "amp_lab", *COMMON, "trainer.batch_size=16", "hydra.run.dir=one"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["lr"]["global_batch"] == 16
@@ -71,16 +100,30 @@ def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path
     assert len(rows) == len((tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
     last_train = [json.loads(r) for r in rows if '"kind": "train"' in r][-1]
     assert last_train["throughput/samples_per_s_per_device"] == pytest.approx(
-        last_train["throughput/samples_per_s"] / 2)
+        last_train["throughput/samples_per_s"] / 2
+    )
 
 
 def _rank_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
-    trainer = Trainer(settings("precision=fp16", "scaler.init_scale=1024", "trainer.strategy=ddp",
-                               "trainer.batch_size=8", "trainer.max_steps=4",
-                               "trainer.log_every=1"), out_dir)
+    trainer = Trainer(
+        settings(
+            "precision=fp16",
+            "scaler.init_scale=1024",
+            "trainer.strategy=ddp",
+            "trainer.batch_size=8",
+            "trainer.max_steps=4",
+            "trainer.log_every=1",
+        ),
+        out_dir,
+    )
     if rank == 1:  # an inf in one rank's gradients at its second step
         calls = {"n": 0}
 
@@ -91,8 +134,14 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
         trainer.model.head.weight.register_hook(hook)
     summary = trainer.fit()
     weights = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
-    torch.save({"skipped": summary["skipped_steps"], "scale": trainer.scaler.get_scale(),
-                "weights": weights}, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(
+        {
+            "skipped": summary["skipped_steps"],
+            "scale": trainer.scaler.get_scale(),
+            "weights": weights,
+        },
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
 
 
 @pytest.mark.slow
@@ -107,32 +156,61 @@ def test_an_inf_on_one_rank_makes_every_rank_skip(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("sbatch") is None,
-                    reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs it)")
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None,
+    reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs it)",
+)
 @pytest.mark.usefixtures("cluster")
 def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
     """tasks_per_node=2 through the submitit launcher: one DDP world of two SLURM tasks."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    result = run_cli("-m", "trainer.strategy=ddp", "hydra/launcher=submitit_slurm",
-                     *ON_TEST_CLUSTER, "hydra.launcher.tasks_per_node=2",
-                     "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                     *JOB, "trainer.batch_size=8", "trainer.max_steps=4", "trainer.log_every=2",
-                     cwd=tmp_path, timeout=600)
+    result = run_cli(
+        "-m",
+        "trainer.strategy=ddp",
+        "hydra/launcher=submitit_slurm",
+        *ON_TEST_CLUSTER,
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.timeout_min=5",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *JOB,
+        "trainer.batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.log_every=2",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in (tmp_path / "sweep").iterdir() if p.name.startswith("0")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert summary["lr"]["global_batch"] == 16 and summary["steps"] == 4
-    assert [json.loads(r)["step"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if '"kind": "train"' in r] == [2, 4]  # rank 0 alone wrote, once per log step
+    assert [
+        json.loads(r)["step"]
+        for r in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"kind": "train"' in r
+    ] == [2, 4]  # rank 0 alone wrote, once per log step
 
 
 def _resume_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    trainer = Trainer(settings("precision=fp16", "trainer.strategy=ddp", "trainer.batch_size=8",
-                               "trainer.max_steps=6", "trainer.log_every=1",
-                               "checkpoint.every_steps=3", "checkpoint.every_minutes=0"), out_dir)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    trainer = Trainer(
+        settings(
+            "precision=fp16",
+            "trainer.strategy=ddp",
+            "trainer.batch_size=8",
+            "trainer.max_steps=6",
+            "trainer.log_every=1",
+            "checkpoint.every_steps=3",
+            "checkpoint.every_minutes=0",
+        ),
+        out_dir,
+    )
     with open(os.path.join(out_dir, f"start_rank{rank}.txt"), "a") as f:
         f.write(f"{trainer.state.step} {trainer.scaler.get_scale()}\n")  # where each rank starts
     trainer.fit()

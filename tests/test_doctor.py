@@ -13,8 +13,14 @@ from amp_lab.doctor.diagnose import Doctor, main
 from amp_lab.doctor.fixes import applied_by, verify_fix
 from amp_lab.doctor.verdict import Probe
 
-TINY = ["model=test_vit", "data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
-        "+model.kwargs.depth=1", "trainer.device=cpu"]
+TINY = [
+    "model=test_vit",
+    "data.img_size=8",
+    "trainer.batch_size=8",
+    "data.val_fraction=0.05",
+    "+model.kwargs.depth=1",
+    "trainer.device=cpu",
+]
 
 
 def _doctor(tmp_path, capsys, *args: str) -> tuple[dict, str]:
@@ -24,8 +30,15 @@ def _doctor(tmp_path, capsys, *args: str) -> tuple[dict, str]:
 
 @pytest.mark.slow
 def test_underflow_without_scaler_is_named_and_the_scaler_is_recommended(tmp_path, capsys):
-    report, out = _doctor(tmp_path, capsys, "precision=fp16_noscale", "lr.base=1e-2",
-                          "fault.loss_multiplier=1e-6", "--steps", "12")
+    report, out = _doctor(
+        tmp_path,
+        capsys,
+        "precision=fp16_noscale",
+        "lr.base=1e-2",
+        "fault.loss_multiplier=1e-6",
+        "--steps",
+        "12",
+    )
     probes = report["probes"]
     assert probes["autocast"]["zero_grad_share"] > 0.9  # most gradients flushed to zero
     assert probes["autocast"]["verdict"] == "underflow"  # the health rule, never "ok"
@@ -37,8 +50,7 @@ def test_underflow_without_scaler_is_named_and_the_scaler_is_recommended(tmp_pat
     assert top["problem"] == "gradients underflow without loss scaling"
     assert top["override"] == "precision=fp16 scaler.enabled=true"
     assert top["verified"] is True and top["verification"].startswith("verified: ")
-    assert top["command"].endswith("fault.loss_multiplier=1e-6 precision=fp16 "
-                                   "scaler.enabled=true")
+    assert top["command"].endswith("fault.loss_multiplier=1e-6 precision=fp16 scaler.enabled=true")
     # the user's line, their precision replaced
     assert "lr.base=1e-2 fault.loss_multiplier=1e-6 precision=fp16 scaler.enabled=true\n" in out
     assert "amp_lab doctor: probes vs the fp32 baseline" in out
@@ -47,15 +59,26 @@ def test_underflow_without_scaler_is_named_and_the_scaler_is_recommended(tmp_pat
 @pytest.mark.slow
 def test_overflowing_module_is_named_and_the_fp32_search_proposes_it(tmp_path, capsys):
     culprit = "blocks.0.mlp.fc2"
-    report, out = _doctor(tmp_path, capsys, "precision=fp16", f"fault.overflow_module={culprit}",
-                          "--steps", "4", "--search-fp32")
+    report, out = _doctor(
+        tmp_path,
+        capsys,
+        "precision=fp16",
+        f"fault.overflow_module={culprit}",
+        "--steps",
+        "4",
+        "--search-fp32",
+    )
     nonfinite = report["probes"]["autocast+scaler"]["summary"]["diagnostics"]["nonfinite"]
     assert nonfinite["module"] == culprit and nonfinite["phase"] == "forward"
     assert nonfinite["first_step"] == 1
     search = report["search_fp32"]
     assert search["verified"] is True and search["fp32_modules"] == [culprit]
-    assert search["tried"][-1] == {"fp32_modules": [culprit], "clean": True,
-                                   "forward_nonfinite": None, "crashed": None}
+    assert search["tried"][-1] == {
+        "fp32_modules": [culprit],
+        "clean": True,
+        "forward_nonfinite": None,
+        "crashed": None,
+    }
     assert search["probe_runs"] == 1  # the start set ran as autocast+scaler, [culprit] once
     assert report["recommendations"][0]["override"] == f"precision.fp32_modules=[{culprit}]"
     assert f"precision.fp32_modules=[{culprit}]" in out
@@ -67,23 +90,33 @@ def test_overflowing_module_is_named_and_the_fp32_search_proposes_it(tmp_path, c
 
 @pytest.mark.slow
 def test_clip_before_unscale_is_named_with_the_fix(tmp_path, capsys):
-    report, out = _doctor(tmp_path, capsys, "precision=fp16", "pitfall=clip_before_unscale",
-                          "trainer.clip_grad=1.0", "--steps", "4")
+    report, out = _doctor(
+        tmp_path,
+        capsys,
+        "precision=fp16",
+        "pitfall=clip_before_unscale",
+        "trainer.clip_grad=1.0",
+        "--steps",
+        "4",
+    )
     top = report["recommendations"][0]
     assert top["problem"] == "gradients are clipped while still scaled"
     assert top["fix"].startswith("unscale before clipping")
-    assert "clip_before_unscale" in report["probes"]["autocast+scaler"]["summary"][
-        "diagnostics"]["signatures"]
-    assert "clip_before_unscale" not in report["probes"]["fp32"]["summary"]["diagnostics"][
-        "signatures"]  # the baseline runs the correct step
+    assert (
+        "clip_before_unscale"
+        in report["probes"]["autocast+scaler"]["summary"]["diagnostics"]["signatures"]
+    )
+    assert (
+        "clip_before_unscale"
+        not in report["probes"]["fp32"]["summary"]["diagnostics"]["signatures"]
+    )  # the baseline runs the correct step
     assert "unscale before clipping" in out
 
 
 @pytest.mark.slow
 def test_a_probe_that_crashes_is_reported_and_the_others_still_count(tmp_path, capsys):
     # model.half() under bf16 autocast fails in the forward pass: the bf16 probe crashes
-    report, out = _doctor(tmp_path, capsys, "precision=fp16", "pitfall=half_model",
-                          "--steps", "4")
+    report, out = _doctor(tmp_path, capsys, "precision=fp16", "pitfall=half_model", "--steps", "4")
     bf16 = report["probes"]["bf16"]
     assert bf16["verdict"] == "crashed" and bf16["crashed"].startswith("RuntimeError: ")
     problems = [r["problem"] for r in report["recommendations"]]
@@ -94,11 +127,13 @@ def test_a_probe_that_crashes_is_reported_and_the_others_still_count(tmp_path, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scaler", [[], ["scaler=hysteresis", "scaler.max_scale=1e12"]],
-                         ids=["dynamic", "hysteresis"])  # the latter holds its first overflow
+@pytest.mark.parametrize(
+    "scaler", [[], ["scaler=hysteresis", "scaler.max_scale=1e12"]], ids=["dynamic", "hysteresis"]
+)  # the latter holds its first overflow
 def test_a_scale_too_high_to_start_is_named_as_such(tmp_path, capsys, scaler):
-    report, out = _doctor(tmp_path, capsys, "precision=fp16", "scaler.init_scale=1e12",
-                          *scaler, "--steps", "4")
+    report, out = _doctor(
+        tmp_path, capsys, "precision=fp16", "scaler.init_scale=1e12", *scaler, "--steps", "4"
+    )
     assert report["probes"]["autocast+scaler"]["summary"]["skipped_steps"] == 4
     top = report["recommendations"][0]
     assert top["problem"] == "the initial loss scale is too high"
@@ -127,11 +162,14 @@ def test_the_fp32_search_never_calls_a_crashed_probe_clean(tmp_path, monkeypatch
     assert search["found"] is False and search["tried"][0]["crashed"] == "RuntimeError: boom"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["precision=fp99"], "amp_lab: error: "),
-    (["trainer.no_such_key=1"], "amp_lab: error: "),
-    (["--steps", "2"], "amp_lab: error: --steps=2 is too short"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["precision=fp99"], "amp_lab: error: "),
+        (["trainer.no_such_key=1"], "amp_lab: error: "),
+        (["--steps", "2"], "amp_lab: error: --steps=2 is too short"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert main([*TINY, *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -157,8 +195,15 @@ def test_a_baseline_that_does_not_train_holds_the_precision_advice_back(tmp_path
 def test_a_forward_overflow_outranks_what_the_users_scaler_already_does(tmp_path, capsys):
     """Issue 17: with fp16 + scaler, recommendation 1 was `precision=fp16
     scaler.enabled=true` (the user's own config); the attention overflow came second."""
-    report, out = _doctor(tmp_path, capsys, "precision=fp16", "fault.overflow_factor=1e8",
-                          "fault.overflow_module=blocks.0.attn", "--steps", "6")
+    report, out = _doctor(
+        tmp_path,
+        capsys,
+        "precision=fp16",
+        "fault.overflow_factor=1e8",
+        "fault.overflow_module=blocks.0.attn",
+        "--steps",
+        "6",
+    )
     recs = report["recommendations"]
     assert recs[0]["cause"] == "forward_overflow" and recs[0]["module"] == "blocks.0.attn"
     assert all(r["override"] != "precision=fp16 scaler.enabled=true" for r in recs)
@@ -166,23 +211,38 @@ def test_a_forward_overflow_outranks_what_the_users_scaler_already_does(tmp_path
     # the table and the advice name the same first non-finite event
     event = report["probes"]["autocast+scaler"]["summary"]["diagnostics"]["nonfinite"]
     assert f"step {event['first_step']}: {event['module']} (forward)" in out
-    assert f"first non-finite value at step {event['first_step']}, the output of " \
-           f"{event['module']}" in recs[0]["evidence"]
+    assert (
+        f"first non-finite value at step {event['first_step']}, the output of "
+        f"{event['module']}" in recs[0]["evidence"]
+    )
 
 
 def test_a_fix_that_moves_the_overflow_is_not_verified(tmp_path, monkeypatch):
     """Issue 17: keeping blocks.2.mlp.fc2 in fp32 moved the overflow to blocks.0.mlp.fc2, and
     the doctor had called its advice right. A fix probe that overflows elsewhere is no fix."""
     doctor = Doctor([*TINY, "precision=fp16"], 4, tmp_path)
-    moved = Probe("fix_1", [], losses=[math.nan] * 4, summary={"health": [], "diagnostics": {
-        "nonfinite": {"first_step": 3, "module": "blocks.0.mlp.fc1", "phase": "forward"}}})
+    moved = Probe(
+        "fix_1",
+        [],
+        losses=[math.nan] * 4,
+        summary={
+            "health": [],
+            "diagnostics": {
+                "nonfinite": {"first_step": 3, "module": "blocks.0.mlp.fc1", "phase": "forward"}
+            },
+        },
+    )
     monkeypatch.setattr(doctor, "run_probe", lambda name, extra: moved)
-    rec = {"cause": "forward_overflow", "module": "blocks.0.mlp.fc2",
-           "override": "precision.fp32_modules=[blocks.0.mlp.fc2]"}
+    rec = {
+        "cause": "forward_overflow",
+        "module": "blocks.0.mlp.fc2",
+        "override": "precision.fp32_modules=[blocks.0.mlp.fc2]",
+    }
     verify_fix(doctor, rec, {"fp32": Probe("fp32", [], losses=[2.3] * 4)}, 1)
     assert rec["verified"] is False
-    assert rec["verification"] == ("not verified: the overflow moved to blocks.0.mlp.fc1 "
-                                   "(step 3, forward)")
+    assert rec["verification"] == (
+        "not verified: the overflow moved to blocks.0.mlp.fc1 (step 3, forward)"
+    )
 
 
 def test_advice_never_repeats_what_the_config_already_does():
@@ -192,5 +252,4 @@ def test_advice_never_repeats_what_the_config_already_does():
     assert applied("pitfall=none")
     assert not applied("scaler.init_scale=1024")
     noscale = [*TINY, "precision=fp16_noscale"]
-    assert not applied_by(noscale, compose_settings(noscale))("precision=fp16 "
-                                                              "scaler.enabled=true")
+    assert not applied_by(noscale, compose_settings(noscale))("precision=fp16 scaler.enabled=true")

@@ -16,8 +16,10 @@ from amp_lab.doctor.suite import CASES, HEALTHY, figures, run_case
 FAST = {"healthy", "one_transient_inf_step", "init_scale_too_high"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=() if c.name in FAST
-                                               else pytest.mark.slow) for c in CASES])
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=c.name, marks=() if c.name in FAST else pytest.mark.slow) for c in CASES],
+)
 def test_each_case_names_its_cause_first_and_verifies_its_fix(tmp_path, case):
     row = run_case(case, tmp_path)
     assert row["top_cause"] == case.cause, row
@@ -33,7 +35,8 @@ def test_each_case_names_its_cause_first_and_verifies_its_fix(tmp_path, case):
 
 def test_the_figures_count_what_the_targets_need():
     rows = [{"right_first": True, "alarm": False, "fix": "a", "verified": True}] * 9 + [
-        {"right_first": False, "alarm": False, "fix": None, "verified": None}]
+        {"right_first": False, "alarm": False, "fix": None, "verified": None}
+    ]
     result = figures(rows)
     assert result["right_first_share"] == 0.9 and result["targets_met"] is True
     alarm = figures([*rows[:9], {**rows[9], "alarm": True}])

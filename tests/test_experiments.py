@@ -20,14 +20,22 @@ def _sweep_jobs(experiment: str) -> list[list[str]]:
     """The overrides of each job the study's `hydra.sweeper.params` grid expands to."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         params = compose("config", [experiment], return_hydra_config=True).hydra.sweeper.params
-    axes = [[f"{key}={value}" for value in str(values).split(",")]
-            for key, values in params.items()]
+    axes = [
+        [f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()
+    ]
     return [list(job) for job in itertools.product(*axes)]
 
 
 def test_the_studies_are_there_with_readme_and_cpu_variant():
-    assert STUDIES == ["beyond_autocast", "fp16_lr_warmup", "grad_accum", "optimizer_state",
-                       "precision_modes", "recipe_precision", "scaler_grid"]
+    assert STUDIES == [
+        "beyond_autocast",
+        "fp16_lr_warmup",
+        "grad_accum",
+        "optimizer_state",
+        "precision_modes",
+        "recipe_precision",
+        "scaler_grid",
+    ]
     index = (ROOT / "experiments" / "README.md").read_text()
     for study in STUDIES:
         assert (CONF_DIR / "experiment" / "cpu" / f"{study}.yaml").is_file()
@@ -37,8 +45,9 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", [f"experiment={s}" for s in STUDIES]
-                         + [f"+experiment/cpu={s}" for s in STUDIES])
+@pytest.mark.parametrize(
+    "experiment", [f"experiment={s}" for s in STUDIES] + [f"+experiment/cpu={s}" for s in STUDIES]
+)
 def test_every_job_of_every_study_composes(experiment):
     jobs = _sweep_jobs(experiment)
     assert len(jobs) >= 4  # a grid, not a single run
@@ -62,8 +71,10 @@ def test_every_job_of_every_cpu_study_builds(study, tmp_path):
 @pytest.mark.slow
 def test_grad_accum_study_keeps_the_global_batch():
     for experiment in ["experiment=grad_accum", "+experiment/cpu=grad_accum"]:
-        trainers = [validate(compose_cfg(experiment, *job, fast=False)).trainer
-                    for job in _sweep_jobs(experiment)]
+        trainers = [
+            validate(compose_cfg(experiment, *job, fast=False)).trainer
+            for job in _sweep_jobs(experiment)
+        ]
         assert len({t.batch_size * t.grad_accum for t in trainers}) == 1
         assert len({t.grad_accum for t in trainers}) == 3
 
@@ -77,31 +88,47 @@ def test_experiments_are_found_from_any_working_directory(tmp_path):
 @pytest.mark.slow
 def test_a_cpu_study_sweep_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    result = run_cli("-m", "+experiment/cpu=fp16_lr_warmup", "trainer.max_steps=10",
-                     "trainer.eval_every=0", "data.val_fraction=0.05", "hydra.sweep.dir=sweep",
-                     cwd=tmp_path)
+    result = run_cli(
+        "-m",
+        "+experiment/cpu=fp16_lr_warmup",
+        "trainer.max_steps=10",
+        "trainer.eval_every=0",
+        "data.val_fraction=0.05",
+        "hydra.sweep.dir=sweep",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("sweep/*/summary.json"))]
     assert len(summaries) == 4
     assert {(s["lr"]["scale"], s["lr"]["warmup_steps"]) for s in summaries} == {
-        (1.0, 0), (1.0, 15), (0.5, 0), (0.5, 15)}
-    assert all(s["status"] == "completed" and s["precision"]["name"] == "fp16"
-               for s in summaries)
+        (1.0, 0),
+        (1.0, 15),
+        (0.5, 0),
+        (0.5, 15),
+    }
+    assert all(s["status"] == "completed" and s["precision"]["name"] == "fp16" for s in summaries)
 
 
 def test_the_cpu_studies_share_one_base_and_copy_none_of_it():
     base = OmegaConf.load(CONF_DIR / "cpu_study.yaml")
-    shared = {k: v for k, v in leaves(OmegaConf.to_container(base)).items()
-              if not k.startswith("defaults")}
+    shared = {
+        k: v
+        for k, v in leaves(OmegaConf.to_container(base)).items()
+        if not k.startswith("defaults")
+    }
     for study in STUDIES:
-        raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / "cpu" /
-                                                    f"{study}.yaml"))
+        raw = OmegaConf.to_container(
+            OmegaConf.load(CONF_DIR / "experiment" / "cpu" / f"{study}.yaml")
+        )
         assert raw["defaults"][0] == "/cpu_study", study  # first: the study's lines win
         copied = [k for k, v in leaves(raw).items() if shared.get(k) == v]
         assert copied == [], study
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", [f"+experiment/cpu={study}"], return_hydra_config=True)
-        assert (cfg.data.name, cfg.trainer.device, cfg.trainer.progress,
-                cfg.checkpoint.every_minutes) == ("digits", "cpu", False, 0)
+        assert (
+            cfg.data.name,
+            cfg.trainer.device,
+            cfg.trainer.progress,
+            cfg.checkpoint.every_minutes,
+        ) == ("digits", "cpu", False, 0)
         assert "experiment/cpu" in cfg.hydra.job.config.override_dirname.exclude_keys
-

@@ -31,8 +31,9 @@ def _records(run_dir: Path) -> list[dict]:
 
 def test_tracker_start_up_is_setup_not_training_time(tmp_path):
     # target_acc=0: the target is reached at the first evaluation (step 2)
-    summary = Trainer(settings("trainer.eval_every=2", "trainer.target_acc=0"), tmp_path,
-                      sinks=[SlowStart()]).fit()
+    summary = Trainer(
+        settings("trainer.eval_every=2", "trainer.target_acc=0"), tmp_path, sinks=[SlowStart()]
+    ).fit()
     records = _records(tmp_path)
     assert [r["step"] for r in records if r["kind"] == "val"] == [2, 4, 6]
     # every record's time_s, and time-to-target, are on the training clock
@@ -75,8 +76,13 @@ def test_the_run_uses_and_records_its_threads(tmp_path, monkeypatch):
     assert summary["threads"]["threads"] == 2
     assert summary["threads"]["threads_from"] == "trainer.threads"
     summary = Trainer(settings("trainer.max_steps=2", "trainer.resume=false"), tmp_path).fit()
-    assert summary["threads"] == {"cpus": 1, "cpus_from": "SLURM_CPUS_PER_TASK", "threads": 1,
-                                  "threads_from": "cpus less workers", "workers": 0}
+    assert summary["threads"] == {
+        "cpus": 1,
+        "cpus_from": "SLURM_CPUS_PER_TASK",
+        "threads": 1,
+        "threads_from": "cpus less workers",
+        "workers": 0,
+    }
 
 
 def test_synthetic_data_is_sized_for_a_first_run(tmp_path):
@@ -91,7 +97,7 @@ def test_synthetic_data_is_sized_for_a_first_run(tmp_path):
 def _readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"\n## {title}")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def test_every_option_help_lists_is_in_the_readme_table(tmp_path):
@@ -99,11 +105,13 @@ def test_every_option_help_lists_is_in_the_readme_table(tmp_path):
     assert result.returncode == 0
     listing = result.stdout.split("Config groups")[1].split("Current config")[0]
     groups = dict(line.split(": ", 1) for line in listing.splitlines() if ": " in line)
-    groups["hydra/launcher"] = ", ".join(p.stem for p in (CONF_DIR / "hydra" / "launcher")
-                                         .glob("*.yaml"))
+    groups["hydra/launcher"] = ", ".join(
+        p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml")
+    )
     assert {"accum", "model", "experiment/cpu"} <= set(groups)
-    rows = [line for line in _readme_section("Config groups").splitlines()
-            if line.startswith("| `")]
+    rows = [
+        line for line in _readme_section("Config groups").splitlines() if line.startswith("| `")
+    ]
     for group, options in groups.items():
         [row] = [r for r in rows if f"`{group}`" in r.split("|")[1]]
         missing = [o for o in options.split(", ") if f"`{o}`" not in row]
@@ -115,15 +123,20 @@ def test_pending_advice_names_the_override_only_when_the_job_cannot_fit(monkeypa
     from amp_lab.slurm_queue import QueuedJob, advice, mem_gb
 
     assert [mem_gb(t) for t in ("64G", "4000M", "23081", "0", "")] == pytest.approx(
-        [64, 3.90625, 22.54, None, None], abs=0.01)
+        [64, 3.90625, 22.54, None, None], abs=0.01
+    )
     monkeypatch.setattr(slurm_queue, "partition_size", lambda partition: (2, 4.0))
     big = QueuedJob("7_0", "PENDING", "PartitionConfig", 8, 64.0, "debug")
     assert advice([big, replace(big, job_id="7_1")], 61).startswith(
-        "SLURM jobs 7_0, 7_1 pending for 61 s (PartitionConfig): each asks 8 CPUs / 64 GB")
+        "SLURM jobs 7_0, 7_1 pending for 61 s (PartitionConfig): each asks 8 CPUs / 64 GB"
+    )
     assert advice([big], 61).endswith(
         "asks 8 CPUs / 64 GB; partition debug has 2 CPUs / 4 GB per node: set "
         "hydra.launcher.cpus_per_task / hydra.launcher.mem_gb (or "
-        "hydra/launcher=submitit_slurm_cpu on a small cluster)")
+        "hydra/launcher=submitit_slurm_cpu on a small cluster)"
+    )
     fits = QueuedJob("8", "PENDING", "Resources", 2, None, "debug")
-    assert advice([fits], 90) == ("SLURM job 8 pending for 90 s (Resources): asks 2 CPUs; "
-                                  "waiting for a free node (squeue -j 8 shows the queue)")
+    assert advice([fits], 90) == (
+        "SLURM job 8 pending for 90 s (Resources): asks 2 CPUs; "
+        "waiting for a free node (squeue -j 8 shows the queue)"
+    )

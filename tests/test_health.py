@@ -15,16 +15,21 @@ from amp_lab.config import ConfigError, DiagnosticsConfig
 from amp_lab.numerics.health import RunHealth, Window, rules
 from amp_lab.trainer import Trainer
 
-TINY = ["data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
-        "+model.kwargs.depth=1"]
+TINY = [
+    "data.img_size=8",
+    "trainer.batch_size=8",
+    "data.val_fraction=0.05",
+    "+model.kwargs.depth=1",
+]
 
 
 def _fit(tmp_path, *overrides: str) -> dict:
     return Trainer(settings(*TINY, *overrides), tmp_path).fit()
 
 
-def _health(windows: list[tuple[int, int, float, float]], dynamic: bool = True,
-            **cfg: float) -> RunHealth:
+def _health(
+    windows: list[tuple[int, int, float, float]], dynamic: bool = True, **cfg: float
+) -> RunHealth:
     """Windows of 10 steps: (finite, skipped, loss, scale)."""
     health = RunHealth(DiagnosticsConfig(**cfg), dynamic, 65536.0, math.log(10))
     for i, (finite, skipped, loss, scale) in enumerate(windows, 1):
@@ -64,8 +69,9 @@ def test_underflow_fires_on_the_zero_gradient_share():
     assert line.startswith("run health: underflow at step 20: 97% of gradient elements")
 
 
-@pytest.mark.parametrize("field, value", [("health_skip_rate", 0), ("health_rise", -1),
-                                          ("health_window", 0)])
+@pytest.mark.parametrize(
+    "field, value", [("health_skip_rate", 0), ("health_rise", -1), ("health_window", 0)]
+)
 def test_bad_thresholds_fail_at_start_up(field, value):
     with pytest.raises(ConfigError, match=f"diagnostics.{field}"):
         settings(f"diagnostics.{field}={value}")
@@ -75,8 +81,14 @@ def test_the_silent_underflow_run_names_itself(tmp_path, caplog):
     """Issue 17: fp16 without a scaler and a 1e-6 loss had 100% zero gradients, yet ended
     `completed` with nothing said. Now the summary, the log and the end line say it."""
     with caplog.at_level(logging.INFO, logger="amp_lab.trainer"):
-        summary = _fit(tmp_path, "precision=fp16_noscale", "fault.loss_multiplier=1e-6",
-                       "trainer.max_steps=20", "trainer.log_every=10", "diagnostics.every=0")
+        summary = _fit(
+            tmp_path,
+            "precision=fp16_noscale",
+            "fault.loss_multiplier=1e-6",
+            "trainer.max_steps=20",
+            "trainer.log_every=10",
+            "diagnostics.every=0",
+        )
     (entry,) = summary["health"]
     assert entry["rule"] == "underflow" and entry["step"] == 10
     assert "% of gradient elements are exactly zero" in entry["evidence"]
@@ -96,8 +108,14 @@ def test_an_fp32_run_whose_loss_blows_up_is_named(tmp_path):
 def test_a_resumed_run_keeps_its_health_history(tmp_path):
     """Health findings and windows are part of the checkpoint: a run stopped after its first
     finding and resumed reports exactly what the uninterrupted run reports, once."""
-    run = ["precision=fp16_noscale", "fault.loss_multiplier=1e-6", "trainer.max_steps=20",
-           "trainer.log_every=5", "diagnostics.every=0", "checkpoint.every_minutes=0"]
+    run = [
+        "precision=fp16_noscale",
+        "fault.loss_multiplier=1e-6",
+        "trainer.max_steps=20",
+        "trainer.log_every=5",
+        "diagnostics.every=0",
+        "checkpoint.every_minutes=0",
+    ]
     whole = _fit(tmp_path / "whole", *run)
     interrupt(tmp_path / "resumed", [*TINY, *run], at_step=10)
     resumed = _fit(tmp_path / "resumed", *run)
@@ -106,16 +124,28 @@ def test_a_resumed_run_keeps_its_health_history(tmp_path):
 
 def test_a_final_window_all_nonfinite_ends_diverged_however_long(tmp_path):
     """Every loss nan (a forward overflow), far fewer steps than trainer.max_bad_steps."""
-    summary = _fit(tmp_path, "precision=fp16", "fault.overflow_module=blocks.0.mlp.fc2",
-                   "trainer.max_steps=12", "trainer.log_every=4", "trainer.max_bad_steps=1000")
+    summary = _fit(
+        tmp_path,
+        "precision=fp16",
+        "fault.overflow_module=blocks.0.mlp.fc2",
+        "trainer.max_steps=12",
+        "trainer.log_every=4",
+        "trainer.max_bad_steps=1000",
+    )
     assert summary["status"] == "diverged" and summary["diverged"] is True
     assert {"final_window_nonfinite", "skips"} <= rules(summary)
 
 
 @pytest.mark.parametrize("extra", [[], ["fault.inf_grad_at_step=3"]], ids=["clean", "one_inf"])
 def test_a_healthy_run_and_one_transient_skip_raise_no_alarm(tmp_path, extra):
-    summary = _fit(tmp_path, "precision=fp16", "trainer.max_steps=12", "trainer.log_every=4",
-                   "diagnostics.every=4", *extra)
+    summary = _fit(
+        tmp_path,
+        "precision=fp16",
+        "trainer.max_steps=12",
+        "trainer.log_every=4",
+        "diagnostics.every=4",
+        *extra,
+    )
     assert summary["health"] == [] and summary["status"] == "completed"
     assert summary["skipped_steps"] == (1 if extra else 0)
 
@@ -124,8 +154,10 @@ def test_the_report_shows_each_runs_health(tmp_path, capsys):
     from amp_lab.report.compare import main as report
 
     for name, extra in [("fine", []), ("rising", ["lr.base=1"])]:
-        Trainer(settings(*TINY, "trainer.max_steps=20", "trainer.log_every=10", *extra),
-                tmp_path / "sweep" / name).fit()
+        Trainer(
+            settings(*TINY, "trainer.max_steps=20", "trainer.log_every=10", *extra),
+            tmp_path / "sweep" / name,
+        ).fit()
     assert report([str(tmp_path / "sweep")]) == 0
     data = json.loads((tmp_path / "sweep" / "report" / "report.json").read_text())
     found = {Path(r["path"]).name: r["summary_health"] for r in data["runs"]}

@@ -19,11 +19,22 @@ from amp_lab.trainer import DeviceCounters, Trainer
 # modes, in-memory digits and on-device synthetic data, a CNN in channels_last.
 CASES = {
     "fp32-clip-norm": ["precision=fp32", "trainer.clip_grad=1.0"],
-    "fp16-accum-clip-value": ["precision=fp16", "trainer.grad_accum=2", "trainer.batch_size=8",
-                              "trainer.clip_grad=0.5", "trainer.clip_mode=value"],
+    "fp16-accum-clip-value": [
+        "precision=fp16",
+        "trainer.grad_accum=2",
+        "trainer.batch_size=8",
+        "trainer.clip_grad=0.5",
+        "trainer.clip_mode=value",
+    ],
     "bf16-synthetic-cnn-channels-last": [
-        "precision=bf16", "data=synthetic", "data.img_size=32", "data.num_samples=160",
-        "data.num_classes=10", "model=test_convnext", "model.channels_last=true"],
+        "precision=bf16",
+        "data=synthetic",
+        "data.img_size=32",
+        "data.num_samples=160",
+        "data.num_classes=10",
+        "model=test_convnext",
+        "model.channels_last=true",
+    ],
 }
 
 
@@ -75,10 +86,15 @@ def test_speed_settings_are_on_by_default(tmp_path):
 def test_on_disk_loader_takes_workers_and_pinning_from_config(tmp_path):
     from amp_lab.components.data import DataSource
 
-    cfg = settings("data.num_workers=3", "data.prefetch_factor=5",
-                   "data.persistent_workers=false").data
+    cfg = settings(
+        "data.num_workers=3", "data.prefetch_factor=5", "data.persistent_workers=false"
+    ).data
     source = DataSource(None, None, None, cfg, torch.device("cpu"))
-    assert source._loader_options() == {"num_workers": 3, "pin_memory": False,
-                                        "persistent_workers": False, "prefetch_factor": 5}
+    assert source._loader_options() == {
+        "num_workers": 3,
+        "pin_memory": False,
+        "persistent_workers": False,
+        "prefetch_factor": 5,
+    }
     cuda = DataSource(None, None, None, cfg, torch.device("cuda"))
     assert cuda._loader_options()["pin_memory"] is True  # pinned: non_blocking copies overlap

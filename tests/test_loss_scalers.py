@@ -22,7 +22,7 @@ HYST = ["precision=fp32", "scaler=hysteresis", "scaler.enabled=true"]
 
 def _batch(trainer: Trainer, offset: int = 0):
     images, labels = trainer.data.train.tensors
-    return images[offset:offset + 16], labels[offset:offset + 16]
+    return images[offset : offset + 16], labels[offset : offset + 16]
 
 
 def _inf_grads(trainer: Trainer, steps: int | None = None):
@@ -60,15 +60,26 @@ def test_hysteresis_backs_off_only_on_the_nth_consecutive_overflow(tmp_path):
 
 
 def test_hysteresis_grows_up_to_max_scale(tmp_path):
-    trainer = Trainer(settings(*HYST, "scaler.init_scale=4", "scaler.growth_interval=2",
-                               "scaler.max_scale=8"), tmp_path)
+    trainer = Trainer(
+        settings(*HYST, "scaler.init_scale=4", "scaler.growth_interval=2", "scaler.max_scale=8"),
+        tmp_path,
+    )
     assert _scales(trainer, [False] * 5) == [4, 8, 8, 8, 8]
 
 
 def test_min_scale_stops_the_run_as_diverged(tmp_path):
-    trainer = Trainer(settings(*HYST, "scaler.init_scale=4", "scaler.hysteresis=1",
-                               "scaler.min_scale=1", "trainer.max_steps=20",
-                               "trainer.log_every=2", "trainer.max_bad_steps=50"), tmp_path)
+    trainer = Trainer(
+        settings(
+            *HYST,
+            "scaler.init_scale=4",
+            "scaler.hysteresis=1",
+            "scaler.min_scale=1",
+            "trainer.max_steps=20",
+            "trainer.log_every=2",
+            "trainer.max_bad_steps=50",
+        ),
+        tmp_path,
+    )
     _inf_grads(trainer)  # every step overflows: 4 -> 2 -> 1 -> a backoff due at the floor
     summary = trainer.fit()
     assert summary["diverged"] is True and summary["status"] == "diverged"
@@ -84,16 +95,21 @@ def test_hysteresis_state_survives_a_state_dict_round_trip(tmp_path):
     _scales(first, [True])  # one overflow: the next one backs off
     state = first.scaler.state_dict()
     assert state["_hysteresis_tracker"] == 1 and state["scale"] == 64.0
-    second = Trainer(settings(*HYST, "scaler.init_scale=1024", "scaler.hysteresis=5"),
-                     tmp_path / "b")
+    second = Trainer(
+        settings(*HYST, "scaler.init_scale=1024", "scaler.hysteresis=5"), tmp_path / "b"
+    )
     second.scaler.load_state_dict(state)  # before its first step, as a resume does
     assert _scales(second, [True]) == [32.0]
     assert second.scaler.state_dict()["hysteresis"] == 2
 
 
 def test_static_scaler_keeps_its_scale(tmp_path):
-    trainer = Trainer(settings("precision=fp16", "scaler=static", "scaler.init_scale=256",
-                               "scaler.growth_interval=1"), tmp_path)
+    trainer = Trainer(
+        settings(
+            "precision=fp16", "scaler=static", "scaler.init_scale=256", "scaler.growth_interval=1"
+        ),
+        tmp_path,
+    )
     assert isinstance(trainer.scaler, StaticGradScaler)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     assert _scales(trainer, [False, True, False]) == [256, 256, 256]
@@ -101,13 +117,18 @@ def test_static_scaler_keeps_its_scale(tmp_path):
     assert trainer.describe()["scaler"]["dynamic"] is False
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["scaler.kind=megatron"], "scaler.kind='megatron' is unknown"),
-    (["scaler=hysteresis", "scaler.hysteresis=0"], "scaler.hysteresis=0 must be >= 1"),
-    (["scaler=hysteresis", "scaler.min_scale=2048", "scaler.init_scale=1024"],
-     "must lie between scaler.min_scale"),
-    (["scaler=hysteresis", "scaler.max_scale=0.5"], "must be > 0 and <= scaler.max_scale"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["scaler.kind=megatron"], "scaler.kind='megatron' is unknown"),
+        (["scaler=hysteresis", "scaler.hysteresis=0"], "scaler.hysteresis=0 must be >= 1"),
+        (
+            ["scaler=hysteresis", "scaler.min_scale=2048", "scaler.init_scale=1024"],
+            "must lie between scaler.min_scale",
+        ),
+        (["scaler=hysteresis", "scaler.max_scale=0.5"], "must be > 0 and <= scaler.max_scale"),
+    ],
+)
 def test_bad_scaler_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         settings(*overrides)
@@ -115,11 +136,24 @@ def test_bad_scaler_settings_are_one_line_errors(overrides, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [
-    ["precision=fp16", "scaler=hysteresis", "scaler.init_scale=1024", "scaler.growth_interval=3"],
-    ["precision=bf16_pure"],
-    ["precision=bf16_pure", "precision.master_weights=false", "precision.update_rounding=kahan"],
-], ids=["fp16_hysteresis", "bf16_pure", "bf16_kahan"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "precision=fp16",
+            "scaler=hysteresis",
+            "scaler.init_scale=1024",
+            "scaler.growth_interval=3",
+        ],
+        ["precision=bf16_pure"],
+        [
+            "precision=bf16_pure",
+            "precision.master_weights=false",
+            "precision.update_rounding=kahan",
+        ],
+    ],
+    ids=["fp16_hysteresis", "bf16_pure", "bf16_kahan"],
+)
 def test_resumed_run_equals_uninterrupted_run(tmp_path, overrides):
     """Checkpoints hold the hysteresis state, the fp32 masters and the Kahan buffers."""
     whole = Trainer(settings(*RUN, *overrides), tmp_path / "whole")
@@ -129,8 +163,10 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, overrides):
     assert resumed.state.step == 5
     resumed.fit()
     assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
-    for a, b in zip(whole.optimizer.state_dict()["state"].values(),
-                    resumed.optimizer.state_dict()["state"].values()):
+    for a, b in zip(
+        whole.optimizer.state_dict()["state"].values(),
+        resumed.optimizer.state_dict()["state"].values(),
+    ):
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
     assert resumed.scaler.state_dict() == whole.scaler.state_dict()

@@ -26,19 +26,24 @@ def _lrs(cfg: LRConfig, total: int, steps_per_epoch: int = 10, peak: float = 1.0
     return values
 
 
-@pytest.mark.parametrize("rule,batch,grad_accum,expected", [
-    ("none", 64, 1, 1e-3),
-    ("linear", 64, 1, 1e-3 * 64 / 256),
-    ("linear", 64, 8, 1e-3 * 512 / 256),  # accumulation counts towards the global batch
-    ("sqrt", 64, 1, 1e-3 * math.sqrt(64 / 256)),
-    ("sqrt", 128, 4, 1e-3 * math.sqrt(512 / 256)),
-])
+@pytest.mark.parametrize(
+    "rule,batch,grad_accum,expected",
+    [
+        ("none", 64, 1, 1e-3),
+        ("linear", 64, 1, 1e-3 * 64 / 256),
+        ("linear", 64, 8, 1e-3 * 512 / 256),  # accumulation counts towards the global batch
+        ("sqrt", 64, 1, 1e-3 * math.sqrt(64 / 256)),
+        ("sqrt", 128, 4, 1e-3 * math.sqrt(512 / 256)),
+    ],
+)
 def test_batch_size_rules(rule, batch, grad_accum, expected):
-    cfg = settings(f"lr.rule={rule}", f"trainer.batch_size={batch}",
-                   f"trainer.grad_accum={grad_accum}")
+    cfg = settings(
+        f"lr.rule={rule}", f"trainer.batch_size={batch}", f"trainer.grad_accum={grad_accum}"
+    )
     assert peak_lr(cfg.lr, batch * grad_accum) == pytest.approx(expected)
     assert peak_lr(LRConfig(rule=rule, scale=0.7), batch * grad_accum) == pytest.approx(
-        0.7 * expected)
+        0.7 * expected
+    )
 
 
 def test_linear_warmup_then_cosine():
@@ -50,8 +55,9 @@ def test_linear_warmup_then_cosine():
 
 def test_cosine_warmup_shape():
     lrs = _lrs(LRConfig(warmup_steps=4, warmup_type="cosine", schedule="constant"), total=8)
-    assert lrs[:5] == pytest.approx([0.0, (1 - math.cos(math.pi / 4)) / 2, 0.5,
-                                     (1 - math.cos(3 * math.pi / 4)) / 2, 1.0])
+    assert lrs[:5] == pytest.approx(
+        [0.0, (1 - math.cos(math.pi / 4)) / 2, 0.5, (1 - math.cos(3 * math.pi / 4)) / 2, 1.0]
+    )
     assert lrs[4:] == pytest.approx([1.0] * 4)
 
 

@@ -20,24 +20,33 @@ NO_MASTERS = ["precision=bf16_pure", "precision.master_weights=false"]
 
 def _batch(trainer: Trainer, n: int = 16, offset: int = 0):
     images, labels = trainer.data.train.tensors
-    return images[offset:offset + n], labels[offset:offset + n]
+    return images[offset : offset + n], labels[offset : offset + n]
 
 
 def _fp_state(optimizer: torch.optim.Optimizer, skip: tuple[str, ...] = ()) -> list[torch.Tensor]:
-    return [t for s in optimizer.state.values() for k, t in s.items()
-            if k not in skip and torch.is_tensor(t) and t.is_floating_point() and t.numel() > 1]
+    return [
+        t
+        for s in optimizer.state.values()
+        for k, t in s.items()
+        if k not in skip and torch.is_tensor(t) and t.is_floating_point() and t.numel() > 1
+    ]
 
 
-@pytest.mark.parametrize("overrides, model_dtype, optim_dtype", [
-    ([*FP8, "precision.fp8_recipe=tensorwise"], torch.float32, torch.float32),
-    ([*FP8, "precision.fp8_recipe=rowwise"], torch.float32, torch.float32),
-    (["precision=bf16_pure"], torch.bfloat16, torch.float32),
-    (["precision=fp16_pure"], torch.float16, torch.float32),
-    ([*NO_MASTERS, "precision.update_rounding=kahan"], torch.bfloat16, torch.bfloat16),
-    ([*NO_MASTERS, "precision.update_rounding=stochastic"], torch.bfloat16, torch.bfloat16),
-], ids=["fp8_tensorwise", "fp8_rowwise", "bf16_pure", "fp16_pure", "bf16_kahan", "bf16_sr"])
-def test_each_mode_learns_and_holds_the_dtypes_it_claims(tmp_path, overrides, model_dtype,
-                                                         optim_dtype):
+@pytest.mark.parametrize(
+    "overrides, model_dtype, optim_dtype",
+    [
+        ([*FP8, "precision.fp8_recipe=tensorwise"], torch.float32, torch.float32),
+        ([*FP8, "precision.fp8_recipe=rowwise"], torch.float32, torch.float32),
+        (["precision=bf16_pure"], torch.bfloat16, torch.float32),
+        (["precision=fp16_pure"], torch.float16, torch.float32),
+        ([*NO_MASTERS, "precision.update_rounding=kahan"], torch.bfloat16, torch.bfloat16),
+        ([*NO_MASTERS, "precision.update_rounding=stochastic"], torch.bfloat16, torch.bfloat16),
+    ],
+    ids=["fp8_tensorwise", "fp8_rowwise", "bf16_pure", "fp16_pure", "bf16_kahan", "bf16_sr"],
+)
+def test_each_mode_learns_and_holds_the_dtypes_it_claims(
+    tmp_path, overrides, model_dtype, optim_dtype
+):
     trainer = Trainer(settings(*overrides, "lr.schedule=constant"), tmp_path)
     batch = _batch(trainer)
     results = [trainer.train_step([batch]) for _ in range(4)]
@@ -52,14 +61,15 @@ def test_each_mode_learns_and_holds_the_dtypes_it_claims(tmp_path, overrides, mo
     assert state and all(t.dtype == torch.float32 for t in state)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["precision=bf16_pure"], [*NO_MASTERS, "precision.update_rounding=kahan"]],
-    ids=["masters", "no_masters"])
+@pytest.mark.parametrize(
+    "overrides",
+    [["precision=bf16_pure"], [*NO_MASTERS, "precision.update_rounding=kahan"]],
+    ids=["masters", "no_masters"],
+)
 def test_pure_modes_keep_batchnorm_in_fp32(tmp_path, overrides):
     """As apex O2: BatchNorm's weights and running statistics stay fp32, the rest is 16-bit,
     and a step keeps it so (the rounding back to bf16 leaves BatchNorm alone)."""
-    trainer = Trainer(settings(*overrides, "model=resnet18", "lr.schedule=constant"),
-                      tmp_path)
+    trainer = Trainer(settings(*overrides, "model=resnet18", "lr.schedule=constant"), tmp_path)
     norms = [m for m in trainer.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert norms
     for _ in range(2):
@@ -88,8 +98,10 @@ def test_fp8_leaves_the_fp32_modules_in_fp32(tmp_path):
 
     trainer = Trainer(settings(*FP8, "precision.fp32_modules=[blocks.0.mlp]"), tmp_path)
     types = {n: type(m) for n, m in trainer.model.named_modules()}
-    assert types["blocks.0.mlp.fc1"] is torch.nn.Linear and types["blocks.0.mlp.fc2"] is \
-        torch.nn.Linear  # kept, with their fp32 wrapper
+    assert (
+        types["blocks.0.mlp.fc1"] is torch.nn.Linear
+        and types["blocks.0.mlp.fc2"] is torch.nn.Linear
+    )  # kept, with their fp32 wrapper
     assert types["blocks.0.attn.qkv"] is Float8Linear and types["blocks.1.mlp.fc1"] is Float8Linear
     trainer.fit()  # and the run trains through both kinds
 
@@ -120,8 +132,9 @@ def test_master_weights_survive_a_state_dict_round_trip(tmp_path):
     second = Trainer(settings("precision=bf16_pure"), tmp_path / "b")
     second.model.load_state_dict(saved_model)
     second.optimizer.load_state_dict(saved_opt)
-    for a, b in zip(second.optimizer.param_groups[0]["params"],
-                    first.optimizer.param_groups[0]["params"]):
+    for a, b in zip(
+        second.optimizer.param_groups[0]["params"], first.optimizer.param_groups[0]["params"]
+    ):
         assert a.dtype == torch.float32 and torch.equal(a, b)  # the low bits came back too
     batch = _batch(first, offset=16)
     assert first.train_step([batch]).loss.item() == second.train_step([batch]).loss.item()
@@ -135,7 +148,7 @@ def _tiny_update_run(rounding: str, steps: int = 64) -> torch.Tensor:
     optimizer = torch.optim.SGD([weight], lr=1.0)
     RoundedUpdates(model, optimizer, torch.bfloat16, rounding)
     for _ in range(steps):
-        weight.grad = torch.full_like(weight, -2.0**-12)  # each step adds 2**-12 = ulp / 32
+        weight.grad = torch.full_like(weight, -(2.0**-12))  # each step adds 2**-12 = ulp / 32
         optimizer.step()
     return weight.float() + optimizer.state[weight].get("kahan_comp", torch.zeros(1)).float()
 
@@ -155,18 +168,22 @@ def test_stochastic_rounding_picks_the_two_neighbours_without_bias():
     rounded = stochastic_round_to_bf16(x).float()
     assert set(rounded.unique().tolist()) == {1.0, 1.0 + 2.0**-7}
     assert rounded.mean().item() == pytest.approx(1.0 + 2.0**-10, abs=1e-4)
-    assert torch.equal(stochastic_round_to_bf16(torch.tensor([-3.0, 0.5])).float(),
-                       torch.tensor([-3.0, 0.5]))  # representable values stay put
+    assert torch.equal(
+        stochastic_round_to_bf16(torch.tensor([-3.0, 0.5])).float(), torch.tensor([-3.0, 0.5])
+    )  # representable values stay put
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["precision=fp16_pure", "precision.master_weights=false"], "master_weights=true"),
-    (["precision=bf16_pure", "precision.update_rounding=kahan"], "master_weights=false"),
-    (["precision.update_rounding=up"], "update_rounding='up' is unknown"),
-    (["precision=fp8", "precision.fp8_recipe=blockwise"], "fp8_recipe='blockwise' is unknown"),
-    (["precision=fp8"], "precision.fp8_emulate=true"),  # no SM 8.9+ GPU here
-    (["precision=bf16_pure", "precision.fp32_modules=[head]"], "use bf16 with precision.fp32"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["precision=fp16_pure", "precision.master_weights=false"], "master_weights=true"),
+        (["precision=bf16_pure", "precision.update_rounding=kahan"], "master_weights=false"),
+        (["precision.update_rounding=up"], "update_rounding='up' is unknown"),
+        (["precision=fp8", "precision.fp8_recipe=blockwise"], "fp8_recipe='blockwise' is unknown"),
+        (["precision=fp8"], "precision.fp8_emulate=true"),  # no SM 8.9+ GPU here
+        (["precision=bf16_pure", "precision.fp32_modules=[head]"], "use bf16 with precision.fp32"),
+    ],
+)
 def test_bad_precision_settings_are_one_line_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         Trainer(settings(*overrides), tmp_path)

@@ -24,8 +24,14 @@ from amp_lab.trainer import Trainer
 
 DTYPES = ["fp32", "bf16", "fp16", "int8", "int4", "fp8"]
 # test_vit on 16x16 digits learns visibly in 60 steps at this LR (loss 2.30 at chance)
-LEARN = ["trainer.max_steps=60", "trainer.batch_size=32", "trainer.log_every=10",
-         "lr.base=3e-3", "lr.warmup_steps=5", "diagnostics.every=5"]
+LEARN = [
+    "trainer.max_steps=60",
+    "trainer.batch_size=32",
+    "trainer.log_every=10",
+    "lr.base=3e-3",
+    "lr.warmup_steps=5",
+    "diagnostics.every=5",
+]
 
 
 def _rows(run_dir, kind="train"):
@@ -72,15 +78,15 @@ def test_every_state_dtype_trains_a_vit_and_reports_its_memory(state_dtype, tmp_
     train = _rows(tmp_path)
     assert train[-1]["train/loss"] < train[0]["train/loss"] - 0.05  # it learns
     assert summary["final_val_loss"] < 2.3
-    assert all(r["diag/v_zero_share"] < 0.01 and r["diag/max_update_ratio"] < 0.1
-               for r in train)
+    assert all(r["diag/v_zero_share"] < 0.01 and r["diag/max_update_ratio"] < 0.1 for r in train)
     state_bytes = summary["optimizer_state_bytes"]
     moments = [s["exp_avg_sq"] for s in trainer.optimizer.state.values()]
     expected = {"fp32": 8 * params, "bf16": 4 * params}
     if state_dtype in expected:
         assert state_bytes == expected[state_dtype]
-        assert {m.dtype for m in moments} == {torch.float32 if state_dtype == "fp32"
-                                              else torch.bfloat16}
+        assert {m.dtype for m in moments} == {
+            torch.float32 if state_dtype == "fp32" else torch.bfloat16
+        }
     else:  # torchao: big tensors block-quantised, the small ones (< 4096 values) in fp32
         kind = {"int8": "OptimState8bit", "int4": "OptimState4bit", "fp8": "OptimStateFp8"}
         assert kind[state_dtype] in {type(m).__name__ for m in moments}
@@ -91,8 +97,14 @@ def test_every_state_dtype_trains_a_vit_and_reports_its_memory(state_dtype, tmp_
 def test_fp16_moments_break_a_short_run_that_fp32_moments_train(tmp_path):
     """The cliff on a real run: most of the fp16 second moment is 0 or subnormal after one
     step, the next step is thousands of times the weight, and the loss goes non-finite."""
-    probes = ["trainer.max_steps=6", "trainer.batch_size=32", "trainer.log_every=1",
-              "lr.base=3e-3", "lr.warmup_steps=5", "diagnostics.every=1"]
+    probes = [
+        "trainer.max_steps=6",
+        "trainer.batch_size=32",
+        "trainer.log_every=1",
+        "lr.base=3e-3",
+        "lr.warmup_steps=5",
+        "diagnostics.every=1",
+    ]
     runs = {}
     for dtype in ["fp32", "fp16"]:
         summary = Trainer(settings(f"optim.state_dtype={dtype}", *probes), tmp_path / dtype).fit()
@@ -115,8 +127,12 @@ def test_bf16_stochastic_rounding_is_unbiased_where_nearest_stalls():
     for rounding in ["nearest", "stochastic"]:
         torch.manual_seed(0)
         layer = torch.nn.Linear(4096, 1, bias=False)
-        cfg = settings("optim.state_dtype=bf16", f"optim.state_rounding={rounding}",
-                       "optim.weight_decay=0", "+optim.kwargs.betas=[0.999,0.999]").optim
+        cfg = settings(
+            "optim.state_dtype=bf16",
+            f"optim.state_rounding={rounding}",
+            "optim.weight_decay=0",
+            "+optim.kwargs.betas=[0.999,0.999]",
+        ).optim
         optimizer = build_optimizer(layer, cfg, lr=1e-9)
         for _ in range(500):
             layer.weight.grad = torch.ones_like(layer.weight)
@@ -140,9 +156,14 @@ class StopAt(Sink):
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8", "int4", "fp8"])
 def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
-    run = [f"optim.state_dtype={state_dtype}", "trainer.max_steps=6", "trainer.log_every=1",
-           "checkpoint.every_steps=3", "checkpoint.every_minutes=0",
-           *(["optim.state_rounding=stochastic"] if state_dtype == "bf16" else [])]
+    run = [
+        f"optim.state_dtype={state_dtype}",
+        "trainer.max_steps=6",
+        "trainer.log_every=1",
+        "checkpoint.every_steps=3",
+        "checkpoint.every_minutes=0",
+        *(["optim.state_rounding=stochastic"] if state_dtype == "bf16" else []),
+    ]
     whole = Trainer(settings(*run), tmp_path / "whole")
     whole.fit()
     with pytest.raises(KeyboardInterrupt):
@@ -150,32 +171,48 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
     [path] = (tmp_path / "split" / "checkpoints").glob("step_*.pt")
     saved = torch.load(path, weights_only=True)["parts"]["optimizer"]["state"]
     kinds = {type(s["exp_avg_sq"]).__name__ for s in saved.values()}
-    assert kinds == {"Tensor"} if state_dtype == "bf16" else any(
-        k.startswith("OptimState") for k in kinds)  # torchao's subclasses, loaded weights_only
+    assert (
+        kinds == {"Tensor"}
+        if state_dtype == "bf16"
+        else any(k.startswith("OptimState") for k in kinds)
+    )  # torchao's subclasses, loaded weights_only
     if state_dtype != "bf16":  # torchao marks its state classes safe when torchao.optim loads
         load = "import sys, torch; {}torch.load(sys.argv[1], weights_only=True)"
         for first, works in [("", False), ("import torchao.optim; ", True)]:
-            done = subprocess.run([sys.executable, "-c", load.format(first), str(path)],
-                                  capture_output=True, text=True, timeout=300, check=False)
+            done = subprocess.run(
+                [sys.executable, "-c", load.format(first), str(path)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
             assert (done.returncode == 0) is works, done.stderr[-2000:]
     resumed = Trainer(settings(*run), tmp_path / "split")
     assert resumed.state.step == 3
     resumed.fit()
     for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
-    for p_whole, p_resumed in zip(whole.optimizer.state.values(),
-                                  resumed.optimizer.state.values()):
+    for p_whole, p_resumed in zip(whole.optimizer.state.values(), resumed.optimizer.state.values()):
         for key in ("exp_avg", "exp_avg_sq"):
             a, b = p_whole[key], p_resumed[key]
             assert type(a) is type(b) and a.dtype == b.dtype
-            assert torch.equal(a.dequantize() if hasattr(a, "dequantize") else a,
-                               b.dequantize() if hasattr(b, "dequantize") else b)
+            assert torch.equal(
+                a.dequantize() if hasattr(a, "dequantize") else a,
+                b.dequantize() if hasattr(b, "dequantize") else b,
+            )
 
 
 @pytest.mark.parametrize("master_weights", ["true", "false"])
 def test_low_bit_state_with_bf16_weights(master_weights, tmp_path):
-    summary = Trainer(settings("precision=bf16_pure", f"precision.master_weights={master_weights}",
-                               "optim.state_dtype=int8", *LEARN), tmp_path).fit()
+    summary = Trainer(
+        settings(
+            "precision=bf16_pure",
+            f"precision.master_weights={master_weights}",
+            "optim.state_dtype=int8",
+            *LEARN,
+        ),
+        tmp_path,
+    ).fit()
     assert summary["status"] == "completed"
     train = _rows(tmp_path)
     assert train[-1]["train/loss"] < train[0]["train/loss"] - 0.05
@@ -188,22 +225,30 @@ def test_low_bit_state_with_bf16_weights(master_weights, tmp_path):
 def test_a_chosen_state_dtype_is_not_the_half_model_pitfall(tmp_path):
     chosen = Trainer(settings("optim.state_dtype=bf16", "trainer.max_steps=2"), tmp_path / "a")
     assert chosen.fit()["diagnostics"]["fp32_state_ok"] is True
-    accident = Trainer(settings("pitfall=half_model", "precision=fp16", "trainer.max_steps=2"),
-                       tmp_path / "b").fit()
+    accident = Trainer(
+        settings("pitfall=half_model", "precision=fp16", "trainer.max_steps=2"), tmp_path / "b"
+    ).fit()
     assert accident["diagnostics"]["fp32_state_ok"] is False
     assert accident["optimizer_state_dtype"] == "fp16"
     assert "half_model" in accident["diagnostics"]["signatures"]
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["optim.state_dtype=int3"], "optim.state_dtype='int3' is unknown; use one of"),
-    (["optim=sgd", "optim.state_dtype=int4"],
-     "optim.state_dtype=int4 exists for ('adamw', 'adam') only, not optim.name=sgd"),
-    (["optim.state_dtype=fp16", "optim.state_rounding=stochastic"],
-     "optim.state_rounding=stochastic exists for optim.state_dtype=bf16 only"),
-    (["optim.block_size=64"], "optim.block_size applies to state_dtype int8, int4 or fp8"),
-    (["optim.state_dtype=int8", "optim.fused=true"], "optim.fused=true has no kernel"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optim.state_dtype=int3"], "optim.state_dtype='int3' is unknown; use one of"),
+        (
+            ["optim=sgd", "optim.state_dtype=int4"],
+            "optim.state_dtype=int4 exists for ('adamw', 'adam') only, not optim.name=sgd",
+        ),
+        (
+            ["optim.state_dtype=fp16", "optim.state_rounding=stochastic"],
+            "optim.state_rounding=stochastic exists for optim.state_dtype=bf16 only",
+        ),
+        (["optim.block_size=64"], "optim.block_size applies to state_dtype int8, int4 or fp8"),
+        (["optim.state_dtype=int8", "optim.fused=true"], "optim.fused=true has no kernel"),
+    ],
+)
 def test_bad_state_settings_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
         settings(*overrides)
@@ -212,9 +257,12 @@ def test_bad_state_settings_are_one_line(overrides, message):
 
 def test_cli_refuses_bad_state_settings_with_exit_2(tmp_path):
     for overrides, message in [
-            (["optim.state_dtype=int3"], "optim.state_dtype='int3' is unknown; use one of"),
-            (["optim=sgd", "optim.state_dtype=int4"],
-             "optim.state_dtype=int4 exists for ('adamw', 'adam') only")]:
+        (["optim.state_dtype=int3"], "optim.state_dtype='int3' is unknown; use one of"),
+        (
+            ["optim=sgd", "optim.state_dtype=int4"],
+            "optim.state_dtype=int4 exists for ('adamw', 'adam') only",
+        ),
+    ]:
         done = run_cli(*overrides, "hydra.run.dir=run", cwd=tmp_path)
         assert done.returncode == 2 and message in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -222,28 +270,56 @@ def test_cli_refuses_bad_state_settings_with_exit_2(tmp_path):
 
 
 def test_block_size_reaches_torchao(tmp_path):
-    trainer = Trainer(settings("optim.state_dtype=int8", "optim.block_size=128",
-                               "trainer.max_steps=1"), tmp_path)
+    trainer = Trainer(
+        settings("optim.state_dtype=int8", "optim.block_size=128", "trainer.max_steps=1"), tmp_path
+    )
     trainer.fit()
-    blocks = {s["exp_avg_sq"].block_size for s in trainer.optimizer.state.values()
-              if hasattr(s["exp_avg_sq"], "block_size")}
+    blocks = {
+        s["exp_avg_sq"].block_size
+        for s in trainer.optimizer.state.values()
+        if hasattr(s["exp_avg_sq"], "block_size")
+    }
     assert blocks == {128}
 
 
 def test_bench_throughput_table_shows_the_state_memory(tmp_path):
     rows = {}
     for state_dtype in ["fp32", "int8"]:
-        args = ["--parts", "throughput", "--models", "test_vit", "--precisions", "fp32",
-                "--img-size", "16", "--batch-size", "8", "--steps", "2", "--warmup", "1",
-                "--device", "cpu", "--out", str(tmp_path / state_dtype), "--override",
-                f"optim.state_dtype={state_dtype}", "data.num_classes=10"]
+        args = [
+            "--parts",
+            "throughput",
+            "--models",
+            "test_vit",
+            "--precisions",
+            "fp32",
+            "--img-size",
+            "16",
+            "--batch-size",
+            "8",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / state_dtype),
+            "--override",
+            f"optim.state_dtype={state_dtype}",
+            "data.num_classes=10",
+        ]
         assert bench.main(args) == 0
         [rows[state_dtype]] = json.loads((tmp_path / state_dtype / "bench.json").read_text())[
-            "throughput"]
+            "throughput"
+        ]
         table = (tmp_path / state_dtype / "bench.md").read_text()
         assert f"| {state_dtype} | {rows[state_dtype]['state_mb']:.2f} |" in table
-    built = Trainer(compose_settings(bench.throughput_overrides(
-        bench.parse_args(args), "test_vit", "fp32", False)), tmp_path / "count")
+    built = Trainer(
+        compose_settings(
+            bench.throughput_overrides(bench.parse_args(args), "test_vit", "fp32", False)
+        ),
+        tmp_path / "count",
+    )
     fp32_mb = 8 * sum(p.numel() for p in built.model.parameters()) / 2**20
     assert rows["fp32"]["state_mb"] == pytest.approx(fp32_mb)
     assert 0.1 * fp32_mb < rows["int8"]["state_mb"] < 0.31 * fp32_mb
@@ -259,17 +335,43 @@ def _free_port() -> int:
 def test_int8_state_under_ddp_matches_one_process(tmp_path):
     """Two gloo ranks with half the batch each step exactly as one process with the whole."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    common = ["model=test_vit", "data.img_size=16", "trainer.max_steps=4", "trainer.log_every=2",
-              "trainer.progress=false", "trainer.device=cpu", "logger.mode=disabled",
-              "optim.state_dtype=int8"]
-    runs = {"ddp": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                    f"--master_port={_free_port()}", "-m", "amp_lab", *common,
-                    "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp"],
-            "one": [sys.executable, "-m", "amp_lab", *common, "trainer.batch_size=16",
-                    "hydra.run.dir=one"]}
+    common = [
+        "model=test_vit",
+        "data.img_size=16",
+        "trainer.max_steps=4",
+        "trainer.log_every=2",
+        "trainer.progress=false",
+        "trainer.device=cpu",
+        "logger.mode=disabled",
+        "optim.state_dtype=int8",
+    ]
+    runs = {
+        "ddp": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            "-m",
+            "amp_lab",
+            *common,
+            "trainer.strategy=ddp",
+            "trainer.batch_size=8",
+            "hydra.run.dir=ddp",
+        ],
+        "one": [
+            sys.executable,
+            "-m",
+            "amp_lab",
+            *common,
+            "trainer.batch_size=16",
+            "hydra.run.dir=one",
+        ],
+    }
     for command in runs.values():
-        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600, check=False)
+        done = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     ddp, one = (json.loads((tmp_path / n / "summary.json").read_text()) for n in runs)
     assert ddp["world_size"] == 2 and ddp["optimizer_state_dtype"] == "int8"
@@ -278,8 +380,9 @@ def test_int8_state_under_ddp_matches_one_process(tmp_path):
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
-def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device(monkeypatch,
-                                                                                 tmp_path):
+def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device(
+    monkeypatch, tmp_path
+):
     """GradScaler hands its inf flag to the step (no `.item()` per step); the step with an inf
     gradient changes neither weights nor moments nor the step count."""
     run = ["optim.state_dtype=bf16", "optim.state_rounding=stochastic"]
@@ -289,16 +392,19 @@ def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device
     assert _rows(tmp_path / "inf")[0]["amp/skipped_steps"] == 1
     monkeypatch.undo()
     runs = {}
-    for name, extra in [("one", ["trainer.max_steps=1"]),
-                        ("skip", ["trainer.max_steps=2", "fault.inf_grad_at_step=2"])]:
+    for name, extra in [
+        ("one", ["trainer.max_steps=1"]),
+        ("skip", ["trainer.max_steps=2", "fault.inf_grad_at_step=2"]),
+    ]:
         runs[name] = Trainer(settings(*run, "lr.schedule=constant", *extra), tmp_path / name)
         runs[name].fit()
     for a, b in zip(runs["one"].model.parameters(), runs["skip"].model.parameters()):
         assert torch.equal(a, b)
     for a, b in zip(runs["one"].optimizer.state.values(), runs["skip"].optimizer.state.values()):
         assert a["step"] == b["step"] == 1
-        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"],
-                                                                       b["exp_avg_sq"])
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(
+            a["exp_avg_sq"], b["exp_avg_sq"]
+        )
 
 
 def test_torchao_states_read_the_inf_flag_on_the_host_each_step(monkeypatch, tmp_path):
@@ -310,10 +416,19 @@ def test_torchao_states_read_the_inf_flag_on_the_host_each_step(monkeypatch, tmp
     assert len([call for call in watch.calls if "_maybe_opt_step" in call]) == 5
 
 
-@pytest.mark.parametrize(("name", "state_dtype", "expected"), [
-    ("adamw", "int8", "AdamW8bit"), ("adamw", "int4", "AdamW4bit"), ("adamw", "fp8", "AdamWFp8"),
-    ("adam", "int8", "Adam8bit"), ("adam", "int4", "Adam4bit"), ("adam", "fp8", "AdamFp8"),
-    ("adamw", "bf16", "LowPrecisionMomentsAdam"), ("adam", "fp16", "LowPrecisionMomentsAdam")])
+@pytest.mark.parametrize(
+    ("name", "state_dtype", "expected"),
+    [
+        ("adamw", "int8", "AdamW8bit"),
+        ("adamw", "int4", "AdamW4bit"),
+        ("adamw", "fp8", "AdamWFp8"),
+        ("adam", "int8", "Adam8bit"),
+        ("adam", "int4", "Adam4bit"),
+        ("adam", "fp8", "AdamFp8"),
+        ("adamw", "bf16", "LowPrecisionMomentsAdam"),
+        ("adam", "fp16", "LowPrecisionMomentsAdam"),
+    ],
+)
 def test_the_state_dtype_table(name, state_dtype, expected):
     cfg = settings(f"optim.name={name}", f"optim.state_dtype={state_dtype}").optim
     optimizer = build_optimizer(torch.nn.Linear(64, 64), cfg, lr=1e-3)

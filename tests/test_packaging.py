@@ -26,25 +26,49 @@ from helpers import CONF_DIR, ROOT, settings
 from amp_lab.choices import PrecisionName
 from amp_lab.precision.modes import PRECISION_MODES
 
-SMALL = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.device=cpu",
-         "trainer.progress=false", "logger.mode=disabled"]
+SMALL = [
+    "model=test_vit",
+    "data.img_size=16",
+    "trainer.batch_size=16",
+    "trainer.device=cpu",
+    "trainer.progress=false",
+    "logger.mode=disabled",
+]
 
 
 def _run(*command: str | Path, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the venv's amp_lab only
-    return subprocess.run([str(c) for c in command], cwd=cwd, env={**env, "HYDRA_FULL_ERROR": "0"},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(c) for c in command],
+        cwd=cwd,
+        env={**env, "HYDRA_FULL_ERROR": "0"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _build_wheel(tmp: Path) -> Path:
     """`pip wheel` from a copy of the sources (the build leaves build/ and *.egg-info behind)."""
     src = tmp / "src"
-    shutil.copytree(ROOT / "amp_lab", src / "amp_lab",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        ROOT / "amp_lab", src / "amp_lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    result = _run(sys.executable, "-m", "pip", "wheel", src, "--no-deps", "--no-build-isolation",
-                  "--no-index", "-w", tmp / "dist", cwd=tmp)
+    result = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        src,
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-w",
+        tmp / "dist",
+        cwd=tmp,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("amp_lab-*.whl")
     return wheel
@@ -54,12 +78,25 @@ def _venv_with(wheel: Path, venv: Path) -> Path:
     """A fresh venv seeing this environment's packages through a .pth file; the wheel in it."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                     cwd=venv).stdout.strip())
+    site = Path(
+        _run(
+            python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=venv
+        ).stdout.strip()
+    )
     ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     (site / "amp_lab_test_deps.pth").write_text("\n".join(ours) + "\n")
-    result = _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
-                  "--no-index", wheel, cwd=venv)
+    result = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-deps",
+        "--no-index",
+        wheel,
+        cwd=venv,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return site
 
@@ -86,23 +123,32 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
     work = tmp_path / "work"  # outside the repo, no conf/ anywhere near
     work.mkdir()
 
-    where = _run(tmp_path / "venv" / "bin" / "python", "-c",
-                 "import amp_lab; print(amp_lab.__file__)", cwd=work)
+    where = _run(
+        tmp_path / "venv" / "bin" / "python",
+        "-c",
+        "import amp_lab; print(amp_lab.__file__)",
+        cwd=work,
+    )
     assert Path(where.stdout.strip()) == site / "amp_lab" / "__init__.py"
 
     result = _run(command, "--help", cwd=work)
     assert result.returncode == 0 and "Config groups" in result.stdout, result.stderr[-2000:]
 
-    result = _run(command, *SMALL, "trainer.max_steps=10", "trainer.log_every=5",
-                  "hydra.run.dir=run", cwd=work)
+    result = _run(
+        command,
+        *SMALL,
+        "trainer.max_steps=10",
+        "trainer.log_every=5",
+        "hydra.run.dir=run",
+        cwd=work,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((work / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 10
     records = [json.loads(line) for line in (work / "run" / "metrics.jsonl").open()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10]
 
-    result = _run(command, "-m", "+experiment/cpu=precision_modes", "trainer.max_steps=5",
-                  cwd=work)
+    result = _run(command, "-m", "+experiment/cpu=precision_modes", "trainer.max_steps=5", cwd=work)
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (work / "multirun").glob("*/*")  # the default sweep dir, in the user's folder
     jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").exists())
@@ -116,8 +162,11 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
     report = (sweep / "report" / "report.md").read_text()
     for model in ("test_convnext", "test_vit"):
         for precision in ("fp32", "fp16", "bf16"):
-            assert re.search(rf"model={model}.*precision={precision}\b|"
-                             rf"precision={precision}.*model={model}", report), (model, precision)
+            assert re.search(
+                rf"model={model}.*precision={precision}\b|"
+                rf"precision={precision}.*model={model}",
+                report,
+            ), (model, precision)
     assert list((sweep / "report").glob("*.png"))
 
     result = _run(command, "doctor", "--help", cwd=work)
@@ -126,8 +175,9 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
 
 def _make_targets() -> dict[str, str]:
     """Every target in the Makefile with its `## ` description ('' when it has none)."""
-    found = re.findall(r"^([a-z][a-z_-]*):[^=\n]*?(?:##\s*(.*))?$",
-                       (ROOT / "Makefile").read_text(), flags=re.M)
+    found = re.findall(
+        r"^([a-z][a-z_-]*):[^=\n]*?(?:##\s*(.*))?$", (ROOT / "Makefile").read_text(), flags=re.M
+    )
     return {name: (doc or "").strip() for name, doc in found}
 
 
@@ -135,8 +185,9 @@ def test_make_help_lists_every_target():
     targets = _make_targets()
     assert {"help", "run", "test", "test-fast", "bench", "check"} <= set(targets)
     assert not [name for name, doc in targets.items() if not doc]  # every one documented
-    result = subprocess.run(["make", "-s", "-C", str(ROOT), "help"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "help"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     listed = dict(line.split(maxsplit=1) for line in result.stdout.strip().splitlines())
     assert listed == targets
@@ -160,9 +211,13 @@ def test_a_precision_mode_is_one_table_row_plus_one_config_file():
     assert all(settings(f"precision={name}").precision.name == name for name in files)
 
 
-@pytest.mark.parametrize("doc, section", [
-    ("README.md", r"^amp_lab/\n(.*?)^```"),  # the tree
-    ("CONTRIBUTING.md", r"^## Where things go\n(.*?)^## ")])
+@pytest.mark.parametrize(
+    "doc, section",
+    [
+        ("README.md", r"^amp_lab/\n(.*?)^```"),  # the tree
+        ("CONTRIBUTING.md", r"^## Where things go\n(.*?)^## "),
+    ],
+)
 def test_the_documented_layout_names_every_package(doc, section):
     found = re.search(section, (ROOT / doc).read_text(), flags=re.M | re.S)
     assert found is not None

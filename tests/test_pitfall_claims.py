@@ -10,10 +10,18 @@ from helpers import settings
 
 from amp_lab.trainer import Trainer
 
-TINY = ["data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
-        "+model.kwargs.depth=1", "precision=fp16", "trainer.log_every=1"]
-OPTIMIZERS = {"sgd": ["optim=sgd", "optim.weight_decay=0", "optim.momentum=0", "lr.base=0.1"],
-              "adamw": ["optim=adamw"]}
+TINY = [
+    "data.img_size=8",
+    "trainer.batch_size=8",
+    "data.val_fraction=0.05",
+    "+model.kwargs.depth=1",
+    "precision=fp16",
+    "trainer.log_every=1",
+]
+OPTIMIZERS = {
+    "sgd": ["optim=sgd", "optim.weight_decay=0", "optim.momentum=0", "lr.base=0.1"],
+    "adamw": ["optim=adamw"],
+}
 
 
 def _fit(tmp_path, optim: str, *overrides: str) -> tuple[dict, list[dict]]:
@@ -24,8 +32,15 @@ def _fit(tmp_path, optim: str, *overrides: str) -> tuple[dict, list[dict]]:
 
 def update_ratio(tmp_path, optim: str, pitfall: str) -> float:
     """Update-to-weight ratio of the first step (the same weights and batch in both runs)."""
-    _, rows = _fit(tmp_path / pitfall, optim, f"pitfall={pitfall}", "trainer.clip_grad=1.0",
-                   "lr.schedule=constant", "trainer.max_steps=1", "diagnostics.every=1")
+    _, rows = _fit(
+        tmp_path / pitfall,
+        optim,
+        f"pitfall={pitfall}",
+        "trainer.clip_grad=1.0",
+        "lr.schedule=constant",
+        "trainer.max_steps=1",
+        "diagnostics.every=1",
+    )
     return rows[0]["diag/update_ratio"]
 
 
@@ -34,8 +49,9 @@ def test_clip_before_unscale_shrinks_sgd_updates_by_the_scale_but_not_adamw(tmp_
     """SGD: the update is ~1/scale (65536) of the correct one; AdamW normalises the gradient's
     size away, so its update shrinks far less (measured 0.2-0.4x: the eps term grows
     relatively larger), and the loss falls almost as fast."""
-    ratio = (update_ratio(tmp_path, optim, "clip_before_unscale")
-             / update_ratio(tmp_path, optim, "none"))
+    ratio = update_ratio(tmp_path, optim, "clip_before_unscale") / update_ratio(
+        tmp_path, optim, "none"
+    )
     if optim == "sgd":
         assert ratio == pytest.approx(1 / 65536, rel=0.05)
     else:
@@ -44,8 +60,13 @@ def test_clip_before_unscale_shrinks_sgd_updates_by_the_scale_but_not_adamw(tmp_
 
 @pytest.mark.parametrize("optim", OPTIMIZERS)
 def test_no_scaler_update_pins_the_scale_while_steps_skip(tmp_path, optim):
-    summary, _ = _fit(tmp_path, optim, "pitfall=no_scaler_update", "fault.inf_grad_at_step=2",
-                      "trainer.max_steps=4")
+    summary, _ = _fit(
+        tmp_path,
+        optim,
+        "pitfall=no_scaler_update",
+        "fault.inf_grad_at_step=2",
+        "trainer.max_steps=4",
+    )
     assert summary["skipped_steps"] == 1 and summary["final_loss_scale"] == 65536
     assert "no_scaler_update" in summary["diagnostics"]["signatures"]
     assert "scale_pinned" in {e["rule"] for e in summary["health"]}
@@ -53,16 +74,24 @@ def test_no_scaler_update_pins_the_scale_while_steps_skip(tmp_path, optim):
 
 @pytest.mark.parametrize("optim", OPTIMIZERS)
 def test_update_every_microbatch_grows_the_scale_grad_accum_times_too_fast(tmp_path, optim):
-    summary, _ = _fit(tmp_path, optim, "pitfall=update_every_microbatch", "trainer.grad_accum=4",
-                      "scaler.init_scale=256", "scaler.growth_interval=2", "trainer.max_steps=2")
+    summary, _ = _fit(
+        tmp_path,
+        optim,
+        "pitfall=update_every_microbatch",
+        "trainer.grad_accum=4",
+        "scaler.init_scale=256",
+        "scaler.growth_interval=2",
+        "trainer.max_steps=2",
+    )
     assert summary["final_loss_scale"] > 256 * 2  # once per step allows one growth in 2 steps
     assert "update_every_microbatch" in summary["diagnostics"]["signatures"]
 
 
 @pytest.mark.parametrize("optim", OPTIMIZERS)
 def test_half_model_keeps_fp16_weights_and_optimizer_state(tmp_path, optim):
-    trainer = Trainer(settings(*TINY, *OPTIMIZERS[optim], "pitfall=half_model",
-                               "trainer.max_steps=2"), tmp_path)
+    trainer = Trainer(
+        settings(*TINY, *OPTIMIZERS[optim], "pitfall=half_model", "trainer.max_steps=2"), tmp_path
+    )
     summary = trainer.fit()
     assert summary["diagnostics"]["fp32_state_ok"] is False
     evidence = summary["diagnostics"]["signatures"]["half_model"]

@@ -33,8 +33,14 @@ from amp_lab.config import ConfigError
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
-RECIPE = ["data.augment=true", "data.auto_augment=rand-m9-mstd0.5-inc1", "data.re_prob=0.25",
-          "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.label_smoothing=0.1"]
+RECIPE = [
+    "data.augment=true",
+    "data.auto_augment=rand-m9-mstd0.5-inc1",
+    "data.re_prob=0.25",
+    "data.mixup_alpha=0.8",
+    "data.cutmix_alpha=1.0",
+    "data.label_smoothing=0.1",
+]
 
 
 def _image_folder(root, classes=2, per_class=8, size=20):
@@ -55,11 +61,14 @@ def _cifar10(root, per_batch=8):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {"data": rng.integers(0, 255, (per_batch, 3072), dtype=np.uint8),
-                 "labels": [int(x) for x in rng.integers(0, 10, per_batch)]}
+        batch = {
+            "data": rng.integers(0, 255, (per_batch, 3072), dtype=np.uint8),
+            "labels": [int(x) for x in rng.integers(0, 10, per_batch)],
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(pickle.dumps(
-        {"label_names": [f"class_{i}" for i in range(10)]}))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": [f"class_{i}" for i in range(10)]})
+    )
     return root
 
 
@@ -78,10 +87,16 @@ def test_imagefolder_recipe_runs_timms_transforms_on_jpeg_and_png(tmp_path):
     assert any(isinstance(op, RandAugment) for op in train_ops)
     # exactly timm's pipeline, normalised and resized as test_vit's pretrained config says
     pretrained = timm.models.get_pretrained_cfg("test_vit")
-    expected = create_transform((3, 16, 16), is_training=True, auto_augment=cfg.auto_augment,
-                                re_prob=0.25, re_mode="pixel",
-                                interpolation=pretrained.interpolation,
-                                mean=pretrained.mean, std=pretrained.std)
+    expected = create_transform(
+        (3, 16, 16),
+        is_training=True,
+        auto_augment=cfg.auto_augment,
+        re_prob=0.25,
+        re_mode="pixel",
+        interpolation=pretrained.interpolation,
+        mean=pretrained.mean,
+        std=pretrained.std,
+    )
     assert repr(data.train.dataset.transform) == repr(expected)
     normalize = next(op for op in val_ops if isinstance(op, Normalize))
     assert tuple(normalize.mean) == pretrained.mean == (0.5, 0.5, 0.5)
@@ -104,8 +119,14 @@ def test_randaugment_posterize_at_full_magnitude_runs_on_this_pillow():
 
 def test_augment_off_trains_on_the_evaluation_transform_and_data_mean_wins(tmp_path):
     root = _image_folder(tmp_path / "images")
-    cfg = settings("data=imagefolder", f"data.root={root}", "data.augment=false",
-                   "data.mean=[0.1,0.2,0.3]", "data.std=[1,1,1]", "data.crop_pct=1.0").data
+    cfg = settings(
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.augment=false",
+        "data.mean=[0.1,0.2,0.3]",
+        "data.std=[1,1,1]",
+        "data.crop_pct=1.0",
+    ).data
     data = build_data(cfg, 0, torch.device("cpu"), "test_vit")
     assert repr(data.train.dataset.transform) == repr(data.val.dataset.transform)
     normalize = next(op for op in _ops(data.val) if isinstance(op, Normalize))
@@ -116,18 +137,23 @@ def test_normalisation_comes_from_the_model_else_the_data_set():
     cfg = settings("data=imagefolder", "data.root=.").data
     data_stats = ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
     assert resolve_normalisation(cfg, "test_vit", *data_stats) == Normalisation(
-        (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic", 0.95)
+        (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic", 0.95
+    )
     assert resolve_normalisation(cfg, None, *data_stats) == Normalisation(
-        *data_stats, "bilinear", 0.875)
+        *data_stats, "bilinear", 0.875
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.mixup_alpha=0.8", "trainer.batch_size=15"], "need an even trainer.batch_size"),
-    (["data.auto_augment=rand-m9-mstd0.5-inc1"], "data.auto_augment needs image files"),
-    (["data.re_prob=0.25"], "data.re_prob needs image files"),
-    (["data.scale=[0.5,0.2]"], "data.scale=[0.5, 0.2] must be [min, max] area shares"),
-    (["data.mean=[0.5]"], "data.mean=[0.5] must hold 3 channel values"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.mixup_alpha=0.8", "trainer.batch_size=15"], "need an even trainer.batch_size"),
+        (["data.auto_augment=rand-m9-mstd0.5-inc1"], "data.auto_augment needs image files"),
+        (["data.re_prob=0.25"], "data.re_prob needs image files"),
+        (["data.scale=[0.5,0.2]"], "data.scale=[0.5, 0.2] must be [min, max] area shares"),
+        (["data.mean=[0.5]"], "data.mean=[0.5] must hold 3 channel values"),
+    ],
+)
 def test_recipe_settings_that_cannot_apply_are_one_line_errors(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         Trainer(settings(*overrides), tmp_path)
@@ -136,12 +162,18 @@ def test_recipe_settings_that_cannot_apply_are_one_line_errors(overrides, messag
 
 def test_imagenet_deit_preset_is_deits_data_recipe(tmp_path):
     cfg = settings("data=imagenet_deit", f"data.root={_image_folder(tmp_path / 'i')}").data
-    assert (cfg.name, cfg.auto_augment, cfg.re_prob, cfg.mixup_alpha, cfg.cutmix_alpha,
-            cfg.mixup_switch_prob, cfg.label_smoothing, cfg.interpolation) == (
-        "imagefolder", "rand-m9-mstd0.5-inc1", 0.25, 0.8, 1.0, 0.5, 0.1, "bicubic")
+    assert (
+        cfg.name,
+        cfg.auto_augment,
+        cfg.re_prob,
+        cfg.mixup_alpha,
+        cfg.cutmix_alpha,
+        cfg.mixup_switch_prob,
+        cfg.label_smoothing,
+        cfg.interpolation,
+    ) == ("imagefolder", "rand-m9-mstd0.5-inc1", 0.25, 0.8, 1.0, 0.5, 0.1, "bicubic")
     data = build_data(cfg, 0, torch.device("cpu"), "deit_small_patch16_224")
-    crop = next(op for op in _ops(data.train)
-                if isinstance(op, RandomResizedCropAndInterpolation))
+    crop = next(op for op in _ops(data.train) if isinstance(op, RandomResizedCropAndInterpolation))
     assert crop.interpolation == InterpolationMode.BICUBIC and crop.scale == (0.08, 1.0)
 
 
@@ -149,9 +181,19 @@ def test_cifar_file_format_trains_through_the_recipe(tmp_path, monkeypatch):
     root = _cifar10(tmp_path / "cifar")
     # torchvision checks the real files' md5 sums; these are fakes in the same format
     monkeypatch.setattr(datasets.cifar, "check_integrity", lambda *args: True)
-    trainer = Trainer(settings("data=cifar10", "+recipe=deit", f"data.root={root}",
-                               "data.num_workers=0", "data.img_size=32", "data.crop_pct=1.0",
-                               "trainer.batch_size=8", "trainer.max_steps=2"), tmp_path / "run")
+    trainer = Trainer(
+        settings(
+            "data=cifar10",
+            "+recipe=deit",
+            f"data.root={root}",
+            "data.num_workers=0",
+            "data.img_size=32",
+            "data.crop_pct=1.0",
+            "trainer.batch_size=8",
+            "trainer.max_steps=2",
+        ),
+        tmp_path / "run",
+    )
     assert len(trainer.data.train) == 40 and len(trainer.data.val) == 8
     assert any(isinstance(op, RandAugment) for op in _ops(trainer.data.train))
     assert trainer.mixup is not None and trainer.ema is not None  # the recipe's batch side
@@ -169,17 +211,25 @@ class LossInputs:
         def recording(loss, x, target):
             self.calls.append((x.dtype, target.detach().clone()))
             return forward(loss, x, target)
+
         monkeypatch.setattr(cls, "forward", recording)
 
 
 def test_mixup_soft_targets_reach_an_fp32_loss_under_bf16_pure(tmp_path, monkeypatch):
     seen = LossInputs(monkeypatch, SoftTargetCrossEntropy)
-    trainer = Trainer(settings("precision=bf16_pure", "data.mixup_alpha=0.8",
-                               "data.cutmix_alpha=1.0", "data.label_smoothing=0.1",
-                               "trainer.max_steps=3"), tmp_path)
+    trainer = Trainer(
+        settings(
+            "precision=bf16_pure",
+            "data.mixup_alpha=0.8",
+            "data.cutmix_alpha=1.0",
+            "data.label_smoothing=0.1",
+            "trainer.max_steps=3",
+        ),
+        tmp_path,
+    )
     assert next(trainer.model.parameters()).dtype == torch.bfloat16  # the logits are bf16
     batch = next(trainer.data.train_batches(trainer.sampler))
-    (images, target), = mix_batches(trainer.mixup, [batch])
+    ((images, target),) = mix_batches(trainer.mixup, [batch])
     assert images.dtype == torch.float32 and target.shape == (16, 10)  # blended before autocast
     summary = trainer.fit()
     assert summary["steps"] == 3 and len(seen.calls) == 3
@@ -202,8 +252,10 @@ def test_label_smoothing_alone_is_timms_smoothing_loss_in_fp32(monkeypatch):
 
 
 def test_the_digits_tensor_path_takes_mixup_and_label_smoothing(tmp_path):
-    trainer = Trainer(settings("data.mixup_alpha=0.4", "data.label_smoothing=0.1",
-                               "trainer.max_steps=4"), tmp_path)
+    trainer = Trainer(
+        settings("data.mixup_alpha=0.4", "data.label_smoothing=0.1", "trainer.max_steps=4"),
+        tmp_path,
+    )
     images, labels = trainer.data.train.tensors
     assert images.shape[1:] == (1, 16, 16) and labels.dtype == torch.long  # no transforms
     summary = trainer.fit()
@@ -223,9 +275,16 @@ def test_drop_path_rate_is_timms_stochastic_depth():
     assert all(isinstance(b.drop_path1, torch.nn.Identity) for b in plain.blocks)
 
 
-EMA_RUN = ["trainer.max_steps=8", "trainer.log_every=1", "trainer.eval_every=4",
-           "data.val_fraction=0.05", "checkpoint.every_minutes=0", "trainer.ema.decay=0.9",
-           "trainer.ema.every=2", "data.mixup_alpha=0.8"]
+EMA_RUN = [
+    "trainer.max_steps=8",
+    "trainer.log_every=1",
+    "trainer.eval_every=4",
+    "data.val_fraction=0.05",
+    "checkpoint.every_minutes=0",
+    "trainer.ema.decay=0.9",
+    "trainer.ema.every=2",
+    "data.mixup_alpha=0.8",
+]
 
 
 class SignalAt(Sink):
@@ -263,8 +322,7 @@ def _moved_share(trainer: Trainer) -> float:
     trainer.fit()
     after = trainer.ema.module.state_dict()
     sized = {k: v.abs() >= 1e-2 for k, v in before.items()}
-    moved = sum(int((after[k] != v.to(after[k].dtype))[sized[k]].sum())
-                for k, v in before.items())
+    moved = sum(int((after[k] != v.to(after[k].dtype))[sized[k]].sum()) for k, v in before.items())
     return moved / sum(int(mask.sum()) for mask in sized.values())
 
 
@@ -272,8 +330,7 @@ def test_a_bf16_ema_stops_moving_on_bf16_pure_while_the_fp32_ema_tracks(tmp_path
     """decay 0.9999: each update is 1e-4 of (weights - ema); six AdamW steps at lr 1e-2 move a
     weight by at most ~6e-2, so an update is <= ~6e-6: under half a bf16 ulp of any entry
     >= 1e-2."""
-    run = ["precision=bf16_pure", "trainer.max_steps=6", "trainer.ema.decay=0.9999",
-           "lr.base=1e-2"]
+    run = ["precision=bf16_pure", "trainer.max_steps=6", "trainer.ema.decay=0.9999", "lr.base=1e-2"]
     fp32 = Trainer(settings(*run), tmp_path / "fp32")
     bf16 = Trainer(settings(*run, "trainer.ema.fp32=false"), tmp_path / "bf16")
     assert next(bf16.ema.module.parameters()).dtype == torch.bfloat16
@@ -292,32 +349,62 @@ def test_a_bf16_ema_stops_moving_on_bf16_pure_while_the_fp32_ema_tracks(tmp_path
 
 def test_an_imagefolder_recipe_run_reports_its_data_share(tmp_path):
     root = _image_folder(tmp_path / "images", per_class=20)
-    Trainer(settings("data=imagefolder", f"data.root={root}", "data.num_workers=0", *RECIPE,
-                     "trainer.batch_size=8", "trainer.max_steps=4", "trainer.log_every=2"),
-            tmp_path / "run").fit()
+    Trainer(
+        settings(
+            "data=imagefolder",
+            f"data.root={root}",
+            "data.num_workers=0",
+            *RECIPE,
+            "trainer.batch_size=8",
+            "trainer.max_steps=4",
+            "trainer.log_every=2",
+        ),
+        tmp_path / "run",
+    ).fit()
     rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     shares = [r["throughput/data_share"] for r in rows if "throughput/data_share" in r]
     assert shares and all(0.0 < s <= 1.0 for s in shares)
 
 
 def test_mixup_and_the_ema_add_no_host_reads_between_log_steps(monkeypatch, tmp_path):
-    trainer = Trainer(settings("precision=bf16", "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0",
-                               "trainer.ema.decay=0.99", "trainer.max_steps=5",
-                               "trainer.log_every=2", "data.val_fraction=0.05"), tmp_path)
+    trainer = Trainer(
+        settings(
+            "precision=bf16",
+            "data.mixup_alpha=0.8",
+            "data.cutmix_alpha=1.0",
+            "trainer.ema.decay=0.99",
+            "trainer.max_steps=5",
+            "trainer.log_every=2",
+            "data.val_fraction=0.05",
+        ),
+        tmp_path,
+    )
     assert watched_fit(monkeypatch, trainer).calls == []
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.auto_augment=rand-bogus9", "data.auto_augment='rand-bogus9' is not a timm policy"),
-    ("data.mixup_alpha=-0.5", "data.mixup_alpha=-0.5 must be >= 0 (0: off)"),
-    ("trainer.ema.decay=1.5", "trainer.ema.decay=1.5 must be in (0, 1), e.g. 0.9999"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.auto_augment=rand-bogus9", "data.auto_augment='rand-bogus9' is not a timm policy"),
+        ("data.mixup_alpha=-0.5", "data.mixup_alpha=-0.5 must be >= 0 (0: off)"),
+        ("trainer.ema.decay=1.5", "trainer.ema.decay=1.5 must be in (0, 1), e.g. 0.9999"),
+    ],
+)
 def test_bad_recipe_input_is_one_line_and_exit_2(override, message, tmp_path):
     root = _image_folder(tmp_path / "images")
     run_dir = tmp_path / "run"
-    result = run_cli("model=test_vit", "data=imagefolder", f"data.root={root}", "data.img_size=16",
-                     "data.augment=true", "logger.mode=disabled", "trainer.device=cpu",
-                     override, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = run_cli(
+        "model=test_vit",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.img_size=16",
+        "data.augment=true",
+        "logger.mode=disabled",
+        "trainer.device=cpu",
+        override,
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("amp_lab: error: ") and message in lines[0]

@@ -19,11 +19,19 @@ from amp_lab.report.verdicts import accuracy_words
 from amp_lab.report.wandb_report import build_report, report_spec
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "wandb_report_spec.json"
+
+
 def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    dirs = {(p, b): run(sweep, f"{i}_precision={p},trainer.batch_size={b}", f"precision={p}",
-                        f"trainer.batch_size={b}")
-            for i, (p, b) in enumerate([("fp32", 16), ("bf16", 16), ("fp32", 8), ("bf16", 8)])}
+    dirs = {
+        (p, b): run(
+            sweep,
+            f"{i}_precision={p},trainer.batch_size={b}",
+            f"precision={p}",
+            f"trainer.batch_size={b}",
+        )
+        for i, (p, b) in enumerate([("fp32", 16), ("bf16", 16), ("fp32", 8), ("bf16", 8)])
+    }
     data = report(str(sweep))
     assert data["axis"] == "precision" and "precision.name" in data["axis_keys"]
     groups = {g["name"]: g for g in data["groups"]}
@@ -32,17 +40,21 @@ def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path
         group = groups[f"trainer.batch_size={batch}"]
         assert group["reference"] == "fp32"
         ref, bf16 = cells(group)["fp32"], cells(group)["bf16"]
-        assert ref["reference"] and ref["runs"] == [f"{list(dirs).index(('fp32', batch))}_"
-                                                    f"precision=fp32,trainer.batch_size={batch}"]
+        assert ref["reference"] and ref["runs"] == [
+            f"{list(dirs).index(('fp32', batch))}_precision=fp32,trainer.batch_size={batch}"
+        ]
         assert ref["delta"]["acc"]["mean"] == 0.0 and ref["delta"]["loss"]["mean"] == 0.0
         assert ref["delta"]["speedup"] == 1.0
         mine, theirs = summary(dirs[("bf16", batch)]), summary(dirs[("fp32", batch)])
         assert bf16["delta"]["acc"]["mean"] == pytest.approx(
-            mine["final_val_acc"] - theirs["final_val_acc"])
+            mine["final_val_acc"] - theirs["final_val_acc"]
+        )
         assert bf16["delta"]["loss"]["mean"] == pytest.approx(
-            mine["final_val_loss"] - theirs["final_val_loss"])
+            mine["final_val_loss"] - theirs["final_val_loss"]
+        )
         assert bf16["delta"]["speedup"] == pytest.approx(
-            mine["mean_samples_per_s"] / theirs["mean_samples_per_s"])
+            mine["mean_samples_per_s"] / theirs["mean_samples_per_s"]
+        )
         assert bf16["figures"]["final_val_loss"]["mean"] == mine["final_val_loss"]
         assert group["verdict"].startswith("bf16 ")  # one sentence from the numbers
         assert "faster" not in group["verdict"]  # CPU speed is not a finding
@@ -61,8 +73,11 @@ def test_diverged_mode_is_named_with_its_step_and_scale(tmp_path):
     data = report(str(sweep))
     [group] = data["groups"]
     first = summary(fp16)["diagnostics"]["nonfinite"]["first_step"]
-    scales = [r["amp/loss_scale"] for r in map(json.loads, (fp16 / "metrics.jsonl").read_text()
-                                               .splitlines()) if r["kind"] == "train"]
+    scales = [
+        r["amp/loss_scale"]
+        for r in map(json.loads, (fp16 / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ]
     collapsed = f"diverged at step {first} (scale collapsed to 2^{math.log2(min(scales)):.0f})"
     assert cells(group)["fp16"]["health"] == [collapsed]
     assert group["verdict"].startswith(f"fp16 {collapsed}")
@@ -108,8 +123,11 @@ def test_killed_damaged_and_refused_runs_are_read_as_far_as_they_go(tmp_path, ca
     assert "summary.json is unreadable" in caplog.text
     [group] = data["groups"]  # the refused run's missing settings are the others' shared ones
     fp32, bf16, fp16 = (cells(group)[v] for v in ("fp32", "bf16", "fp16"))
-    val = [r for r in map(json.loads, (killed / "metrics.jsonl").read_text().splitlines())
-           if r["kind"] == "val"]
+    val = [
+        r
+        for r in map(json.loads, (killed / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "val"
+    ]
     assert fp32["figures"]["final_val_acc"]["n"] == 2
     assert fp32["status"] == "1× incomplete: no summary.json, 1× completed"
     runs = {r["label"]: r for r in data["runs"]}
@@ -126,8 +144,14 @@ def test_labels_are_unique_across_sweeps_and_accepted_by_ref(tmp_path):
         run(tmp_path / sweep, "0_precision=fp32", "precision=fp32")
     labels = [r.label for r in load_runs([tmp_path / "a", tmp_path / "b"])]
     assert labels == ["a/0_precision=fp32", "b/0_precision=fp32"]
-    data = report(str(tmp_path / "a"), str(tmp_path / "b"), "--ref", "b/0_precision=fp32",
-                  "--out", str(tmp_path / "out"))
+    data = report(
+        str(tmp_path / "a"),
+        str(tmp_path / "b"),
+        "--ref",
+        "b/0_precision=fp32",
+        "--out",
+        str(tmp_path / "out"),
+    )
     [group] = data["groups"]  # identical settings: one cell of two runs
     assert group["cells"][0]["runs"] == labels
 
@@ -136,11 +160,12 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
     good = run(tmp_path / "runs", "a", "precision=bf16")
     (tmp_path / "empty").mkdir()
     capsys.readouterr()  # the run's own output
-    for args, message in [([str(tmp_path / "empty")], "holds no amp_lab runs"),
-                          ([str(tmp_path / "nope")], "is not a directory"),
-                          ([str(good), "--by", "scaler.nope"], "--by scaler.nope: no run has"),
-                          ([str(good), "--ref", "zzz"], "--ref zzz is neither a run nor a "
-                                                        "value of precision")]:
+    for args, message in [
+        ([str(tmp_path / "empty")], "holds no amp_lab runs"),
+        ([str(tmp_path / "nope")], "is not a directory"),
+        ([str(good), "--by", "scaler.nope"], "--by scaler.nope: no run has"),
+        ([str(good), "--ref", "zzz"], "--ref zzz is neither a run nor a value of precision"),
+    ]:
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("amp_lab.report: error: ") and message in err, err
@@ -170,16 +195,23 @@ def test_wandb_report_groups_like_the_report(tmp_path, monkeypatch):
     grids = [block for block in spec["blocks"] if "runsets" in block]
     assert len(grids) == 3  # two comparison groups, then all runs
     ids = "(Metric('ID') == 'id0' or Metric('ID') == 'id1' or Metric('ID') == 'id2')"
-    assert [g["runsets"][0]["filters"] for g in grids[:2]] == \
-        [f"{ids} and Config('trainer.batch_size') == {b}" for b in (16, 8)]
-    assert [g["runsets"][0]["groupby"] for g in grids[:2]] == \
-        [["trainer.batch_size", "precision.name"]] * 2
+    assert [g["runsets"][0]["filters"] for g in grids[:2]] == [
+        f"{ids} and Config('trainer.batch_size') == {b}" for b in (16, 8)
+    ]
+    assert [g["runsets"][0]["groupby"] for g in grids[:2]] == [
+        ["trainer.batch_size", "precision.name"]
+    ] * 2
     [parallel] = grids[2]["panels"]
     names = [c["metric"]["name"] for c in parallel["columns"]]
     assert names[:2] == ["precision.name", "trainer.batch_size"]
     data = json.loads((sweep / "report" / "report.json").read_text())
-    report_obj = build_report("amp_lab", "my-team", ["2026-11-29/21-40-00"],
-                              {**data, "context": {}}, ["precision.name", "trainer.batch_size"])
+    report_obj = build_report(
+        "amp_lab",
+        "my-team",
+        ["2026-11-29/21-40-00"],
+        {**data, "context": {}},
+        ["precision.name", "trainer.batch_size"],
+    )
     snap = _normalise(report_spec(report_obj))
     snap = json.loads(json.dumps(snap).replace(str(tmp_path), "TMP"))
     for block in snap["blocks"]:  # the verdicts hold this machine's figures
@@ -196,8 +228,10 @@ def test_readme_findings_replace_only_the_marked_block(tmp_path):
     run(sweep, "1_precision=bf16", "precision=bf16")
     readme = tmp_path / "study" / "README.md"
     readme.parent.mkdir()
-    readme.write_text("# study\n\nintro\n<!-- amp_lab.report:start -->\nold\n"
-                      "<!-- amp_lab.report:end -->\n\nReading the report: ...\n")
+    readme.write_text(
+        "# study\n\nintro\n<!-- amp_lab.report:start -->\nold\n"
+        "<!-- amp_lab.report:end -->\n\nReading the report: ...\n"
+    )
     out = tmp_path / "study" / "report"
     data = report(str(sweep), "--out", str(out), "--readme", str(readme))
     text = readme.read_text()
@@ -209,16 +243,41 @@ def test_readme_findings_replace_only_the_marked_block(tmp_path):
     assert main([str(sweep), "--readme", str(tmp_path / "missing.md")]) == 2
 
 
-@pytest.mark.parametrize("acc, std, n, rel, words", [
-    (0.004, 0.003, 3, 0.004, "bf16 matches fp32 (Δacc +0.4 ± 0.3 pp, 3 seeds; loss within 0.4%)"),
-    (-0.03, 0.02, 3, 0.001, "bf16 matches fp32 (Δacc -3.0 ± 2.0 pp, 3 seeds; loss within 0.1%)"),
-    (-0.03, 0.0, 1, 0.001, "bf16 is worse than fp32 (Δacc -3.0 pp; loss within 0.1%; one seed: "
-                           "noise unknown)"),
-    (0.0, 0.0, 1, 0.05, "bf16 is worse than fp32 (Δacc +0.0 pp; loss +5%; one seed: noise "
-                        "unknown)"),
-    (0.02, 0.001, 2, -0.03, "bf16 is better than fp32 (Δacc +2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
-    (-0.02, 0.001, 2, -0.03, "bf16 differs from fp32 (Δacc -2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
-])
+@pytest.mark.parametrize(
+    "acc, std, n, rel, words",
+    [
+        (
+            0.004,
+            0.003,
+            3,
+            0.004,
+            "bf16 matches fp32 (Δacc +0.4 ± 0.3 pp, 3 seeds; loss within 0.4%)",
+        ),
+        (
+            -0.03,
+            0.02,
+            3,
+            0.001,
+            "bf16 matches fp32 (Δacc -3.0 ± 2.0 pp, 3 seeds; loss within 0.1%)",
+        ),
+        (
+            -0.03,
+            0.0,
+            1,
+            0.001,
+            "bf16 is worse than fp32 (Δacc -3.0 pp; loss within 0.1%; one seed: noise unknown)",
+        ),
+        (
+            0.0,
+            0.0,
+            1,
+            0.05,
+            "bf16 is worse than fp32 (Δacc +0.0 pp; loss +5%; one seed: noise unknown)",
+        ),
+        (0.02, 0.001, 2, -0.03, "bf16 is better than fp32 (Δacc +2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+        (-0.02, 0.001, 2, -0.03, "bf16 differs from fp32 (Δacc -2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+    ],
+)
 def test_verdict_words_follow_the_thresholds(acc, std, n, rel, words):
     """1 pp or 2 std of the paired Δ (whichever is larger) for accuracy, 2% for the loss."""
     comp = Comparison(Stat(acc, std, n), Stat(rel, 0.0, n), rel, None, None)
@@ -239,8 +298,11 @@ def test_speed_is_judged_only_on_an_unloaded_gpu(tmp_path, monkeypatch):
     assert data["context"]["speed_representative"] and data["context"]["devices"] == ["cuda"]
     speedup = summary(bf16)["mean_samples_per_s"] / summary(fp32)["mean_samples_per_s"]
     memory = summary(bf16)["peak_memory_mb"] / summary(fp32)["peak_memory_mb"]
-    speed = ("the same speed" if abs(speedup - 1) <= 0.05 else
-             f"{speedup:.2g}× " + ("faster" if speedup > 1 else "the speed"))
+    speed = (
+        "the same speed"
+        if abs(speedup - 1) <= 0.05
+        else f"{speedup:.2g}× " + ("faster" if speedup > 1 else "the speed")
+    )
     if abs(memory - 1) > 0.05:
         speed += f", {abs(1 - memory):.0%} {'less' if memory < 1 else 'more'} memory"
     assert data["groups"][0]["verdict"].endswith(f"), {speed}.")
@@ -248,8 +310,9 @@ def test_speed_is_judged_only_on_an_unloaded_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(context.os, "getloadavg", lambda: (cores + 1.0, 1.0, 1.0))
     loaded = report(str(sweep))
     assert not loaded["context"]["speed_representative"]
-    assert loaded["context"]["speed_note"] == (f"the load average ({cores + 1.0:.1f}) was above "
-                                               f"the {cores} cores")
+    assert loaded["context"]["speed_note"] == (
+        f"the load average ({cores + 1.0:.1f}) was above the {cores} cores"
+    )
     assert loaded["groups"][0]["verdict"].endswith(").")
 
 

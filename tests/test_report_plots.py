@@ -17,18 +17,28 @@ from amp_lab.report.runs import load_runs
 
 # 3 groups (lr.base) x {fp32, fp16, bf16 seed 0, bf16 seed 1}: 12 runs, job folders named with
 # every override, as a sweep with many fixed overrides names them (~150 characters)
-LONG = ("data.img_size=16,logger=disabled,model=test_vit,trainer.batch_size=16,"
-        "trainer.log_every=2,trainer.max_steps=4,trainer.progress=False,trainer.timing_warmup=1")
+LONG = (
+    "data.img_size=16,logger=disabled,model=test_vit,trainer.batch_size=16,"
+    "trainer.log_every=2,trainer.max_steps=4,trainer.progress=False,trainer.timing_warmup=1"
+)
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("plots") / "sweep"
-    jobs = [(lr, p, seed) for lr in ("1e-3", "2e-3", "3e-3")
-            for p, seed in (("fp32", 0), ("fp16", 0), ("bf16", 0), ("bf16", 1))]
+    jobs = [
+        (lr, p, seed)
+        for lr in ("1e-3", "2e-3", "3e-3")
+        for p, seed in (("fp32", 0), ("fp16", 0), ("bf16", 0), ("bf16", 1))
+    ]
     for i, (lr, p, seed) in enumerate(jobs):
-        run(root, f"{i}_{LONG},lr.base={lr},precision={p},trainer.seed={seed}",
-            f"lr.base={lr}", f"precision={p}", f"trainer.seed={seed}")
+        run(
+            root,
+            f"{i}_{LONG},lr.base={lr},precision={p},trainer.seed={seed}",
+            f"lr.base={lr}",
+            f"precision={p}",
+            f"trainer.seed={seed}",
+        )
     return root
 
 
@@ -40,8 +50,11 @@ def _legends_and_axes(fig: plt.Figure) -> tuple[list, list]:
 def test_legends_lie_inside_the_figure_and_off_every_axes(sweep: Path) -> None:
     runs = load_runs([sweep])
     data = report(str(sweep))
-    assert [g["name"] for g in data["groups"]] == ["lr.base=0.001", "lr.base=0.002",
-                                                    "lr.base=0.003"]
+    assert [g["name"] for g in data["groups"]] == [
+        "lr.base=0.001",
+        "lr.base=0.002",
+        "lr.base=0.003",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. "Tight layout not applied"
         fig = overview(runs, data)
@@ -51,8 +64,7 @@ def test_legends_lie_inside_the_figure_and_off_every_axes(sweep: Path) -> None:
     assert len(legends) == 3 and len(axes) == 3 * 4  # a row per group; loss scale: fp16 scales
     box = fig.bbox
     for legend in legends:
-        assert [t.get_text() for t in legend.get_texts()] == ["fp32 ref", "fp16",
-                                                              "bf16 (2 seeds)"]
+        assert [t.get_text() for t in legend.get_texts()] == ["fp32 ref", "fp16", "bf16 (2 seeds)"]
         extent = legend.get_window_extent(renderer)
         assert box.x0 <= extent.x0 and extent.x1 <= box.x1, extent
         assert box.y0 <= extent.y0 and extent.y1 <= box.y1, extent
@@ -60,8 +72,12 @@ def test_legends_lie_inside_the_figure_and_off_every_axes(sweep: Path) -> None:
     for ax in axes:  # titles, tick labels and axis labels inside the figure too
         tight = ax.get_tightbbox(renderer)
         assert box.x0 <= tight.x0 and tight.x1 <= box.x1 and tight.y1 <= box.y1, ax.get_title()
-    colors = {line.get_label(): line.get_color() for ax in axes for line in ax.get_lines()
-              if not line.get_label().startswith("_")}
+    colors = {
+        line.get_label(): line.get_color()
+        for ax in axes
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
     assert len(set(colors.values())) == 3  # one colour per precision, the same in every row
     plt.close(fig)
     assert (sweep / "report" / "overview.png").stat().st_size > 20_000
@@ -87,8 +103,11 @@ def test_no_loss_scale_panel_without_scaling_and_a_diverged_run_is_marked(tmp_pa
     run(sweep, "0_precision=fp32", "precision=fp32")
     run(sweep, "1_precision=bf16", "precision=bf16")
     fig = overview(load_runs([sweep]), report(str(sweep)))
-    assert [ax.get_title() for ax in fig.axes] == ["train loss", "Δ train loss vs reference",
-                                                  "val accuracy"]
+    assert [ax.get_title() for ax in fig.axes] == [
+        "train loss",
+        "Δ train loss vs reference",
+        "val accuracy",
+    ]
     plt.close(fig)
     run(sweep, "2_precision=fp32", "precision=fp32", *OVERFLOW, steps=8)
     fp16 = run(sweep, "3_precision=fp16", "precision=fp16", *OVERFLOW, steps=8)
@@ -97,8 +116,10 @@ def test_no_loss_scale_panel_without_scaling_and_a_diverged_run_is_marked(tmp_pa
     assert len(fig.axes) == 2 * 4  # fp16 scales its loss: a loss-scale column
     assert [t.get_text() for t in fig.axes[3].texts] == ["no run scales its loss"]  # fp32, bf16
     marks = [line for line in fig.axes[4].get_lines() if line.get_marker() == "x"]
-    first_bad = next(r["step"] for r in map(json.loads, (fp16 / "metrics.jsonl").read_text()
-                                            .splitlines())
-                     if r["kind"] == "train" and not math.isfinite(r["train/loss"]))
+    first_bad = next(
+        r["step"]
+        for r in map(json.loads, (fp16 / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train" and not math.isfinite(r["train/loss"])
+    )
     assert [list(m.get_xdata()) for m in marks] == [[first_bad]]  # at its divergence
     plt.close(fig)

@@ -23,8 +23,10 @@ def test_study_readme_holds_its_report(study: str) -> None:
     assert block.strip("\n") == findings(data, "report/overview.png")
     assert (folder / "report" / "overview.png").stat().st_size > 20_000
     assert data["context"]["report_command"].startswith(
-        f"python -m amp_lab.report multirun/studies/{study}")  # as `make study-{study}` runs it
-    assert data["context"]["commands"] == [f"python -m amp_lab -m +experiment/cpu={study} "
-                                           "logger=disabled"]
+        f"python -m amp_lab.report multirun/studies/{study}"
+    )  # as `make study-{study}` runs it
+    assert data["context"]["commands"] == [
+        f"python -m amp_lab -m +experiment/cpu={study} logger=disabled"
+    ]
     for group in data["groups"]:
         assert f"**Verdict:** {group['verdict']}" in block

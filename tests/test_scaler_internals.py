@@ -9,8 +9,12 @@ from amp_lab.precision import scaler_internals as internals
 from amp_lab.trainer import Trainer
 
 # fp32 with the scaler forced on: the scaler logic is the same as under fp16, and fast on CPU
-SCALED = ["precision=fp32", "scaler.enabled=true", "scaler.init_scale=1024",
-          "scaler.growth_interval=1"]
+SCALED = [
+    "precision=fp32",
+    "scaler.enabled=true",
+    "scaler.init_scale=1024",
+    "scaler.growth_interval=1",
+]
 
 
 def test_this_torch_is_one_the_scaler_internals_were_checked_against():
@@ -18,7 +22,8 @@ def test_this_torch_is_one_the_scaler_internals_were_checked_against():
     assert version in internals.CHECKED_TORCH, (
         f"torch {version} is not in CHECKED_TORCH {internals.CHECKED_TORCH} of "
         f"amp_lab/precision/scaler_internals.py: re-read {internals.RECHECK} in torch's "
-        f"torch/amp/grad_scaler.py, fix what changed, then add '{version}' to CHECKED_TORCH")
+        f"torch/amp/grad_scaler.py, fix what changed, then add '{version}' to CHECKED_TORCH"
+    )
 
 
 def test_major_minor_ignores_patch_and_local_parts():

@@ -21,10 +21,12 @@ from helpers.slurm import JOB, ON_TEST_CLUSTER
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("sbatch") is None,
-                       reason="no sbatch on this machine (scripts/slurm_cluster.sh start "
-                              "installs SLURM)"),
+    pytest.mark.skipif(
+        shutil.which("sbatch") is None,
+        reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs SLURM)",
+    ),
 ]
+
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
@@ -51,14 +53,25 @@ def _check_sweep(sweep, launcher_class: str):
         assert launcher_class in hydra_yaml
 
 
-@pytest.mark.parametrize("launcher, launcher_class", [
-    ("submitit_slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher")])
+@pytest.mark.parametrize(
+    "launcher, launcher_class",
+    [("submitit_slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher")],
+)
 def test_three_job_sweep(launcher, launcher_class, cluster, tmp_path):
     cluster_args = ON_TEST_CLUSTER if launcher == "submitit_slurm" else []
-    result = run_cli("-m", "precision=fp32,fp16,bf16", f"hydra/launcher={launcher}",
-                     *cluster_args, "hydra.launcher.timeout_min=5",
-                     f"hydra.sweep.dir={tmp_path / 'sweep'}", *JOB, "trainer.max_steps=4",
-                     "trainer.log_every=2", cwd=tmp_path, timeout=600)
+    result = run_cli(
+        "-m",
+        "precision=fp32,fp16,bf16",
+        f"hydra/launcher={launcher}",
+        *cluster_args,
+        "hydra.launcher.timeout_min=5",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *JOB,
+        "trainer.max_steps=4",
+        "trainer.log_every=2",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     _check_sweep(tmp_path / "sweep", launcher_class)
     if launcher == "submitit_slurm":  # it went through sbatch, with the preset's requeue signal
@@ -70,13 +83,23 @@ def test_three_job_sweep(launcher, launcher_class, cluster, tmp_path):
 def test_a_refused_job_on_slurm_is_named_in_the_sweeps_terminal(cluster, tmp_path):
     """The job runs in its own process on the cluster; the sweep still ends with exit code 2
     and the reason, read from the job's log."""
-    result = run_cli("-m", "lr.base=1e-3,-1", "hydra/launcher=submitit_slurm", *ON_TEST_CLUSTER,
-                     "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-                     *JOB, "trainer.max_steps=2", "trainer.log_every=2", cwd=tmp_path,
-                     timeout=600)
+    result = run_cli(
+        "-m",
+        "lr.base=1e-3,-1",
+        "hydra/launcher=submitit_slurm",
+        *ON_TEST_CLUSTER,
+        "hydra.launcher.timeout_min=5",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *JOB,
+        "trainer.max_steps=2",
+        "trainer.log_every=2",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0")
+        "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0"
+    )
     first = _job_dirs(tmp_path / "sweep")[0]
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"
 
@@ -85,18 +108,31 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     """The job gets SLURM's pre-timeout signal (USR2, sent with scancel so the test need not wait
     for a time limit), saves, is requeued into the same job dir, finishes from its checkpoint."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "amp_lab", "-m", "precision=fp16", "hydra/launcher=submitit_slurm",
-           *ON_TEST_CLUSTER, "hydra.launcher.timeout_min=5",
-           f"hydra.sweep.dir={sweep}", *JOB, "trainer.max_steps=100", "trainer.log_every=10",
-           "checkpoint.every_minutes=0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # as run_cli does
-    result = subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+    cmd = [
+        sys.executable,
+        "-m",
+        "amp_lab",
+        "-m",
+        "precision=fp16",
+        "hydra/launcher=submitit_slurm",
+        *ON_TEST_CLUSTER,
+        "hydra.launcher.timeout_min=5",
+        f"hydra.sweep.dir={sweep}",
+        *JOB,
+        "trainer.max_steps=100",
+        "trainer.log_every=10",
+        "checkpoint.every_minutes=0",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }  # as run_cli does
+    result = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 300
-        while not list(sweep.glob("0_*/metrics.jsonl")) or len(
-                _rows(_job_dirs(sweep)[0])) < 2:
+        while not list(sweep.glob("0_*/metrics.jsonl")) or len(_rows(_job_dirs(sweep)[0])) < 2:
             assert time.monotonic() < deadline and result.poll() is None, "no progress"
             time.sleep(1)
         [job_id] = [p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit()]
@@ -113,8 +149,7 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     assert list((run_dir / "checkpoints").glob(f"step_{resumed_at[0]:09d}.pt"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 100
-    assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == list(
-        range(10, 101, 10))
+    assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == list(range(10, 101, 10))
     submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
     assert "Requeued job" in submitit_log
 
@@ -124,10 +159,19 @@ def test_the_readme_cpu_example_runs_on_a_small_cluster_as_typed(cluster, tmp_pa
     with each job's state and the next command; no Hydra deprecation warning in the job logs."""
     monkeypatch.delenv("OMP_NUM_THREADS")  # threads follow the CPUs SLURM gave the job
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", "precision=fp32,fp16,bf16", "hydra/launcher=submitit_slurm_cpu",
-                     "hydra.launcher.partition=debug", f"hydra.sweep.dir={sweep}", *JOB,
-                     "trainer.max_steps=4", "trainer.log_every=2", "logger.mode=disabled",
-                     cwd=tmp_path, timeout=600)
+    result = run_cli(
+        "-m",
+        "precision=fp32,fp16,bf16",
+        "hydra/launcher=submitit_slurm_cpu",
+        "hydra.launcher.partition=debug",
+        f"hydra.sweep.dir={sweep}",
+        *JOB,
+        "trainer.max_steps=4",
+        "trainer.log_every=2",
+        "logger.mode=disabled",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     _check_sweep(sweep, "SlurmLauncher")
     tail = result.stderr.strip().splitlines()[-5:]
@@ -148,14 +192,27 @@ def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp
     """The GPU preset on this 2-CPU node: the jobs can never start; the sweep says why and what
     to set instead of waiting in silence."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "amp_lab", "-m", "precision=fp32,fp16",
-           "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
-           "hydra.launcher.gpus_per_node=null", "hydra.callbacks.skipped_jobs.pending_warn_s=5",
-           f"hydra.sweep.dir={sweep}", *JOB, "trainer.max_steps=2"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)  # Hydra logs to stdout
+    cmd = [
+        sys.executable,
+        "-m",
+        "amp_lab",
+        "-m",
+        "precision=fp32,fp16",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.gpus_per_node=null",
+        "hydra.callbacks.skipped_jobs.pending_warn_s=5",
+        f"hydra.sweep.dir={sweep}",
+        *JOB,
+        "trainer.max_steps=2",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )  # Hydra logs to stdout
     told = ""
     try:
         deadline = time.monotonic() + 120
@@ -166,6 +223,9 @@ def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp
         subprocess.run(["scancel", *ids], check=False)
         proc.kill()
         proc.wait()
-    assert re.search(r"SLURM jobs \d+_0, \d+_1 pending for \d+ s \((PartitionConfig|Resources)"
-                     r"\): each asks 8 CPUs / 64 GB; partition debug has 2 CPUs / \d+ GB per "
-                     r"node: set hydra.launcher.cpus_per_task / hydra.launcher.mem_gb", told), told
+    assert re.search(
+        r"SLURM jobs \d+_0, \d+_1 pending for \d+ s \((PartitionConfig|Resources)"
+        r"\): each asks 8 CPUs / 64 GB; partition debug has 2 CPUs / \d+ GB per "
+        r"node: set hydra.launcher.cpus_per_task / hydra.launcher.mem_gb",
+        told,
+    ), told

@@ -18,8 +18,12 @@ from amp_lab.numerics.pitfalls import VARIANTS, HalfModel, LabStep, NoScalerUpda
 from amp_lab.step import STAGES, TrainStep
 from amp_lab.trainer import Trainer
 
-TINY = ["data.img_size=8", "trainer.batch_size=8", "data.val_fraction=0.05",
-        "+model.kwargs.depth=1"]
+TINY = [
+    "data.img_size=8",
+    "trainer.batch_size=8",
+    "data.val_fraction=0.05",
+    "+model.kwargs.depth=1",
+]
 
 
 def _trainer(tmp_path, *overrides: str) -> Trainer:
@@ -28,13 +32,16 @@ def _trainer(tmp_path, *overrides: str) -> Trainer:
 
 def _batch(trainer: Trainer, offset: int = 0):
     images, labels = trainer.data.train.tensors
-    return images[offset:offset + 8], labels[offset:offset + 8]
+    return images[offset : offset + 8], labels[offset : offset + 8]
 
 
 def _overridden(cls: type) -> set[str]:
     """Names of the methods `cls` defines itself, not inherited from TrainStep."""
-    return {name for name, member in vars(cls).items()
-            if inspect.isfunction(member) and not name.startswith("__")}
+    return {
+        name
+        for name, member in vars(cls).items()
+        if inspect.isfunction(member) and not name.startswith("__")
+    }
 
 
 @pytest.mark.parametrize("pitfall", [p for p in PitfallName if p != PitfallName.none])
@@ -74,7 +81,10 @@ def test_watching_stages_sees_each_stage_in_order_and_changes_nothing(tmp_path):
     with watched.train_step.watching_stages(seen.append):
         loss = watched.train_step(batches).loss
     assert seen == ["forward_and_loss", "backward", "after_micro_batch"] * 2 + [
-        "unscale_and_clip", "optimizer_step", "update_scale"]
+        "unscale_and_clip",
+        "optimizer_step",
+        "update_scale",
+    ]
     assert not set(STAGES) & set(vars(watched.train_step))  # the class's stages again
     assert loss.item() == plain.train_step(batches).loss.item()
     for a, b in zip(watched.model.parameters(), plain.model.parameters()):
@@ -92,9 +102,17 @@ def test_phase_times_time_the_runners_own_step(tmp_path):
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_batches_reach_the_device_in_the_models_memory_format(tmp_path, channels_last):
-    trainer = Trainer(settings("model=test_convnext", "data=synthetic", "data.img_size=32",
-                               "data.num_samples=64", "data.num_classes=10",
-                               f"model.channels_last={str(channels_last).lower()}"), tmp_path)
+    trainer = Trainer(
+        settings(
+            "model=test_convnext",
+            "data=synthetic",
+            "data.img_size=32",
+            "data.num_samples=64",
+            "data.num_classes=10",
+            f"model.channels_last={str(channels_last).lower()}",
+        ),
+        tmp_path,
+    )
     images, _ = next(trainer.data.train_batches(trainer.sampler))
     val, _ = next(trainer.data.val_batches(8))
     for batch in (images, val):
@@ -112,9 +130,14 @@ def test_the_observer_watches_the_step_the_loop_runs(tmp_path):
     assert type(plain.train_step) is TrainStep and plain.diagnostics.view.uses_scaler is True
 
 
-@pytest.mark.parametrize("mode, named", [
-    (["precision=fp32"], "head.weight"), (["precision=bf16_pure"], "master weight 0"),
-    (["precision=bf16_pure", "precision.master_weights=false"], None)])
+@pytest.mark.parametrize(
+    "mode, named",
+    [
+        (["precision=fp32"], "head.weight"),
+        (["precision=bf16_pure"], "master weight 0"),
+        (["precision=bf16_pure", "precision.master_weights=false"], None),
+    ],
+)
 def test_the_view_names_the_weights_that_must_be_fp32(tmp_path, mode, named):
     view = _trainer(tmp_path, *mode).diagnostics.view
     weights = dict(view.optimized_weights())
@@ -137,8 +160,14 @@ def test_pitfall_names_are_the_strings_configs_records_and_the_doctor_use(tmp_pa
     assert isinstance(settings("pitfall=half_model").pitfall.name, PitfallName)
     assert set(SIGNATURE_FIXES) <= set(PitfallName)
     assert json.dumps({PitfallName.half_model: PitfallName.none}) == '{"half_model": "none"}'
-    trainer = _trainer(tmp_path, "precision=fp16", "scaler.init_scale=1e12",
-                       "pitfall=no_scaler_update", "trainer.max_steps=4", "trainer.log_every=4")
+    trainer = _trainer(
+        tmp_path,
+        "precision=fp16",
+        "scaler.init_scale=1e12",
+        "pitfall=no_scaler_update",
+        "trainer.max_steps=4",
+        "trainer.log_every=4",
+    )
     assert type(trainer.train_step) is NoScalerUpdate
     summary = trainer.fit()
     assert "no_scaler_update" in summary["diagnostics"]["signatures"]
@@ -150,8 +179,9 @@ def test_pitfall_names_are_the_strings_configs_records_and_the_doctor_use(tmp_pa
 def test_clip_before_unscale_keeps_the_pure_modes_gradient_hand_off(tmp_path):
     """Its own unscale stage still moves the 16-bit gradients into the fp32 masters first, so
     a pure-mode run with this mistake updates its weights (at ~1/scale of the right size)."""
-    trainer = _trainer(tmp_path, "precision=fp16_pure", "pitfall=clip_before_unscale",
-                       "trainer.clip_grad=1.0")
+    trainer = _trainer(
+        tmp_path, "precision=fp16_pure", "pitfall=clip_before_unscale", "trainer.clip_grad=1.0"
+    )
     before = [p.detach().clone() for p in trainer.model.parameters()]
     assert trainer.train_step([_batch(trainer)]).found_inf.item() == 0.0
     assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))

@@ -19,7 +19,7 @@ def _trainer(tmp_path, *overrides: str) -> Trainer:
 
 def _batch(trainer: Trainer, n: int, offset: int = 0):
     images, labels = trainer.data.train.tensors
-    return images[offset:offset + n], labels[offset:offset + n]
+    return images[offset : offset + n], labels[offset : offset + n]
 
 
 def _weights(trainer: Trainer) -> list[torch.Tensor]:
@@ -56,8 +56,9 @@ def test_inf_gradient_under_fp16_is_skipped_and_backs_off(tmp_path):
 
 
 def test_scale_grows_after_growth_interval_clean_steps(tmp_path):
-    trainer = _trainer(tmp_path, "precision=fp16", "scaler.init_scale=256",
-                       "scaler.growth_interval=3")
+    trainer = _trainer(
+        tmp_path, "precision=fp16", "scaler.init_scale=256", "scaler.growth_interval=3"
+    )
     scales = []
     for i in range(6):
         result = trainer.train_step([_batch(trainer, 16, 16 * i)])
@@ -93,8 +94,14 @@ def test_steps_between_log_steps_skip_the_norm_but_not_the_inf_check(tmp_path):
 
 def test_clipping_sees_unscaled_gradients(tmp_path):
     """fp16 with a 65536 scale: the logged norm matches fp32, and the clip acts on true grads."""
-    common = ["optim=sgd", "optim.momentum=0", "optim.weight_decay=0", "lr.base=1.0",
-              "lr.schedule=constant", "trainer.clip_grad=0.05"]
+    common = [
+        "optim=sgd",
+        "optim.momentum=0",
+        "optim.weight_decay=0",
+        "lr.base=1.0",
+        "lr.schedule=constant",
+        "trainer.clip_grad=0.05",
+    ]
     ref = _trainer(tmp_path / "a", "precision=fp32", *common)
     amp = _trainer(tmp_path / "b", "precision=fp16", "scaler.init_scale=65536", *common)
     batch = _batch(ref, 16)
@@ -108,19 +115,28 @@ def test_clipping_sees_unscaled_gradients(tmp_path):
 
 
 def test_accumulation_equals_one_large_batch_in_fp32(tmp_path):
-    common = ["precision=fp32", "optim=sgd", "optim.weight_decay=0", "lr.base=0.5",
-              "lr.schedule=constant"]
+    common = [
+        "precision=fp32",
+        "optim=sgd",
+        "optim.weight_decay=0",
+        "lr.base=0.5",
+        "lr.schedule=constant",
+    ]
     big = _trainer(tmp_path / "big", "trainer.batch_size=64", *common)
     acc = _trainer(tmp_path / "acc", "trainer.batch_size=16", "trainer.grad_accum=4", *common)
     assert all(torch.equal(a, b) for a, b in zip(_weights(big), _weights(acc)))  # same init
     images, labels = _batch(big, 64)
     big_result = big.train_step([(images, labels)])
-    acc_result = acc.train_step([(images[i:i + 16], labels[i:i + 16]) for i in range(0, 64, 16)])
+    acc_result = acc.train_step(
+        [(images[i : i + 16], labels[i : i + 16]) for i in range(0, 64, 16)]
+    )
     assert acc_result.loss.item() == pytest.approx(big_result.loss.item(), abs=1e-6)
     for a, b in zip(_weights(big), _weights(acc)):
         assert torch.allclose(a, b, atol=1e-6, rtol=0)
-    assert any(not torch.equal(a, b) for a, b in zip(_weights(big), _weights(_trainer(
-        tmp_path / "init", *common))))  # the step really changed the weights
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(_weights(big), _weights(_trainer(tmp_path / "init", *common)))
+    )  # the step really changed the weights
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -128,8 +144,12 @@ def test_optimizer_state_and_master_weights_stay_fp32(tmp_path, precision):
     trainer = _trainer(tmp_path, f"precision={precision}")
     trainer.train_step([_batch(trainer, 16)])
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
-    state = [t for s in trainer.optimizer.state.values() for t in s.values()
-             if torch.is_tensor(t) and t.is_floating_point() and t.numel() > 1]
+    state = [
+        t
+        for s in trainer.optimizer.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.is_floating_point() and t.numel() > 1
+    ]
     assert state and all(t.dtype == torch.float32 for t in state)
 
 

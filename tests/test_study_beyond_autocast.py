@@ -28,8 +28,9 @@ def test_gpu_study_sweeps_the_four_modes_on_a_fp8_friendly_vit():
 @pytest.mark.parametrize("precision", ["bf16", "bf16_pure", "fp16", "fp8"])
 def test_cpu_study_points_start_on_cpu(tmp_path, precision):
     assert precision in _sweep("+experiment/cpu=beyond_autocast")
-    settings = validate(compose_cfg("+experiment/cpu=beyond_autocast", f"precision={precision}",
-                                    fast=False))
+    settings = validate(
+        compose_cfg("+experiment/cpu=beyond_autocast", f"precision={precision}", fast=False)
+    )
     trainer = Trainer(settings, tmp_path)  # every check of the mode passes on CPU
     assert trainer.device.type == "cpu" and trainer.policy.mode.name == precision
     assert settings.precision.fp8_emulate is True

@@ -41,9 +41,17 @@ def _no_key_anywhere(root: Path) -> None:
 def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    summary = Trainer(settings("logger.mode=offline", "logger.group=study-a", "precision=bf16",
-                               "scaler.init_scale=32768", "lr.scale=0.7", "+logger.tags=[mine]"),
-                      tmp_path).fit()
+    summary = Trainer(
+        settings(
+            "logger.mode=offline",
+            "logger.group=study-a",
+            "precision=bf16",
+            "scaler.init_scale=32768",
+            "lr.scale=0.7",
+            "+logger.tags=[mine]",
+        ),
+        tmp_path,
+    ).fit()
     [wandb_file] = offline_runs(tmp_path)
     run = read_run(wandb_file)
     assert run.run_id == (tmp_path / WANDB_ID_FILE).read_text().strip()
@@ -59,9 +67,11 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     train = [row for row in run.history if "train/loss" in row]
     assert [row["step"] for row in train] == [r["step"] for r in _jsonl(tmp_path, "train")]
     assert [row["train/loss"] for row in train] == pytest.approx(
-        [r["train/loss"] for r in _jsonl(tmp_path, "train")])
+        [r["train/loss"] for r in _jsonl(tmp_path, "train")]
+    )
     assert [row["val/acc"] for row in run.history if "val/acc" in row] == pytest.approx(
-        [r["val/acc"] for r in _jsonl(tmp_path, "val")])
+        [r["val/acc"] for r in _jsonl(tmp_path, "val")]
+    )
     assert {run.metrics[f"{p}/*"] for p in ("train", "val", "amp", "throughput")} == {"step"}
     assert run.summary["final_val_acc"] == pytest.approx(summary["final_val_acc"])
     assert run.summary["status"] == "completed" and run.summary["precision"]["name"] == "bf16"
@@ -129,6 +139,7 @@ def test_modes_and_environment(tmp_path, monkeypatch):
 def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog):
     """On a SLURM requeue, SIGTERM can end the W&B service before the run closes its sink: the
     failure is a warning, so the requeue's SystemExit is what leaves the job."""
+
     class DeadService:
         def __getattr__(self, name):
             raise ConnectionResetError("Connection lost")
@@ -146,13 +157,22 @@ def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog)
     sink.close()  # raises nothing
     assert sink.run is None
     assert [r.message for r in caplog.records if "W&B" in r.message] == [
-        "W&B summary failed (Connection lost)", "W&B finish failed (Connection lost)"]
+        "W&B summary failed (Connection lost)",
+        "W&B finish failed (Connection lost)",
+    ]
 
 
 # -- online W&B as a new user meets it: on a terminal, no key / a bad key / no network ---------
-TERMINAL_RUN = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16",
-                "trainer.max_steps=4", "trainer.log_every=2", "trainer.device=cpu",
-                "trainer.progress=false", "logger.mode=online"]
+TERMINAL_RUN = [
+    "model=test_vit",
+    "data.img_size=16",
+    "trainer.batch_size=16",
+    "trainer.max_steps=4",
+    "trainer.log_every=2",
+    "trainer.device=cpu",
+    "trainer.progress=false",
+    "logger.mode=online",
+]
 
 
 def _on_terminal(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, float]:
@@ -174,8 +194,14 @@ def _on_terminal(args: list[str], env: dict[str, str], timeout: float) -> tuple[
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "amp_lab", *args], stdin=slave, stdout=slave,
-                            stderr=slave, env=env, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "amp_lab", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        close_fds=True,
+    )
     os.close(slave)
     try:
         code = proc.wait(timeout=timeout)
@@ -194,8 +220,14 @@ def _terminal_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     home.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**env, "HOME": str(home), "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
-            "TERM": "xterm", **extra}
+    return {
+        **env,
+        "HOME": str(home),
+        "PYTHONPATH": path,
+        "OMP_NUM_THREADS": "1",
+        "TERM": "xterm",
+        **extra,
+    }
 
 
 class _RejectEveryKey(BaseHTTPRequestHandler):
@@ -225,15 +257,18 @@ def rejecting_server():
 
 @pytest.mark.parametrize("case", ["no key", "fake key, no network", "bad key"])
 def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
-    extra = {"no key": {},
-             # nothing listens on port 9: the connection is refused at once, like no network
-             "fake key, no network": {"WANDB_API_KEY": FAKE_KEY,
-                                      "WANDB_BASE_URL": "http://127.0.0.1:9"},
-             "bad key": {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": rejecting_server}}[case]
+    extra = {
+        "no key": {},
+        # nothing listens on port 9: the connection is refused at once, like no network
+        "fake key, no network": {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": "http://127.0.0.1:9"},
+        "bad key": {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": rejecting_server},
+    }[case]
     run_dir = tmp_path / "run"
     code, output, seconds = _on_terminal(
         [*TERMINAL_RUN, f"hydra.run.dir={run_dir}"],
-        _terminal_env(tmp_path, WANDB_INIT_TIMEOUT="8", **extra), timeout=150)
+        _terminal_env(tmp_path, WANDB_INIT_TIMEOUT="8", **extra),
+        timeout=150,
+    )
     assert code == 0, output[-3000:]
     assert "logging offline instead" in output and FAKE_KEY not in output
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -242,8 +277,7 @@ def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
     assert (tracking["wandb_requested"], tracking["wandb_mode"]) == ("online", "offline")
     assert ("no API key" in tracking["wandb_fallback"]) == (case == "no key")
     # the aborted online attempt leaves no folder beside the offline run
-    assert sorted(p.name.split("-")[0] for p in (run_dir / "wandb").glob("*run-*")) == [
-        "offline"]
+    assert sorted(p.name.split("-")[0] for p in (run_dir / "wandb").glob("*run-*")) == ["offline"]
     run = read_run(offline_runs(run_dir)[0])
     assert run.config["logger"]["mode"] == "offline"
     assert run.config["tracking"]["wandb_fallback"] == tracking["wandb_fallback"]

@@ -12,9 +12,19 @@ from helpers import run_cli, settings
 from amp_lab.components.metrics import peak_memory_mb
 from amp_lab.trainer import Trainer
 
-TRAIN_KEYS = {"train/loss", "train/acc", "train/lr", "train/grad_norm", "amp/loss_scale",
-              "amp/skipped_steps", "amp/skip_rate", "throughput/samples_per_s",
-              "throughput/step_ms", "throughput/data_share", "memory/peak_mb"}
+TRAIN_KEYS = {
+    "train/loss",
+    "train/acc",
+    "train/lr",
+    "train/grad_norm",
+    "amp/loss_scale",
+    "amp/skipped_steps",
+    "amp/skip_rate",
+    "throughput/samples_per_s",
+    "throughput/step_ms",
+    "throughput/data_share",
+    "memory/peak_mb",
+}
 
 
 def _rows(path):
@@ -24,9 +34,17 @@ def _rows(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "fp16_noscale", "bf16"])
 def test_every_precision_mode_trains(precision, tmp_path):
-    summary = Trainer(settings(f"precision={precision}", "model=test_convnext",
-                               "data.img_size=32", "trainer.max_steps=30",
-                               "trainer.log_every=10", "lr.base=3e-3"), tmp_path).fit()
+    summary = Trainer(
+        settings(
+            f"precision={precision}",
+            "model=test_convnext",
+            "data.img_size=32",
+            "trainer.max_steps=30",
+            "trainer.log_every=10",
+            "lr.base=3e-3",
+        ),
+        tmp_path,
+    ).fit()
     rows = _rows(tmp_path)
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == [10, 20, 30]
@@ -42,11 +60,26 @@ def test_every_precision_mode_trains(precision, tmp_path):
 
 @pytest.mark.slow
 def test_summary_holds_what_the_issue_names(tmp_path):
-    summary = Trainer(settings("trainer.max_steps=6", "trainer.eval_every=3",
-                               "trainer.target_acc=0.0", "lr.scale=0.5"), tmp_path).fit()
-    for key in ["final_val_acc", "best_val_acc", "steps_to_target", "time_to_target_s",
-                "mean_samples_per_s", "skipped_steps", "diverged", "wall_time_s", "precision",
-                "scaler", "lr", "peak_memory_mb"]:
+    summary = Trainer(
+        settings(
+            "trainer.max_steps=6", "trainer.eval_every=3", "trainer.target_acc=0.0", "lr.scale=0.5"
+        ),
+        tmp_path,
+    ).fit()
+    for key in [
+        "final_val_acc",
+        "best_val_acc",
+        "steps_to_target",
+        "time_to_target_s",
+        "mean_samples_per_s",
+        "skipped_steps",
+        "diverged",
+        "wall_time_s",
+        "precision",
+        "scaler",
+        "lr",
+        "peak_memory_mb",
+    ]:
         assert summary[key] is not None, key
     assert summary["steps_to_target"] == 3  # first evaluation already meets a 0.0 target
     assert summary["lr"]["peak"] == pytest.approx(0.5e-3)
@@ -77,8 +110,15 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
 
 @pytest.mark.slow
 def test_epochs_cover_the_data_and_evaluate_each_epoch(tmp_path):
-    summary = Trainer(settings("trainer.max_steps=0", "trainer.epochs=2",
-                               "trainer.batch_size=256", "trainer.log_every=100"), tmp_path).fit()
+    summary = Trainer(
+        settings(
+            "trainer.max_steps=0",
+            "trainer.epochs=2",
+            "trainer.batch_size=256",
+            "trainer.log_every=100",
+        ),
+        tmp_path,
+    ).fit()
     assert summary["steps_per_epoch"] == 1438 // 256 and summary["steps"] == 2 * 5
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "val"] == [5, 10]
 
@@ -86,11 +126,21 @@ def test_epochs_cover_the_data_and_evaluate_each_epoch(tmp_path):
 @pytest.mark.slow
 def test_divergence_stops_cleanly(tmp_path):
     """An absurd LR sends the weights to inf; every later step is skipped, then the run stops."""
-    result = run_cli("precision=fp32", "lr.base=1e30", "lr.schedule=constant",
-                     "trainer.max_steps=40", "trainer.max_bad_steps=3", "trainer.log_every=2",
-                     "trainer.progress=false", "model=test_vit", "data.img_size=16",
-                     "trainer.batch_size=16", "trainer.device=cpu", "hydra.run.dir=run",
-                     cwd=tmp_path)
+    result = run_cli(
+        "precision=fp32",
+        "lr.base=1e30",
+        "lr.schedule=constant",
+        "trainer.max_steps=40",
+        "trainer.max_bad_steps=3",
+        "trainer.log_every=2",
+        "trainer.progress=false",
+        "model=test_vit",
+        "data.img_size=16",
+        "trainer.batch_size=16",
+        "trainer.device=cpu",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["diverged"] is True and summary["status"] == "diverged"
@@ -100,10 +150,18 @@ def test_divergence_stops_cleanly(tmp_path):
 
 @pytest.mark.slow
 def test_the_users_command_starts_at_the_chosen_scale(tmp_path):
-    result = run_cli("precision=fp16", "scaler.init_scale=32768", "trainer.max_steps=3",
-                     "trainer.log_every=1", "model=test_vit", "data.img_size=16",
-                     "trainer.batch_size=16", "trainer.device=cpu", "hydra.run.dir=run",
-                     cwd=tmp_path)
+    result = run_cli(
+        "precision=fp16",
+        "scaler.init_scale=32768",
+        "trainer.max_steps=3",
+        "trainer.log_every=1",
+        "model=test_vit",
+        "data.img_size=16",
+        "trainer.batch_size=16",
+        "trainer.device=cpu",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     run = tmp_path / "run"
     assert (run / ".hydra" / "config.yaml").is_file()

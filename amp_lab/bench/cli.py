@@ -34,10 +34,18 @@ from amp_lab.trainer import Trainer
 
 # Per device kind: models, batch size, image size, compile settings when not given.
 DEFAULTS = {
-    "cpu": {"models": ["test_vit", "test_convnext"], "batch_size": 32, "img_size": 32,
-            "compile": "off"},  # torch.compile on a small CPU costs minutes per model
-    "cuda": {"models": ["resnet50", "vit_base_patch16_224"], "batch_size": 128, "img_size": 224,
-             "compile": "both"},
+    "cpu": {
+        "models": ["test_vit", "test_convnext"],
+        "batch_size": 32,
+        "img_size": 32,
+        "compile": "off",
+    },  # torch.compile on a small CPU costs minutes per model
+    "cuda": {
+        "models": ["resnet50", "vit_base_patch16_224"],
+        "batch_size": 128,
+        "img_size": 224,
+        "compile": "both",
+    },
 }
 WARMUP_ROUNDS = 1  # overhead rounds left out: allocator growth, autotuning, compilation
 Report = Callable[..., None]  # rewrites bench.json/bench.md with the results so far
@@ -59,38 +67,79 @@ def variant_label(variant: str, settings: AmpLabConfig) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.bench", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m amp_lab.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
-    add("--parts", nargs="+", choices=["compile_cache", "overhead", "throughput"],
-        default=["overhead", "throughput"], help="what to run, always in the order "
+    add(
+        "--parts",
+        nargs="+",
+        choices=["compile_cache", "overhead", "throughput"],
+        default=["overhead", "throughput"],
+        help="what to run, always in the order "
         "compile_cache, overhead, throughput (default: overhead throughput); compile_cache "
         "compiles every models x precisions configuration once in --jobs parallel processes "
         "and records its first step, so the compiled throughput rows then load their kernels "
-        "from torch's on-disk caches")
-    add("--models", nargs="+", help="conf/model presets (default: test_vit test_convnext on "
-        "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead uses the first")
-    add("--precisions", nargs="+", help="modes from PRECISION_MODES (default: every mode "
-        "this device can run)")
-    add("--variants", nargs="+", default=None, help="overhead variants: 'default' or "
+        "from torch's on-disk caches",
+    )
+    add(
+        "--models",
+        nargs="+",
+        help="conf/model presets (default: test_vit test_convnext on "
+        "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead uses the first",
+    )
+    add(
+        "--precisions",
+        nargs="+",
+        help="modes from PRECISION_MODES (default: every mode this device can run)",
+    )
+    add(
+        "--variants",
+        nargs="+",
+        default=None,
+        help="overhead variants: 'default' or "
         "space-separated config overrides, e.g. 'diagnostics=off' (default: default, plus "
-        "each of diagnostics=light and full that is not the default)")
+        "each of diagnostics=light and full that is not the default)",
+    )
     add("--batch-size", type=int, help="per step (default: 32 on CPU, 128 on CUDA)")
     add("--img-size", type=int, help="synthetic image size (default: 32 on CPU, 224 on CUDA)")
-    add("--steps", type=int, default=20, help="timed steps per throughput row and per overhead "
-        "round (a multiple of trainer.log_every; default 20)")
+    add(
+        "--steps",
+        type=int,
+        default=20,
+        help="timed steps per throughput row and per overhead "
+        "round (a multiple of trainer.log_every; default 20)",
+    )
     add("--warmup", type=int, default=5, help="throughput warm-up steps (default 5)")
     add("--rounds", type=int, default=5, help="timed overhead rounds, after one warm-up round")
-    add("--compile", choices=["off", "on", "both"], help="torch.compile in the throughput table "
-        "(default: off on CPU, both on CUDA)")
-    add("--jobs", type=int, default=1, help="compile_cache processes at a time (default 1); "
-        "each runs its configuration's steps, so they share the device's memory")
+    add(
+        "--compile",
+        choices=["off", "on", "both"],
+        help="torch.compile in the throughput table (default: off on CPU, both on CUDA)",
+    )
+    add(
+        "--jobs",
+        type=int,
+        default=1,
+        help="compile_cache processes at a time (default 1); "
+        "each runs its configuration's steps, so they share the device's memory",
+    )
     add("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    add("--threads", type=int, help="torch CPU threads (default: trainer.threads=0, the CPUs "
+    add(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: trainer.threads=0, the CPUs "
         "this process was given); on a shared CPU, 1 "
-        "spares the two loops from fighting other processes for cores")
-    add("--override", nargs="+", default=[], metavar="KEY=VALUE",
-        help="extra config overrides for every run, e.g. trainer.log_every=5")
+        "spares the two loops from fighting other processes for cores",
+    )
+    add(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides for every run, e.g. trainer.log_every=5",
+    )
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
     args = parser.parse_args(argv)
     if min(args.steps, args.rounds, args.jobs) < 1 or args.warmup < 0:
@@ -113,13 +162,23 @@ def runnable_precisions(device: torch.device) -> list[str]:
 def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
     # 10 batches of synthetic samples (8 for training): distinct batches, little device memory.
     # Every run starts afresh, also in an --out used before, and writes no checkpoint.
-    return [f"model={model}", f"precision={precision}", "data=synthetic",
-            f"data.img_size={args.img_size}", f"data.num_samples={10 * args.batch_size}",
-            f"trainer.batch_size={args.batch_size}", f"trainer.device={args.device}",
-            "trainer.progress=false", "trainer.resume=false", "checkpoint.enabled=false",
-            # the Trainer sets torch's threads from trainer.threads (0: the CPUs it was given)
-            f"trainer.threads={args.threads or 0}", "data.num_classes=1000",
-            *extra, *args.override]
+    return [
+        f"model={model}",
+        f"precision={precision}",
+        "data=synthetic",
+        f"data.img_size={args.img_size}",
+        f"data.num_samples={10 * args.batch_size}",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.device={args.device}",
+        "trainer.progress=false",
+        "trainer.resume=false",
+        "checkpoint.enabled=false",
+        # the Trainer sets torch's threads from trainer.threads (0: the CPUs it was given)
+        f"trainer.threads={args.threads or 0}",
+        "data.num_classes=1000",
+        *extra,
+        *args.override,
+    ]
 
 
 def _release(device: torch.device, compiled: bool) -> None:
@@ -130,60 +189,88 @@ def _release(device: torch.device, compiled: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def run_overhead(args: argparse.Namespace, device: torch.device,
-                 report: Report) -> list[OverheadResult]:
+def run_overhead(
+    args: argparse.Namespace, device: torch.device, report: Report
+) -> list[OverheadResult]:
     """The amp_lab loop against the bare loop, per variant and precision."""
     results: list[OverheadResult] = []
     total = (WARMUP_ROUNDS + args.rounds) * args.steps
     for variant in args.variants:
         for precision in args.precisions:
             if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
-                print(f"overhead {variant} {precision}: skipped, the bare recipe (autocast over "
-                      "fp32 weights) has no pure 16-bit weights", file=sys.stderr)
+                print(
+                    f"overhead {variant} {precision}: skipped, the bare recipe (autocast over "
+                    "fp32 weights) has no pure 16-bit weights",
+                    file=sys.stderr,
+                )
                 continue
             extra = [] if variant == "default" else variant.split()
             # evaluation only after the end; a constant LR, as the bare loop has (the schedule
             # still steps every step), so both loops take the same optimizer steps
-            settings = compose_settings(_overrides(
-                args, args.models[0], precision, f"trainer.max_steps={total}",
-                f"trainer.eval_every={total + 1}", "lr.schedule=constant", *extra))
+            settings = compose_settings(
+                _overrides(
+                    args,
+                    args.models[0],
+                    precision,
+                    f"trainer.max_steps={total}",
+                    f"trainer.eval_every={total + 1}",
+                    "lr.schedule=constant",
+                    *extra,
+                )
+            )
             if args.steps % settings.trainer.log_every:
                 every = settings.trainer.log_every
-                raise ConfigError(f"--steps {args.steps} must be a multiple of "
-                                  f"trainer.log_every={every}; use --steps {every} (or a "
-                                  f"multiple), or add --override trainer.log_every={args.steps}")
+                raise ConfigError(
+                    f"--steps {args.steps} must be a multiple of "
+                    f"trainer.log_every={every}; use --steps {every} (or a "
+                    f"multiple), or add --override trainer.log_every={args.steps}"
+                )
             run_dir = args.out / "runs" / f"overhead_{variant.replace(' ', '_')}_{precision}"
             trainer = Trainer(settings, run_dir)
             sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
             trainer.extra_sinks.append(sink)
             run_dir.mkdir(parents=True, exist_ok=True)
             with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-                results.append(measure_overhead(trainer, sink, variant_label(variant, settings),
-                                                WARMUP_ROUNDS))
-            print(f"overhead {results[-1].variant} {precision}: median ratio "
-                  f"{results[-1].median_ratio:.3f}", file=sys.stderr)
+                results.append(
+                    measure_overhead(trainer, sink, variant_label(variant, settings), WARMUP_ROUNDS)
+                )
+            print(
+                f"overhead {results[-1].variant} {precision}: median ratio "
+                f"{results[-1].median_ratio:.3f}",
+                file=sys.stderr,
+            )
             del trainer, sink
             _release(device, settings.trainer.compile)
             report(overhead=results)
     return results
 
 
-def throughput_overrides(args: argparse.Namespace, model: str, precision: str,
-                         compiled: bool) -> list[str]:
+def throughput_overrides(
+    args: argparse.Namespace, model: str, precision: str, compiled: bool
+) -> list[str]:
     """One throughput row's config; compile_cache compiles exactly these, so the caches hit."""
-    return _overrides(args, model, precision, f"trainer.compile={str(compiled).lower()}",
-                      f"trainer.max_steps={args.warmup + 2 * args.steps}")
+    return _overrides(
+        args,
+        model,
+        precision,
+        f"trainer.compile={str(compiled).lower()}",
+        f"trainer.max_steps={args.warmup + 2 * args.steps}",
+    )
 
 
 def run_compile_cache(args: argparse.Namespace, report: Report) -> None:
     """Every compiled throughput row's configuration built once, --jobs processes at a time,
     precision by precision: a mode whose kernels an earlier one shares (tf32 compiles the same
     graph as fp32) starts after it, and loads what it finds built."""
-    configs = [(model, precision, throughput_overrides(args, model, precision, True))
-               for precision in args.precisions for model in args.models]
+    configs = [
+        (model, precision, throughput_overrides(args, model, precision, True))
+        for precision in args.precisions
+        for model in args.models
+    ]
     records: list[CompileRecord] = []
-    for record in fill_compile_caches(configs, args.out / "runs", max(1, args.warmup),
-                                      args.jobs, args.threads):
+    for record in fill_compile_caches(
+        configs, args.out / "runs", max(1, args.warmup), args.jobs, args.threads
+    ):
         records.append(record)
         report(compile_cache=records)
         outcome = record.error or f"first step {record.first_step_s:.1f} s"
@@ -199,24 +286,31 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
     for model in args.models:
         for compiled in compiles:
             for precision in args.precisions:
-                settings = compose_settings(throughput_overrides(args, model, precision,
-                                                                 compiled))
+                settings = compose_settings(throughput_overrides(args, model, precision, compiled))
                 trainer = Trainer(settings, args.out / "runs" / "throughput")
                 try:
-                    rows.append(measure_throughput(trainer.parts, args.warmup, args.steps,
-                                                   flops.get(model)))
+                    rows.append(
+                        measure_throughput(trainer.parts, args.warmup, args.steps, flops.get(model))
+                    )
                     flops[model] = rows[-1].flops_per_step
                     outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
                 except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
                     outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                    errors.append({"model": model, "precision": precision, "compile": compiled,
-                                   "error": outcome})
+                    errors.append(
+                        {
+                            "model": model,
+                            "precision": precision,
+                            "compile": compiled,
+                            "error": outcome,
+                        }
+                    )
                 del trainer
                 _release(device, compiled)
                 fill_speedups(rows)
                 report(rows=rows, errors=errors)
-                print(f"throughput {model} {precision} compile={compiled}: {outcome}",
-                      file=sys.stderr)
+                print(
+                    f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,4 +352,3 @@ def main(argv: list[str] | None = None) -> int:
     print((args.out / "bench.md").read_text(encoding="utf-8"))
     print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}", file=sys.stderr)
     return 0
-

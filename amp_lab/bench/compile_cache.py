@@ -55,27 +55,55 @@ def first_steps(settings: AmpLabConfig, run_dir: Path, steps: int) -> float | No
     return first_step_s
 
 
-def _compile_one(model: str, precision: str, overrides: list[str], run_dir: Path,
-                 process_args: list[str], compile_threads: int) -> CompileRecord:
+def _compile_one(
+    model: str,
+    precision: str,
+    overrides: list[str],
+    run_dir: Path,
+    process_args: list[str],
+    compile_threads: int,
+) -> CompileRecord:
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "console.log"
     # an equal share of the cores for each process's kernel builds, not all of them each
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
     with log.open("w") as stderr:
         done = subprocess.run(
-            [sys.executable, "-m", "amp_lab.bench.compile_cache", *process_args,
-             "--run-dir", str(run_dir), "--", *overrides],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, check=False)
+            [
+                sys.executable,
+                "-m",
+                "amp_lab.bench.compile_cache",
+                *process_args,
+                "--run-dir",
+                str(run_dir),
+                "--",
+                *overrides,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+            check=False,
+        )
     if done.returncode == 0:  # its last line of output is the record
         seconds = json.loads(done.stdout.splitlines()[-1])["first_step_s"]
         return CompileRecord(model, precision, seconds)
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return CompileRecord(model, precision, None,
-                         f"exit {done.returncode}: {lines[-1] if lines else 'no output'} ({log})")
+    return CompileRecord(
+        model,
+        precision,
+        None,
+        f"exit {done.returncode}: {lines[-1] if lines else 'no output'} ({log})",
+    )
 
 
-def fill_compile_caches(configs: list[tuple[str, str, list[str]]], run_root: Path, steps: int,
-                        jobs: int, torch_threads: int | None) -> Iterator[CompileRecord]:
+def fill_compile_caches(
+    configs: list[tuple[str, str, list[str]]],
+    run_root: Path,
+    steps: int,
+    jobs: int,
+    torch_threads: int | None,
+) -> Iterator[CompileRecord]:
     """Compile each (model, precision, overrides) in `jobs` processes at a time; yields each
     record as its process ends. `torch_threads` must be the timed process's: on a CPU, inductor
     writes the thread count into its kernels, so it is part of the cache key."""
@@ -84,18 +112,27 @@ def fill_compile_caches(configs: list[tuple[str, str, list[str]]], run_root: Pat
         process_args += ["--threads", str(torch_threads)]
     compile_threads = max(1, (os.cpu_count() or 1) // jobs)
     with ThreadPoolExecutor(jobs) as pool:  # each thread waits on one process
-        futures = [pool.submit(_compile_one, model, precision, overrides,
-                               run_root / f"compile_{model}_{precision}", process_args,
-                               compile_threads)
-                   for model, precision, overrides in configs]
+        futures = [
+            pool.submit(
+                _compile_one,
+                model,
+                precision,
+                overrides,
+                run_root / f"compile_{model}_{precision}",
+                process_args,
+                compile_threads,
+            )
+            for model, precision, overrides in configs
+        ]
         for future in as_completed(futures):
             yield future.result()
 
 
 def main() -> None:
     """One configuration, in the process `fill_compile_caches` starts for it."""
-    parser = argparse.ArgumentParser(prog="python -m amp_lab.bench.compile_cache",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m amp_lab.bench.compile_cache", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--run-dir", type=Path, required=True)

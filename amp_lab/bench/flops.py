@@ -36,7 +36,8 @@ def compute_dtype(mode: PrecisionMode) -> str:
     """The dtype the matmuls of a mode run in: its autocast dtype, else tf32 or fp32."""
     if mode.autocast_dtype is not None:
         return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
-            mode.autocast_dtype, str(mode.autocast_dtype).replace("torch.", ""))
+            mode.autocast_dtype, str(mode.autocast_dtype).replace("torch.", "")
+        )
     return "tf32" if mode.tf32 else "fp32"
 
 
@@ -65,8 +66,12 @@ def peak_flops(device: torch.device, dtype: str) -> float | None:
     return None
 
 
-def train_step_flops(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                     autocast: contextlib.AbstractContextManager | None = None) -> int:
+def train_step_flops(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    autocast: contextlib.AbstractContextManager | None = None,
+) -> int:
     """FLOPs of one forward + backward pass on this batch, under the run's autocast (a pure
     16-bit model cannot take fp32 images without it); the gradients are cleared after."""
     with FlopCounterMode(display=False) as counter:

@@ -39,11 +39,17 @@ class BareLoop:
         self.model = copy.deepcopy(parts.model)  # same architecture and initial weights
         self.forward = torch.compile(self.model) if t.compile else self.model
         fused = bool(parts.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=parts.peak_lr,
-                                           weight_decay=parts.settings.optim.weight_decay,
-                                           fused=fused or None)
-        self.scaler = GradScaler(self.device.type, init_scale=parts.settings.scaler.init_scale,
-                                 enabled=mode.dynamic_scaling)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=parts.peak_lr,
+            weight_decay=parts.settings.optim.weight_decay,
+            fused=fused or None,
+        )
+        self.scaler = GradScaler(
+            self.device.type,
+            init_scale=parts.settings.scaler.init_scale,
+            enabled=mode.dynamic_scaling,
+        )
         self.dtype = mode.autocast_dtype
         self.channels_last = parts.data.channels_last  # as the runner's batches arrive
         self.images, self.labels = parts.data.train.tensors
@@ -54,7 +60,7 @@ class BareLoop:
         if self.position + self.batch_size > len(self.labels):  # a new epoch, shuffled on device
             self.order = torch.randperm(len(self.labels), device=self.images.device)
             self.position = 0
-        idx = self.order[self.position:self.position + self.batch_size]
+        idx = self.order[self.position : self.position + self.batch_size]
         self.position += self.batch_size
         images, labels = self.images[idx], self.labels[idx]  # the data already lives on device
         if self.channels_last:
@@ -66,8 +72,9 @@ class BareLoop:
         for _ in range(steps):
             images, labels = self._batch()
             self.optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(self.device.type, dtype=self.dtype or torch.bfloat16,
-                                enabled=self.dtype is not None):
+            with torch.autocast(
+                self.device.type, dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None
+            ):
                 logits = self.forward(images)
             loss = F.cross_entropy(logits.float(), labels)
             self.scaler.scale(loss).backward()
@@ -137,13 +144,16 @@ class OverheadResult:
         return statistics.median(self.cpu_ratios)
 
 
-def measure_overhead(trainer: Trainer, sink: AlternatingSink, variant: str,
-                     warmup_rounds: int) -> OverheadResult:
+def measure_overhead(
+    trainer: Trainer, sink: AlternatingSink, variant: str, warmup_rounds: int
+) -> OverheadResult:
     """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
     trainer.fit()
     result = OverheadResult(variant, trainer.parts.policy.mode.name, sink.steps)
-    around = [((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
-              for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])]
+    around = [
+        ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
+        for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])
+    ]
     for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, around))[warmup_rounds:]:
         result.amp_lab_ms.append(1000 * amp_s / sink.steps)
         result.bare_ms.append(1000 * bare_s / sink.steps)

@@ -59,21 +59,28 @@ def compile_cache_table(records: list[CompileRecord]) -> str:
 
 
 def overhead_table(results: list[OverheadResult]) -> str:
-    lines = ["| variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
-             "min | max | CPU-time ratio | rounds |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
+        "min | max | CPU-time ratio | rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
-                     f"{statistics.median(r.bare_ms):.2f} | **{r.median_ratio:.3f}** | "
-                     f"{min(r.ratios):.3f} | {max(r.ratios):.3f} | {r.median_cpu_ratio:.3f} | "
-                     f"{len(r.ratios)} |")
+        lines.append(
+            f"| {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
+            f"{statistics.median(r.bare_ms):.2f} | **{r.median_ratio:.3f}** | "
+            f"{min(r.ratios):.3f} | {max(r.ratios):.3f} | {r.median_cpu_ratio:.3f} | "
+            f"{len(r.ratios)} |"
+        )
     return "\n".join(lines)
 
 
 def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) -> str:
-    lines = ["| model | precision | compile | channels_last | batch | first step s | samples/s | "
-             "step ms | fwd ms | bwd ms | opt ms | peak MB | state | state MB | TFLOP/s | MFU | "
-             "vs fp32 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | precision | compile | channels_last | batch | first step s | samples/s | "
+        "step ms | fwd ms | bwd ms | opt ms | peak MB | state | state MB | TFLOP/s | MFU | "
+        "vs fp32 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"
         speedup = f"{r.speedup_vs_fp32:.2f}×" if r.speedup_vs_fp32 is not None else "—"
@@ -83,37 +90,63 @@ def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) ->
             f"{r.step_ms:.2f} | {r.forward_ms:.2f} | {r.backward_ms:.2f} | "
             f"{r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | {r.state_dtype} | "
             f"{r.state_mb:.2f} | "
-            f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} |")
+            f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} |"
+        )
     for e in errors:
-        lines.append(f"| {e['model']} | {e['precision']} | {_fmt(e['compile'])} | "
-                     f"failed: {e['error']} |" + " |" * 13)
+        lines.append(
+            f"| {e['model']} | {e['precision']} | {_fmt(e['compile'])} | "
+            f"failed: {e['error']} |" + " |" * 13
+        )
     return "\n".join(lines)
 
 
-def write_report(out_dir: Path, env: dict[str, Any], compile_cache: list[CompileRecord],
-                 overhead: list[OverheadResult], rows: list[ThroughputRow],
-                 errors: list[dict[str, Any]]) -> str:
+def write_report(
+    out_dir: Path,
+    env: dict[str, Any],
+    compile_cache: list[CompileRecord],
+    overhead: list[OverheadResult],
+    rows: list[ThroughputRow],
+    errors: list[dict[str, Any]],
+) -> str:
     """Write bench.json and bench.md (atomically, so a reader never sees half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = {"environment": env, "compile_cache": [asdict(r) for r in compile_cache],
-            "overhead": [{**asdict(r), "median_ratio": r.median_ratio,
-                          "median_cpu_ratio": r.median_cpu_ratio} for r in overhead],
-            "throughput": [asdict(r) for r in rows], "throughput_errors": errors}
-    header = [f"# amp_lab benchmark — {env['date']}", "",
-              f"- device: {env['device']} ({env['device_type']}), torch {env['torch']}, "
-              f"timm {env['timm']}, CUDA {env['cuda']}, Python {env['python']}",
-              f"- CPU: {env['cpu_count']} cores, {env['torch_threads']} torch threads, "
-              f"load average {env['load_average_1m']:.2f} at the start",
-              f"- command: `{env['command']}`", ""]
+    data = {
+        "environment": env,
+        "compile_cache": [asdict(r) for r in compile_cache],
+        "overhead": [
+            {**asdict(r), "median_ratio": r.median_ratio, "median_cpu_ratio": r.median_cpu_ratio}
+            for r in overhead
+        ],
+        "throughput": [asdict(r) for r in rows],
+        "throughput_errors": errors,
+    }
+    header = [
+        f"# amp_lab benchmark — {env['date']}",
+        "",
+        f"- device: {env['device']} ({env['device_type']}), torch {env['torch']}, "
+        f"timm {env['timm']}, CUDA {env['cuda']}, Python {env['python']}",
+        f"- CPU: {env['cpu_count']} cores, {env['torch_threads']} torch threads, "
+        f"load average {env['load_average_1m']:.2f} at the start",
+        f"- command: `{env['command']}`",
+        "",
+    ]
     parts = header
     if compile_cache:
-        parts += ["## torch.compile caches filled (each configuration's first step, with "
-                  "compilation, run in parallel processes)", "",
-                  compile_cache_table(compile_cache), ""]
+        parts += [
+            "## torch.compile caches filled (each configuration's first step, with "
+            "compilation, run in parallel processes)",
+            "",
+            compile_cache_table(compile_cache),
+            "",
+        ]
     if overhead:
-        parts += ["## Overhead: amp_lab step / bare loop (median of rounds; wall time, and "
-                  "process CPU time)", "",
-                  overhead_table(overhead), ""]
+        parts += [
+            "## Overhead: amp_lab step / bare loop (median of rounds; wall time, and "
+            "process CPU time)",
+            "",
+            overhead_table(overhead),
+            "",
+        ]
     if rows or errors:
         parts += ["## Throughput", "", throughput_table(rows, errors), ""]
     markdown = "\n".join(parts)

@@ -101,8 +101,9 @@ def warm_up(parts: BuiltParts, stream: Iterator[list[Batch]], steps: int) -> flo
     return first_step_s
 
 
-def measure_throughput(parts: BuiltParts, warmup: int, steps: int,
-                       flops: int | None = None) -> ThroughputRow:
+def measure_throughput(
+    parts: BuiltParts, warmup: int, steps: int, flops: int | None = None
+) -> ThroughputRow:
     """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
     as they do not depend on the precision) the FLOPs of a step."""
     stream = batch_stream(parts)
@@ -123,25 +124,39 @@ def measure_throughput(parts: BuiltParts, warmup: int, steps: int,
     s = parts.settings
     mode = parts.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
-    peak = peak_flops(parts.device, compute_dtype(mode)) if getattr(
-        mode, "reports_mfu", True) else None
+    peak = (
+        peak_flops(parts.device, compute_dtype(mode))
+        if getattr(mode, "reports_mfu", True)
+        else None
+    )
     return ThroughputRow(
-        model=s.model.name, precision=mode.name, compile=s.trainer.compile,
-        channels_last=s.model.channels_last, batch_size=parts.global_batch,
-        img_size=s.data.img_size, first_step_s=first_step_s,
+        model=s.model.name,
+        precision=mode.name,
+        compile=s.trainer.compile,
+        channels_last=s.model.channels_last,
+        batch_size=parts.global_batch,
+        img_size=s.data.img_size,
+        first_step_s=first_step_s,
         samples_per_s=parts.global_batch / step_s,
-        step_ms=1000 * step_s, forward_ms=1000 * forward_s, backward_ms=1000 * backward_s,
-        optimizer_ms=1000 * optimizer_s, peak_memory_mb=memory, flops_per_step=flops,
-        achieved_tflops=flops / step_s / 1e12, mfu=mfu(flops, step_s, peak),
-        state_dtype=s.optim.state_dtype, state_mb=(state_bytes(parts.optimizer) +
-                                                    master_weight_bytes(parts.optimizer,
-                                                                        parts.model)) / 2**20)
+        step_ms=1000 * step_s,
+        forward_ms=1000 * forward_s,
+        backward_ms=1000 * backward_s,
+        optimizer_ms=1000 * optimizer_s,
+        peak_memory_mb=memory,
+        flops_per_step=flops,
+        achieved_tflops=flops / step_s / 1e12,
+        mfu=mfu(flops, step_s, peak),
+        state_dtype=s.optim.state_dtype,
+        state_mb=(state_bytes(parts.optimizer) + master_weight_bytes(parts.optimizer, parts.model))
+        / 2**20,
+    )
 
 
 def fill_speedups(rows: list[ThroughputRow]) -> None:
     """samples/s over the fp32 row with the same model, compile setting and batch."""
-    baseline = {(r.model, r.compile, r.batch_size): r.samples_per_s
-                for r in rows if r.precision == "fp32"}
+    baseline = {
+        (r.model, r.compile, r.batch_size): r.samples_per_s for r in rows if r.precision == "fp32"
+    }
     for row in rows:
         fp32 = baseline.get((row.model, row.compile, row.batch_size))
         row.speedup_vs_fp32 = row.samples_per_s / fp32 if fp32 else None

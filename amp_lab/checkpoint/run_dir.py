@@ -70,17 +70,20 @@ class RunDir:
         with contextlib.suppress(OSError, json.JSONDecodeError):
             saved = json.loads((self.path / SETTINGS_FILE).read_text())
             if changed := changed_settings(saved, settings):
-                raise ConfigError(f"{self.path} holds a finished run with other settings: "
-                                  f"{', '.join(changed)}; use another run directory, or set "
-                                  "trainer.resume=false to train there afresh (the old files "
-                                  "are kept)")
+                raise ConfigError(
+                    f"{self.path} holds a finished run with other settings: "
+                    f"{', '.join(changed)}; use another run directory, or set "
+                    "trainer.resume=false to train there afresh (the old files "
+                    "are kept)"
+                )
         return summary
 
     def write_settings(self, settings: AmpLabConfig) -> None:
         """settings.json: what this run trains with."""
         self.path.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(self.path / SETTINGS_FILE,
-                           json.dumps(flat_settings(settings), indent=1).encode())
+        write_bytes_atomic(
+            self.path / SETTINGS_FILE, json.dumps(flat_settings(settings), indent=1).encode()
+        )
 
     def wandb_id(self) -> str | None:
         """The W&B run id the W&B sink left here, if any."""
@@ -114,8 +117,7 @@ class RunDir:
         """Keep these files under a dated name (by default every file of a run:
         trainer.resume=false in a used run dir); without its W&B id, a run gets a new W&B run."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        names = names or (CHECKPOINT_DIR, *RECORD_FILES, SUMMARY_FILE, SETTINGS_FILE,
-                          WANDB_ID_FILE)
+        names = names or (CHECKPOINT_DIR, *RECORD_FILES, SUMMARY_FILE, SETTINGS_FILE, WANDB_ID_FILE)
         for path in (self.path / name for name in names):
             if path.exists():
                 aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")

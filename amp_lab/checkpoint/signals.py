@@ -49,8 +49,10 @@ class StopSignals:
                     return
                 raise KeyboardInterrupt
             if self.is_main:
-                print("Ctrl-C: stopping after this step's checkpoint (Ctrl-C again: at once)",
-                      file=sys.stderr)
+                print(
+                    "Ctrl-C: stopping after this step's checkpoint (Ctrl-C again: at once)",
+                    file=sys.stderr,
+                )
         self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
 
     def hand_on(self, signum: int, step: int, path: Path) -> None:

@@ -49,14 +49,18 @@ def rng_state() -> dict[str, Any]:
     """Every global RNG the run draws from, as tensors and plain Python data."""
     version, internal, gauss = random.getstate()
     numpy_state = np.random.get_state(legacy=True)  # the tuple form: (name, keys, pos, ...)
-    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float],
-                                              numpy_state)
+    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], numpy_state)
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "python": {"version": version, "internal": list(internal), "gauss": gauss},
-        "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
     }
 
 
@@ -67,32 +71,46 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state((npy["name"], np.array(npy["keys"], dtype=np.uint32), npy["pos"],
-                         npy["has_gauss"], npy["cached"]))
+    np.random.set_state(
+        (
+            npy["name"],
+            np.array(npy["keys"], dtype=np.uint32),
+            npy["pos"],
+            npy["has_gauss"],
+            npy["cached"],
+        )
+    )
 
 
 class Checkpointer:
     """Saves and restores one run's checkpoints; `parts` maps names to state_dict() holders."""
 
-    def __init__(self, settings: AmpLabConfig, run_dir: Path, state: Any,
-                 parts: Mapping[str, Any], dist: DistContext | None = None) -> None:
+    def __init__(
+        self,
+        settings: AmpLabConfig,
+        run_dir: Path,
+        state: Any,
+        parts: Mapping[str, Any],
+        dist: DistContext | None = None,
+    ) -> None:
         self.cfg, self.settings = settings.checkpoint, settings
         # under DDP every rank restores, rank 0 alone writes, and all ranks stop together
         self.dist = dist or DistContext()
-        self.device = next((p.device for p in parts.values() if isinstance(p, torch.Tensor)),
-                           torch.device("cpu"))
+        self.device = next(
+            (p.device for p in parts.values() if isinstance(p, torch.Tensor)), torch.device("cpu")
+        )
         self.records, self.dir = RunDir(run_dir), Path(run_dir) / CHECKPOINT_DIR
         self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
-        self.signals = StopSignals(self.cfg.signals if self.cfg.enabled else [],
-                                   self.dist.is_main)
+        self.signals = StopSignals(self.cfg.signals if self.cfg.enabled else [], self.dist.is_main)
         self.pending_rng: Mapping[str, Any] | None = None
         self.last_save = time.monotonic()
 
     # -- resume ------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """This run's checkpoint files, newest step first."""
-        found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt")
-                 if (m := _NAME.match(p.name))]
+        found = [
+            (int(m.group(1)), p) for p in self.dir.glob("step_*.pt") if (m := _NAME.match(p.name))
+        ]
         return [p for _, p in sorted(found, reverse=True)]
 
     def finished(self) -> dict[str, Any] | None:
@@ -116,8 +134,7 @@ class Checkpointer:
                 payload = read_checkpoint(path)
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
                 reason = first_sentence(err)
-                log.warning("checkpoint %s is unusable (%s); trying the previous one", path,
-                            reason)
+                log.warning("checkpoint %s is unusable (%s); trying the previous one", path, reason)
                 unreadable.setdefault(reason, []).append(path.name)
                 continue
             self._load(path, payload)
@@ -130,21 +147,28 @@ class Checkpointer:
             return True
         if unreadable:
             reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in unreadable.items())
-            raise ConfigError(f"no usable checkpoint in {self.dir} ({reasons}); "
-                              "move that folder away or set trainer.resume=false to start fresh")
+            raise ConfigError(
+                f"no usable checkpoint in {self.dir} ({reasons}); "
+                "move that folder away or set trainer.resume=false to start fresh"
+            )
         if self.dist.is_main and self.records.truncate_records(0):  # died before a checkpoint
-            log.warning("%s holds an earlier attempt's records but no checkpoint: starting over "
-                        "from step 0", self.records.path)
+            log.warning(
+                "%s holds an earlier attempt's records but no checkpoint: starting over "
+                "from step 0",
+                self.records.path,
+            )
             self.records.set_aside(WANDB_ID_FILE)  # a W&B run of its own, not appended
         return False
 
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
         changed = changed_settings(payload["settings"], self.settings)
         if changed:
-            raise ConfigError(f"checkpoint {path} was written with other settings: "
-                              f"{', '.join(changed)}; resume with the settings it was written "
-                              "with, or set trainer.resume=false to start fresh (the old files "
-                              "are kept)")
+            raise ConfigError(
+                f"checkpoint {path} was written with other settings: "
+                f"{', '.join(changed)}; resume with the settings it was written "
+                "with, or set trainer.resume=false to start fresh (the old files "
+                "are kept)"
+            )
         try:
             for name, part in self.parts.items():
                 if name not in payload["parts"] and getattr(part, "optional_in_checkpoint", False):
@@ -154,9 +178,11 @@ class Checkpointer:
                 else:
                     part.load_state_dict(payload["parts"][name])
         except (KeyError, RuntimeError, ValueError) as err:
-            raise ConfigError(f"checkpoint {path} does not fit this run "
-                              f"({str(err).splitlines()[0]}); resume it with the settings it was "
-                              "written with, or set trainer.resume=false to start fresh") from err
+            raise ConfigError(
+                f"checkpoint {path} does not fit this run "
+                f"({str(err).splitlines()[0]}); resume it with the settings it was "
+                "written with, or set trainer.resume=false to start fresh"
+            ) from err
         names = {f.name for f in fields(self.state)}
         for key, value in payload["loop"].items():
             if key in names:
@@ -178,14 +204,16 @@ class Checkpointer:
             "format": FORMAT,
             "step": self.state.step,
             "loop": asdict(self.state),
-            "parts": {name: part if isinstance(part, torch.Tensor) else part.state_dict()
-                      for name, part in self.parts.items()},
+            "parts": {
+                name: part if isinstance(part, torch.Tensor) else part.state_dict()
+                for name, part in self.parts.items()
+            },
             "rng": rng_state(),
             "wandb_run_id": self.records.wandb_id(),
             "settings": flat_settings(self.settings),
         }
         write_atomic(path, lambda f: torch.save(payload, f))
-        for old in self.checkpoints()[self.cfg.keep:]:  # only now that the new one is complete
+        for old in self.checkpoints()[self.cfg.keep :]:  # only now that the new one is complete
             old.unlink()
         self.last_save = time.monotonic()
         return path
@@ -199,12 +227,12 @@ class Checkpointer:
             return 0.0
         step, every = self.state.step, self.cfg.every_steps
         due = (every and step % every == 0) or (
-            self.cfg.every_minutes and time.monotonic() - self.last_save
-            >= 60 * self.cfg.every_minutes)
+            self.cfg.every_minutes
+            and time.monotonic() - self.last_save >= 60 * self.cfg.every_minutes
+        )
         stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
-            stop = step % self.settings.trainer.log_every == 0 and self.dist.any(stop,
-                                                                                 self.device)
+            stop = step % self.settings.trainer.log_every == 0 and self.dist.any(stop, self.device)
             if stop:  # a peer was signalled
                 signals.stop_signal = signals.stop_signal or signal.SIGUSR2
         if not stop and not due:
@@ -237,8 +265,10 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if not (isinstance(payload, dict) and "format" in payload):
         raise ValueError("not an amp_lab checkpoint")
     if payload["format"] != FORMAT:
-        raise ValueError(f"written by another amp_lab version (format {payload['format']}; "
-                         f"this one reads {FORMAT})")
+        raise ValueError(
+            f"written by another amp_lab version (format {payload['format']}; "
+            f"this one reads {FORMAT})"
+        )
     return payload
 
 

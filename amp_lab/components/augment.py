@@ -46,9 +46,9 @@ class Normalisation:
     crop_pct: float
 
 
-def resolve_normalisation(cfg: DataConfig, model_name: str | None,
-                          data_mean: Sequence[float],
-                          data_std: Sequence[float]) -> Normalisation:
+def resolve_normalisation(
+    cfg: DataConfig, model_name: str | None, data_mean: Sequence[float], data_std: Sequence[float]
+) -> Normalisation:
     """The settings' values first, then the model's pretrained config, then the data set's."""
     pretrained = timm.models.get_pretrained_cfg(model_name) if model_name else None
     mean = cfg.mean or (pretrained.mean if pretrained else None) or data_mean
@@ -64,16 +64,31 @@ def build_transforms(cfg: DataConfig, norm: Normalisation) -> tuple[T.Compose, T
     """(train, eval) transforms from timm.data.create_transform; a policy timm cannot parse is a
     one-line ConfigError."""
     size = (3, cfg.img_size, cfg.img_size)
-    evaluation = create_transform(size, is_training=False, mean=norm.mean, std=norm.std,
-                                  interpolation=norm.interpolation, crop_pct=norm.crop_pct)
+    evaluation = create_transform(
+        size,
+        is_training=False,
+        mean=norm.mean,
+        std=norm.std,
+        interpolation=norm.interpolation,
+        crop_pct=norm.crop_pct,
+    )
     if not cfg.augment:
         return evaluation, evaluation
     try:
         train = create_transform(
-            size, is_training=True, mean=norm.mean, std=norm.std,
-            interpolation=norm.interpolation, scale=(cfg.scale[0], cfg.scale[1]),
-            hflip=cfg.hflip, color_jitter=cfg.color_jitter, auto_augment=cfg.auto_augment,
-            re_prob=cfg.re_prob, re_mode=str(cfg.re_mode), re_count=cfg.re_count)
+            size,
+            is_training=True,
+            mean=norm.mean,
+            std=norm.std,
+            interpolation=norm.interpolation,
+            scale=(cfg.scale[0], cfg.scale[1]),
+            hflip=cfg.hflip,
+            color_jitter=cfg.color_jitter,
+            auto_augment=cfg.auto_augment,
+            re_prob=cfg.re_prob,
+            re_mode=str(cfg.re_mode),
+            re_count=cfg.re_count,
+        )
     except (AssertionError, KeyError, ValueError, IndexError) as err:  # timm's policy parser
         raise ConfigError(
             f"data.auto_augment={cfg.auto_augment!r} is not a timm policy ({err or 'unparsed'}); "
@@ -87,17 +102,23 @@ def build_mixup(cfg: DataConfig, num_classes: int, batch_size: int) -> Mixup | N
     if cfg.mixup_alpha <= 0 and cfg.cutmix_alpha <= 0:
         return None
     if batch_size % 2:  # timm pairs each sample with its mirror in the batch
-        raise ConfigError(f"data.mixup_alpha/cutmix_alpha need an even trainer.batch_size, "
-                          f"not {batch_size}")
-    return Mixup(mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha,
-                 prob=cfg.mixup_prob, switch_prob=cfg.mixup_switch_prob,
-                 mode=str(cfg.mixup_mode), label_smoothing=cfg.label_smoothing,
-                 num_classes=num_classes)
+        raise ConfigError(
+            f"data.mixup_alpha/cutmix_alpha need an even trainer.batch_size, not {batch_size}"
+        )
+    return Mixup(
+        mixup_alpha=cfg.mixup_alpha,
+        cutmix_alpha=cfg.cutmix_alpha,
+        prob=cfg.mixup_prob,
+        switch_prob=cfg.mixup_switch_prob,
+        mode=str(cfg.mixup_mode),
+        label_smoothing=cfg.label_smoothing,
+        num_classes=num_classes,
+    )
 
 
-def mix_batches(mixup: Mixup | None,
-                batches: list[tuple[torch.Tensor, torch.Tensor]]
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def mix_batches(
+    mixup: Mixup | None, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each micro-batch blended and given soft fp32 targets; unchanged without mixup. The blend
     runs in the batch's own dtype (fp32 from the loaders) before autocast sees it."""
     if mixup is None:

@@ -44,8 +44,9 @@ class EpochBatchSampler:
     global batch size.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1) -> None:
+    def __init__(
+        self, num_samples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start_batch = 0, 0
@@ -62,7 +63,7 @@ class EpochBatchSampler:
         global_batch = self.batch_size * self.world_size
         for b in range(self.start_batch, len(self)):
             start = b * global_batch + self.rank * self.batch_size
-            yield order[start:start + self.batch_size]
+            yield order[start : start + self.batch_size]
 
 
 @dataclass
@@ -99,27 +100,36 @@ class DataSource:
             # Its own generator: each pass over a loader draws a base seed for its workers, and
             # from the global RNG that draw would shift the training randomness (augmentation,
             # dropout) by every evaluation, and differently after a resume.
-            self._loaders[key] = DataLoader(dataset, batch_sampler=batch_order,
-                                            generator=torch.Generator().manual_seed(len(
-                                                self._loaders)), **self._loader_options())
+            self._loaders[key] = DataLoader(
+                dataset,
+                batch_sampler=batch_order,
+                generator=torch.Generator().manual_seed(len(self._loaders)),
+                **self._loader_options(),
+            )
         for images, labels in self._loaders[key]:
             yield self._to_device(images, labels)
 
     def _loader_options(self) -> dict:
         workers = self.cfg.num_workers
-        options = {"num_workers": workers,
-                   "pin_memory": self.cfg.pin_memory and self.device.type == "cuda"}
+        options = {
+            "num_workers": workers,
+            "pin_memory": self.cfg.pin_memory and self.device.type == "cuda",
+        }
         if workers > 0:
-            options.update(persistent_workers=self.cfg.persistent_workers,
-                           prefetch_factor=self.cfg.prefetch_factor)
+            options.update(
+                persistent_workers=self.cfg.persistent_workers,
+                prefetch_factor=self.cfg.prefetch_factor,
+            )
         return options
 
     def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> Batch:
         # non_blocking overlaps the copy with compute when the source is pinned; the one place
         # batches take the model's memory format (a no-op when they already have it)
         memory_format = torch.channels_last if self.channels_last else torch.preserve_format
-        return (images.to(self.device, non_blocking=True, memory_format=memory_format),
-                labels.to(self.device, non_blocking=True))
+        return (
+            images.to(self.device, non_blocking=True, memory_format=memory_format),
+            labels.to(self.device, non_blocking=True),
+        )
 
 
 def _split(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -133,14 +143,18 @@ def _digits(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec]:
 
     digits = load_digits()  # 1797 8x8 grey images, shipped inside scikit-learn
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    images = torch.nn.functional.interpolate(images, size=cfg.img_size, mode="bilinear",
-                                             align_corners=False)
+    images = torch.nn.functional.interpolate(
+        images, size=cfg.img_size, mode="bilinear", align_corners=False
+    )
     labels = torch.tensor(digits.target, dtype=torch.long)
     train_idx, val_idx = _split(len(labels), cfg.val_fraction, seed)
     mean, std = images[train_idx].mean(), images[train_idx].std()
     images = (images - mean) / std
-    return (TensorDataset(images[train_idx], labels[train_idx]),
-            TensorDataset(images[val_idx], labels[val_idx]), DataSpec(1, 10, cfg.img_size))
+    return (
+        TensorDataset(images[train_idx], labels[train_idx]),
+        TensorDataset(images[val_idx], labels[val_idx]),
+        DataSpec(1, 10, cfg.img_size),
+    )
 
 
 def _synthetic(cfg: DataConfig, seed: int, device: torch.device):
@@ -148,12 +162,16 @@ def _synthetic(cfg: DataConfig, seed: int, device: torch.device):
     generator = torch.Generator(device=device).manual_seed(seed)
     shape = (cfg.num_samples, cfg.channels, cfg.img_size, cfg.img_size)
     images = torch.randn(shape, generator=generator, device=device)
-    labels = torch.randint(0, cfg.num_classes, (cfg.num_samples,), generator=generator,
-                           device=device)
+    labels = torch.randint(
+        0, cfg.num_classes, (cfg.num_samples,), generator=generator, device=device
+    )
     n_val = max(1, round(cfg.num_samples * cfg.val_fraction))
     spec = DataSpec(cfg.channels, cfg.num_classes, cfg.img_size)
-    return (TensorDataset(images[n_val:], labels[n_val:]),
-            TensorDataset(images[:n_val], labels[:n_val]), spec)
+    return (
+        TensorDataset(images[n_val:], labels[n_val:]),
+        TensorDataset(images[:n_val], labels[:n_val]),
+        spec,
+    )
 
 
 def _require_root(cfg: DataConfig, how: str) -> Path:
@@ -167,12 +185,15 @@ def _cifar(cfg: DataConfig, model_name: str | None) -> tuple[MapData, MapData, D
 
     classes = 10 if cfg.name == "cifar10" else 100
     cls = datasets.CIFAR10 if classes == 10 else datasets.CIFAR100
-    how = (f"fetch it once on a machine with network: python -c \"import torchvision; "
-           f"torchvision.datasets.{cls.__name__}('DIR', download=True)\", then data.root=DIR "
-           "(or export CIFAR_ROOT=DIR)")
+    how = (
+        f'fetch it once on a machine with network: python -c "import torchvision; '
+        f"torchvision.datasets.{cls.__name__}('DIR', download=True)\", then data.root=DIR "
+        "(or export CIFAR_ROOT=DIR)"
+    )
     root = _require_root(cfg, how)
-    norm = resolve_normalisation(cfg, model_name, (0.4914, 0.4822, 0.4465),
-                                 (0.2470, 0.2435, 0.2616))  # CIFAR-10 channel stats
+    norm = resolve_normalisation(
+        cfg, model_name, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    )  # CIFAR-10 channel stats
     train_tf, val_tf = build_transforms(cfg, norm)
     try:
         train = cls(str(root), train=True, transform=train_tf)
@@ -182,14 +203,16 @@ def _cifar(cfg: DataConfig, model_name: str | None) -> tuple[MapData, MapData, D
     return train, val, DataSpec(3, classes, cfg.img_size)
 
 
-def _imagefolder(cfg: DataConfig, seed: int,
-                 model_name: str | None) -> tuple[MapData, MapData, DataSpec]:
+def _imagefolder(
+    cfg: DataConfig, seed: int, model_name: str | None
+) -> tuple[MapData, MapData, DataSpec]:
     from torchvision import datasets
 
     how = "point it at a folder of class sub-folders (or with train/ and val/ inside)"
     root = _require_root(cfg, how)
-    norm = resolve_normalisation(cfg, model_name, (0.485, 0.456, 0.406),
-                                 (0.229, 0.224, 0.225))  # ImageNet channel stats
+    norm = resolve_normalisation(
+        cfg, model_name, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    )  # ImageNet channel stats
     train_tf, val_tf = build_transforms(cfg, norm)
     try:
         if (root / "train").is_dir() and (root / "val").is_dir():
@@ -207,8 +230,13 @@ def _imagefolder(cfg: DataConfig, seed: int,
     return train, val, DataSpec(3, len(classes), cfg.img_size)
 
 
-def build_data(cfg: DataConfig, seed: int, device: torch.device,
-               model_name: str | None = None, channels_last: bool = False) -> DataSource:
+def build_data(
+    cfg: DataConfig,
+    seed: int,
+    device: torch.device,
+    model_name: str | None = None,
+    channels_last: bool = False,
+) -> DataSource:
     """Load the configured data set; a missing local root is a ConfigError saying what to do.
     Image files go through timm's transforms, normalised as `model_name`'s pretrained config
     says unless data.mean/std are set. `channels_last`: every batch reaches the device in NHWC,

@@ -28,8 +28,9 @@ def _slurm_master_addr() -> str:
     if not nodelist:
         return "127.0.0.1"
     try:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                               capture_output=True, text=True).stdout.split()
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         hosts = [nodelist.split(",")[0].split("[")[0]]  # a single plain host name
     return hosts[0]
@@ -39,18 +40,30 @@ def world_from_environment() -> dict[str, Any]:
     """rank, local_rank, world_size, master_addr and master_port, torchrun first, then SLURM."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return {"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", 0)),
-                "world_size": int(env["WORLD_SIZE"]),
-                "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-                "master_port": int(env.get("MASTER_PORT", 29500))}
+        return {
+            "rank": int(env["RANK"]),
+            "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "world_size": int(env["WORLD_SIZE"]),
+            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": int(env.get("MASTER_PORT", 29500)),
+        }
     if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
         job_id = int(env.get("SLURM_JOB_ID", "0"))
-        return {"rank": int(env["SLURM_PROCID"]), "local_rank": int(env.get("SLURM_LOCALID", 0)),
-                "world_size": int(env["SLURM_NTASKS"]), "master_addr": _slurm_master_addr(),
-                # one port per job, so two jobs sharing a node do not collide
-                "master_port": int(env.get("MASTER_PORT", 20000 + job_id % 20000))}
-    return {"rank": 0, "local_rank": 0, "world_size": 1, "master_addr": "127.0.0.1",
-            "master_port": 29500}
+        return {
+            "rank": int(env["SLURM_PROCID"]),
+            "local_rank": int(env.get("SLURM_LOCALID", 0)),
+            "world_size": int(env["SLURM_NTASKS"]),
+            "master_addr": _slurm_master_addr(),
+            # one port per job, so two jobs sharing a node do not collide
+            "master_port": int(env.get("MASTER_PORT", 20000 + job_id % 20000)),
+        }
+    return {
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "master_addr": "127.0.0.1",
+        "master_port": 29500,
+    }
 
 
 @dataclass
@@ -82,8 +95,9 @@ class DistContext:
         ids = [device.index] if device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
-    def micro_batch_context(self, model: torch.nn.Module
-                            ) -> Callable[[bool], contextlib.AbstractContextManager[Any]]:
+    def micro_batch_context(
+        self, model: torch.nn.Module
+    ) -> Callable[[bool], contextlib.AbstractContextManager[Any]]:
         """DDP all-reduces gradients only on the last micro-batch of an accumulation."""
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):  # what wrap() made
             return lambda is_last: contextlib.nullcontext()
@@ -124,6 +138,10 @@ def setup(strategy: str, requested_device: str) -> DistContext:
     os.environ.setdefault("MASTER_ADDR", world["master_addr"])
     os.environ.setdefault("MASTER_PORT", str(world["master_port"]))
     cuda = resolve_device(requested_device).type == "cuda"  # the runner's one device check
-    dist.init_process_group("nccl" if cuda else "gloo", rank=ctx.rank,
-                            world_size=ctx.world_size, timeout=timedelta(minutes=30))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=timedelta(minutes=30),
+    )
     return ctx

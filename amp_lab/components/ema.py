@@ -20,12 +20,12 @@ def build_ema(model: torch.nn.Module, cfg: EmaConfig) -> ModelEmaV3 | None:
     if cfg.decay == 0.0:
         return None
     # stochastic rounding off: with fp32=false the trap shows as it would in a hand-written EMA
-    return ModelEmaV3(model, decay=cfg.decay, dtype=torch.float32 if cfg.fp32 else None,
-                      stochastic_rounding=False)
+    return ModelEmaV3(
+        model, decay=cfg.decay, dtype=torch.float32 if cfg.fp32 else None, stochastic_rounding=False
+    )
 
 
-def update_ema(ema: ModelEmaV3 | None, model: torch.nn.Module, cfg: EmaConfig,
-               step: int) -> None:
+def update_ema(ema: ModelEmaV3 | None, model: torch.nn.Module, cfg: EmaConfig, step: int) -> None:
     """After optimizer step `step` (1-based): one EMA update every `cfg.every` steps; device ops
     only, no host sync."""
     if ema is not None and step % cfg.every == 0:

@@ -48,8 +48,9 @@ def lr_factor(step: int, total_steps: int, warmup: int, cfg: LRConfig) -> float:
     return cfg.step_gamma ** ((step - warmup) // every)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: LRConfig, total_steps: int,
-                    steps_per_epoch: int) -> LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: LRConfig, total_steps: int, steps_per_epoch: int
+) -> LambdaLR:
     """A LambdaLR over the optimizer's peak LR; call .step() once per optimizer step."""
     warmup = warmup_length(cfg, steps_per_epoch)
     return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg))

@@ -17,10 +17,18 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
         close = difflib.get_close_matches(cfg.name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
         raise ConfigError(f"model.name={cfg.name!r} is not a timm model{hint}")
-    regularisers = {k: v for k, v in (("drop_path_rate", cfg.drop_path_rate),
-                                      ("drop_rate", cfg.drop_rate)) if v > 0}  # timm's meaning
-    kwargs = {"pretrained": False, "num_classes": spec.num_classes, "in_chans": spec.channels,
-              **regularisers, **cfg.kwargs}
+    regularisers = {
+        k: v
+        for k, v in (("drop_path_rate", cfg.drop_path_rate), ("drop_rate", cfg.drop_rate))
+        if v > 0
+    }  # timm's meaning
+    kwargs = {
+        "pretrained": False,
+        "num_classes": spec.num_classes,
+        "in_chans": spec.channels,
+        **regularisers,
+        **cfg.kwargs,
+    }
     try:  # transformers need the image size; CNNs take any size and reject the argument
         model = timm.create_model(cfg.name, img_size=spec.img_size, **kwargs)
     except TypeError as err:
@@ -36,16 +44,19 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def check_input_fits(model: torch.nn.Module, name: str, spec: DataSpec,
-                     device: torch.device) -> None:
+def check_input_fits(
+    model: torch.nn.Module, name: str, spec: DataSpec, device: torch.device
+) -> None:
     """One tiny forward pass at start-up, so a size mismatch is an error before training."""
     model.eval()
     try:
         model(torch.zeros(2, spec.channels, spec.img_size, spec.img_size, device=device))
     except (RuntimeError, AssertionError) as err:  # timm's patch embedding asserts its sizes
         reason = str(err).splitlines()[0]
-        raise ConfigError(f"model {name} cannot take {spec.channels}x{spec.img_size}x"
-                          f"{spec.img_size} images ({reason}); raise data.img_size or pick "
-                          f"another model") from err
+        raise ConfigError(
+            f"model {name} cannot take {spec.channels}x{spec.img_size}x"
+            f"{spec.img_size} images ({reason}); raise data.img_size or pick "
+            f"another model"
+        ) from err
     finally:
         model.train()

@@ -25,16 +25,19 @@ def _wants_fused(cfg: OptimConfig, optimizer_cls: Callable[..., Any]) -> bool:
     # Fused optimizers take GradScaler's inf check on the device: no host sync per step.
     has_fused = "fused" in inspect.signature(optimizer_cls).parameters
     if cfg.fused and not has_fused:
-        raise ConfigError(f"optim.fused=true but {cfg.name} has no fused kernel; "
-                          "use optim.fused=null")
+        raise ConfigError(
+            f"optim.fused=true but {cfg.name} has no fused kernel; use optim.fused=null"
+        )
     return has_fused if cfg.fused is None else cfg.fused
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
     """Decoupled weight decay on weights only (timm filters norms and biases out)."""
     if cfg.name not in list_optimizers():
-        raise ConfigError(f"optim.name={cfg.name!r} is unknown; use adamw, sgd or one of timm's "
-                          f"{len(list_optimizers())} optimizers (timm.optim.list_optimizers())")
+        raise ConfigError(
+            f"optim.name={cfg.name!r} is unknown; use adamw, sgd or one of timm's "
+            f"{len(list_optimizers())} optimizers (timm.optim.list_optimizers())"
+        )
     if cfg.state_dtype != "fp32":  # moments in 16 or fewer bits: optim.state_dtype's table
         # the groups timm's factory builds: no decay on norms, biases, the model's exclusions
         skip: set[str] = getattr(model, "no_weight_decay", set)()
@@ -45,5 +48,12 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
         kwargs.setdefault("nesterov", cfg.nesterov and cfg.momentum > 0)  # torch requires both
     if _wants_fused(cfg, get_optimizer_class(cfg.name, bind_defaults=False)):
         kwargs["fused"] = True
-    return create_optimizer_v2(model, opt=cfg.name, lr=lr, weight_decay=cfg.weight_decay,
-                               momentum=cfg.momentum, filter_bias_and_bn=True, **kwargs)
+    return create_optimizer_v2(
+        model,
+        opt=cfg.name,
+        lr=lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        filter_bias_and_bn=True,
+        **kwargs,
+    )

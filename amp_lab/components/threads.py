@@ -46,8 +46,13 @@ def plan_threads(threads: int, workers: int) -> ThreadPlan:
     # each worker is a process that wants a core of its own; the main process keeps one
     capped = min(workers, max(0, cpus - 1))
     if capped < workers:
-        log.warning("data.num_workers=%d exceeds the %d CPU(s) this job has (%s): using %d "
-                    "worker(s)", workers, cpus, cpus_from, capped)
+        log.warning(
+            "data.num_workers=%d exceeds the %d CPU(s) this job has (%s): using %d worker(s)",
+            workers,
+            cpus,
+            cpus_from,
+            capped,
+        )
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if threads > 0:
         count, source = threads, "trainer.threads"

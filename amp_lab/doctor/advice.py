@@ -33,28 +33,53 @@ class Advice:
 
 
 SIGNATURE_FIXES = {  # pitfall signature -> (score, problem, fix)
-    "clip_before_unscale": (95, "gradients are clipped while still scaled",
-                            "unscale before clipping: scaler.unscale_(optimizer), then "
-                            "clip_grad_norm_, then scaler.step"),
-    "half_model": (92, "master weights / optimizer state are not fp32",
-                   "keep weights and optimizer state in fp32 (no model.half()); autocast casts "
-                   "the matmuls"),
-    "no_scaler_update": (90, "steps skip but the loss scale never backs off",
-                         "call scaler.update() once per optimizer step, after scaler.step()"),
-    "update_every_microbatch": (90, "the loss scale moves more than once per optimizer step",
-                                "call scaler.update() once per optimizer step, not per "
-                                "micro-batch"),
-    "loss_in_low_precision": (85, "the loss is computed in low precision",
-                              "compute the loss in fp32: loss_fn(logits.float(), labels)"),
+    "clip_before_unscale": (
+        95,
+        "gradients are clipped while still scaled",
+        "unscale before clipping: scaler.unscale_(optimizer), then "
+        "clip_grad_norm_, then scaler.step",
+    ),
+    "half_model": (
+        92,
+        "master weights / optimizer state are not fp32",
+        "keep weights and optimizer state in fp32 (no model.half()); autocast casts the matmuls",
+    ),
+    "no_scaler_update": (
+        90,
+        "steps skip but the loss scale never backs off",
+        "call scaler.update() once per optimizer step, after scaler.step()",
+    ),
+    "update_every_microbatch": (
+        90,
+        "the loss scale moves more than once per optimizer step",
+        "call scaler.update() once per optimizer step, not per micro-batch",
+    ),
+    "loss_in_low_precision": (
+        85,
+        "the loss is computed in low precision",
+        "compute the loss in fp32: loss_fn(logits.float(), labels)",
+    ),
 }
 NO_PROBLEM = "no precision problem found"
 BASELINE = "the baseline does not train: not a precision problem"
 
 
-def _rec(cause: str, score: int, problem: str, evidence: str, override: str | None,
-         fix: str | None = None) -> dict[str, Any]:
-    return {"cause": cause, "score": score, "problem": problem, "evidence": evidence,
-            "override": override, "fix": fix}
+def _rec(
+    cause: str,
+    score: int,
+    problem: str,
+    evidence: str,
+    override: str | None,
+    fix: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "cause": cause,
+        "score": score,
+        "problem": problem,
+        "evidence": evidence,
+        "override": override,
+        "fix": fix,
+    }
 
 
 def baseline_fixes(advice: Advice) -> list[str]:
@@ -63,8 +88,12 @@ def baseline_fixes(advice: Advice) -> list[str]:
     warm = max(advice.warmup_steps * 2, advice.steps // 3, 1)  # a third of the probe
     clip = "" if advice.clip_grad > 0 else " trainer.clip_grad=1.0"
     lower = f"lr.scale={advice.lr_scale / 10:g} lr.warmup_steps={warm}"
-    return [f"lr.warmup_steps={warm}", lower, f"{lower}{clip}",
-            f"lr.scale={advice.lr_scale / 100:g} lr.warmup_steps={warm}{clip}"]
+    return [
+        f"lr.warmup_steps={warm}",
+        lower,
+        f"{lower}{clip}",
+        f"lr.scale={advice.lr_scale / 100:g} lr.warmup_steps={warm}{clip}",
+    ]
 
 
 def user_probe(probes: dict[str, Probe], advice: Advice) -> Probe:
@@ -72,18 +101,38 @@ def user_probe(probes: dict[str, Probe], advice: Advice) -> Probe:
     return probes["autocast+scaler" if advice.user_scaled else "autocast"]
 
 
-def recommend(probes: dict[str, Probe], advice: Advice, fp32_set: list[str] | None = None,
-              applied: Callable[[str], bool] = lambda override: False) -> list[dict[str, Any]]:
+def recommend(
+    probes: dict[str, Probe],
+    advice: Advice,
+    fp32_set: list[str] | None = None,
+    applied: Callable[[str], bool] = lambda override: False,
+) -> list[dict[str, Any]]:
     """Ranked recommendations, most urgent first; `applied(override)` is true for what the
     user's config already does (those are left out)."""
     base = probes["fp32"]
-    recs = [_rec("crashed", 75, f"the {p.name} probe crashed", p.crashed or "", None,
-                 f"see the traceback: python -m amp_lab <your overrides> "
-                 f"{' '.join(p.overrides[-2:])}") for p in probes.values() if p.crashed]
+    recs = [
+        _rec(
+            "crashed",
+            75,
+            f"the {p.name} probe crashed",
+            p.crashed or "",
+            None,
+            f"see the traceback: python -m amp_lab <your overrides> {' '.join(p.overrides[-2:])}",
+        )
+        for p in probes.values()
+        if p.crashed
+    ]
     if verdict(base, base) not in TRAINS:  # baseline first: the precision advice is held back
-        recs.append(_rec("baseline", 100, BASELINE,
-                         f"fp32 probe: {verdict(base, base)}, loss {_curve(base)}; fix the "
-                         "LR, warmup or clipping first", baseline_fixes(advice)[0]))
+        recs.append(
+            _rec(
+                "baseline",
+                100,
+                BASELINE,
+                f"fp32 probe: {verdict(base, base)}, loss {_curve(base)}; fix the "
+                "LR, warmup or clipping first",
+                baseline_fixes(advice)[0],
+            )
+        )
         return _ranked(recs)
     recs += _precision_recs(probes, advice, fp32_set)
     recs = [r for r in recs if not (r["override"] and applied(r["override"]))]
@@ -96,8 +145,9 @@ def _ranked(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(recs, key=lambda r: -r["score"])
 
 
-def _precision_recs(probes: dict[str, Probe], advice: Advice,
-                    fp32_set: list[str] | None) -> list[dict[str, Any]]:
+def _precision_recs(
+    probes: dict[str, Probe], advice: Advice, fp32_set: list[str] | None
+) -> list[dict[str, Any]]:
     base, noscale, scaled = probes["fp32"], probes["autocast"], probes["autocast+scaler"]
     mine = user_probe(probes, advice)
     low = [p for p in (mine, scaled, noscale) if not p.unavailable and not p.crashed]
@@ -108,33 +158,59 @@ def _precision_recs(probes: dict[str, Probe], advice: Advice,
     for name, evidence in seen.items():
         score, problem, fix = SIGNATURE_FIXES[name]
         recs.append(_rec(name, score, problem, evidence, "pitfall=none", fix))
-    culprit = next(((p, e) for p in low if (e := first_event(p)) and e["phase"] == "forward"),
-                   None)
+    culprit = next(((p, e) for p in low if (e := first_event(p)) and e["phase"] == "forward"), None)
     if culprit:  # the same event the table shows as the probe's first non-finite value
         probe, event = culprit
         modules = fp32_set or [*advice.fp32_modules, event["module"]]
-        recs.append({"module": event["module"], **_rec("forward_overflow", 88,
-                         f"{event['module']} overflows {event['dtype']} in the forward pass",
-                         f"{probe.name}: first non-finite value at step {event['step']}, the "
-                         f"output of {event['module']} (max |x| {event['max_abs']}, fp16 max "
-                         "65504); no loss scale can fix a forward overflow",
-                         f"precision.fp32_modules=[{','.join(modules)}]")})
+        recs.append(
+            {
+                "module": event["module"],
+                **_rec(
+                    "forward_overflow",
+                    88,
+                    f"{event['module']} overflows {event['dtype']} in the forward pass",
+                    f"{probe.name}: first non-finite value at step {event['step']}, the "
+                    f"output of {event['module']} (max |x| {event['max_abs']}, fp16 max "
+                    "65504); no loss scale can fix a forward overflow",
+                    f"precision.fp32_modules=[{','.join(modules)}]",
+                ),
+            }
+        )
     flushed = noscale.flushed
-    if (verdict(noscale, base) in ("underflow", "stalls", "deviates")
-            or (flushed or 0) > UNDERFLOW_SHARE) and verdict(scaled, base) in ("ok",):
-        recs.append(_rec("underflow_no_scaler", 85, "gradients underflow without loss scaling",
-                         f"{noscale.name}: {_pct(flushed)} of gradient elements are zero (fp32: "
-                         f"{_pct(base.flushed)}), loss {_curve(noscale)}; with the scaler: "
-                         f"loss {_curve(scaled)}",
-                         f"precision={advice.low_dtype} scaler.enabled=true"))
+    if (
+        verdict(noscale, base) in ("underflow", "stalls", "deviates")
+        or (flushed or 0) > UNDERFLOW_SHARE
+    ) and verdict(scaled, base) in ("ok",):
+        recs.append(
+            _rec(
+                "underflow_no_scaler",
+                85,
+                "gradients underflow without loss scaling",
+                f"{noscale.name}: {_pct(flushed)} of gradient elements are zero (fp32: "
+                f"{_pct(base.flushed)}), loss {_curve(noscale)}; with the scaler: "
+                f"loss {_curve(scaled)}",
+                f"precision={advice.low_dtype} scaler.enabled=true",
+            )
+        )
     if not culprit and not seen:
         recs += _scaler_recs(scaled, base, advice)
     bf16 = probes.get("bf16")
-    if bf16 and not seen and not bf16.unavailable and verdict(bf16, base) == "ok" and (
-            verdict(mine, base) != "ok" or culprit):
-        recs.append(_rec("bf16", 70, "fp16's range is the problem; bf16 has fp32's exponent "
-                         "range", f"bf16 loss {_curve(bf16)} tracks fp32 ({_curve(base)})",
-                         "precision=bf16"))
+    if (
+        bf16
+        and not seen
+        and not bf16.unavailable
+        and verdict(bf16, base) == "ok"
+        and (verdict(mine, base) != "ok" or culprit)
+    ):
+        recs.append(
+            _rec(
+                "bf16",
+                70,
+                "fp16's range is the problem; bf16 has fp32's exponent range",
+                f"bf16 loss {_curve(bf16)} tracks fp32 ({_curve(base)})",
+                "precision=bf16",
+            )
+        )
     return recs
 
 
@@ -151,44 +227,79 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
     unstable = scaled.skip_rate > 0.25 or final < 1.0 or verdict(scaled, base) == "skips"
     warm = max(advice.warmup_steps * 2, advice.steps // 5)
     if leading >= 3 and (leading == skipped or final > 2.0**16):
-        return [_rec("init_scale_high", 72 if scaled.skip_rate > 0.25 else 40,
-                     "the initial loss scale is too high",
-                     f"{leading} steps skipped from step 1: scale {advice.init_scale:g} -> "
-                     f"{final:g}", f"scaler.init_scale={min(final, 2.0**16):g}")]
+        return [
+            _rec(
+                "init_scale_high",
+                72 if scaled.skip_rate > 0.25 else 40,
+                "the initial loss scale is too high",
+                f"{leading} steps skipped from step 1: scale {advice.init_scale:g} -> {final:g}",
+                f"scaler.init_scale={min(final, 2.0**16):g}",
+            )
+        ]
     if unstable and growths >= 2 and advice.growth_interval < 2000:
         # the scale grows back into overflow again and again: growth, not the model, is wrong
-        return [_rec("eager_growth", 74, "the loss scale grows too eagerly",
-                     f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
-                     f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), "
-                     f"scale {advice.init_scale:g} -> {final:g}", "scaler.growth_interval=2000")]
+        return [
+            _rec(
+                "eager_growth",
+                74,
+                "the loss scale grows too eagerly",
+                f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
+                f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), "
+                f"scale {advice.init_scale:g} -> {final:g}",
+                "scaler.growth_interval=2000",
+            )
+        ]
     if unstable:
-        return [_rec("unstable_scale", 60, "the loss scale keeps backing off (unstable "
-                     "gradients)", f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, "
-                     f"scale {advice.init_scale:g} -> {final:g}",
-                     f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm} "
-                     f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}")]
+        return [
+            _rec(
+                "unstable_scale",
+                60,
+                "the loss scale keeps backing off (unstable gradients)",
+                f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, "
+                f"scale {advice.init_scale:g} -> {final:g}",
+                f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm} "
+                f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}",
+            )
+        ]
     if verdict(scaled, base) == "deviates":
-        return [_rec("drift", 50, "the mixed-precision loss drifts from fp32",
-                     f"{scaled.name}: mean |loss - fp32| / fp32 = "
-                     f"{_pct(scaled.deviation(base))}",
-                     f"lr.scale={min(0.7, advice.lr_scale * 0.7):g} lr.warmup_steps={warm}")]
+        return [
+            _rec(
+                "drift",
+                50,
+                "the mixed-precision loss drifts from fp32",
+                f"{scaled.name}: mean |loss - fp32| / fp32 = {_pct(scaled.deviation(base))}",
+                f"lr.scale={min(0.7, advice.lr_scale * 0.7):g} lr.warmup_steps={warm}",
+            )
+        ]
     return []
 
 
 def _no_problem(mine: Probe, base: Probe, advice: Advice) -> dict[str, Any]:
     skipped = mine.summary.get("skipped_steps", 0)
-    tracks = (f"{mine.name} tracks fp32 within {_pct(mine.deviation(base))} over "
-              f"{advice.steps} steps")
+    tracks = (
+        f"{mine.name} tracks fp32 within {_pct(mine.deviation(base))} over {advice.steps} steps"
+    )
     if verdict(mine, base) != "ok":
-        return _rec("unexplained", 1, f"the {mine.name} probe {verdict(mine, base)}, cause not "
-                    "found", f"loss {_curve(mine)}; compare the probes' records in "
-                    "doctor.json", None)
+        return _rec(
+            "unexplained",
+            1,
+            f"the {mine.name} probe {verdict(mine, base)}, cause not found",
+            f"loss {_curve(mine)}; compare the probes' records in doctor.json",
+            None,
+        )
     if skipped and mine.summary.get("health") == []:
         steps = [e["step"] for e in mine.diag.get("scale_events") or [] if e["kind"] == "backoff"]
-        return _rec("transient", 0, NO_PROBLEM, (
-            f"the scaler handled {skipped} transient overflow{'s' * (skipped > 1)} (skipped "
-            f"step{'s' * (len(steps) > 1)} {', '.join(map(str, steps)) or '?'}, the scale backed "
-            f"off and training went on); {tracks}"), None)
+        return _rec(
+            "transient",
+            0,
+            NO_PROBLEM,
+            (
+                f"the scaler handled {skipped} transient overflow{'s' * (skipped > 1)} (skipped "
+                f"step{'s' * (len(steps) > 1)} {', '.join(map(str, steps)) or '?'}, the scale "
+                f"backed off and training went on); {tracks}"
+            ),
+            None,
+        )
     return _rec("none", 0, NO_PROBLEM, tracks, None)
 
 

@@ -33,9 +33,20 @@ from amp_lab.doctor.verdict import Probe, first_event, verdict
 from amp_lab.records import METRICS_FILE
 
 # keys the doctor sets itself; the user's values for them are replaced per probe
-PROBE_KEYS = ("precision", "scaler.enabled", "trainer.max_steps", "trainer.log_every",
-              "trainer.eval_every", "trainer.progress", "trainer.resume", "checkpoint.enabled",
-              "diagnostics", "diagnostics.mode", "diagnostics.every", "hydra.run.dir")
+PROBE_KEYS = (
+    "precision",
+    "scaler.enabled",
+    "trainer.max_steps",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.progress",
+    "trainer.resume",
+    "checkpoint.enabled",
+    "diagnostics",
+    "diagnostics.mode",
+    "diagnostics.every",
+    "hydra.run.dir",
+)
 log = logging.getLogger("amp_lab.doctor")
 
 
@@ -52,9 +63,17 @@ class Doctor:
 
         kept = [o for o in overrides if key(o) not in PROBE_KEYS]
         # every probe starts afresh (an earlier doctor's files in --out are set aside)
-        self.common = [*kept, f"trainer.max_steps={steps}", "trainer.log_every=1",
-                       "trainer.eval_every=0", "trainer.progress=false", "diagnostics=full",
-                       "diagnostics.every=1", "trainer.resume=false", "checkpoint.enabled=false"]
+        self.common = [
+            *kept,
+            f"trainer.max_steps={steps}",
+            "trainer.log_every=1",
+            "trainer.eval_every=0",
+            "trainer.progress=false",
+            "diagnostics=full",
+            "diagnostics.every=1",
+            "trainer.resume=false",
+            "checkpoint.enabled=false",
+        ]
         # the user's own config is valid on this machine: it builds (in a folder it never
         # writes to, so an --out that holds a run is left alone)
         Trainer(self.settings, out / "probes" / "config_check")
@@ -64,16 +83,23 @@ class Doctor:
         # what the user runs (a fix is verified on it): their precision and scaler, or, for
         # an fp32 config, the autocast+scaler probe's
         own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
-        self.own = own if mode.autocast_dtype is not None else [
-            f"precision={self.low}", "scaler.enabled=true"]
+        self.own = (
+            own
+            if mode.autocast_dtype is not None
+            else [f"precision={self.low}", "scaler.enabled=true"]
+        )
         scaler = self.settings.scaler
-        self.user_scaled = mode.autocast_dtype is None or (scaler.kind != "static" and (
-            mode.dynamic_scaling if scaler.enabled is None else scaler.enabled))
+        self.user_scaled = mode.autocast_dtype is None or (
+            scaler.kind != "static"
+            and (mode.dynamic_scaling if scaler.enabled is None else scaler.enabled)
+        )
 
     def plan(self) -> list[tuple[str, list[str]]]:
-        plan = [("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
-                ("autocast", [f"precision={self.low}", "scaler.enabled=false"]),
-                ("autocast+scaler", [f"precision={self.low}", "scaler.enabled=true"])]
+        plan = [
+            ("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
+            ("autocast", [f"precision={self.low}", "scaler.enabled=false"]),
+            ("autocast+scaler", [f"precision={self.low}", "scaler.enabled=true"]),
+        ]
         if self.low != "bf16":
             plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
         return plan
@@ -97,20 +123,22 @@ class Doctor:
         except Exception as err:  # noqa: BLE001 - a probe that crashes is a finding, not the end
             probe.crashed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             if name == "fp32":
-                raise ConfigError(f"the fp32 baseline crashed ({probe.crashed}); fix that first: "
-                                  f"python -m amp_lab {' '.join(self.user)} precision=fp32 "
-                                  "shows the traceback") from err
+                raise ConfigError(
+                    f"the fp32 baseline crashed ({probe.crashed}); fix that first: "
+                    f"python -m amp_lab {' '.join(self.user)} precision=fp32 "
+                    "shows the traceback"
+                ) from err
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
-        rows = [json.loads(line) for line in
-                (trainer.out_dir / METRICS_FILE).read_text().splitlines()]
+        rows = [
+            json.loads(line) for line in (trainer.out_dir / METRICS_FILE).read_text().splitlines()
+        ]
         probe.records = [r for r in rows if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
         log.info("probe %s: %s", name, " ".join(extra))
         return probe
 
-    def search_fp32(self, start: list[str], scaled: Probe,
-                    max_rounds: int = 6) -> dict[str, Any]:
+    def search_fp32(self, start: list[str], scaled: Probe, max_rounds: int = 6) -> dict[str, Any]:
         """Greedy: add the module named by the forward attribution until a probe runs clean.
         `scaled` (the autocast+scaler probe) is the run with the `start` set; a set already run
         is not run again (the probes are deterministic for a seed)."""
@@ -122,19 +150,32 @@ class Doctor:
         def clean(modules: list[str]) -> bool:
             key = tuple(modules)
             if key not in runs:
-                runs[key] = self.run_probe(f"search_{len(runs) - 1}", [
-                    *extra, f"precision.fp32_modules=[{','.join(modules)}]"])
+                runs[key] = self.run_probe(
+                    f"search_{len(runs) - 1}",
+                    [*extra, f"precision.fp32_modules=[{','.join(modules)}]"],
+                )
             probe = runs[key]
             forward = (probe.diag.get("nonfinite") or {}).get("forward")
             ok = not (forward or probe.crashed or probe.summary.get("diverged"))
             if not tried or tried[-1]["fp32_modules"] != list(modules):
-                tried.append({"fp32_modules": list(modules), "clean": ok,
-                              "forward_nonfinite": forward, "crashed": probe.crashed})
+                tried.append(
+                    {
+                        "fp32_modules": list(modules),
+                        "clean": ok,
+                        "forward_nonfinite": forward,
+                        "crashed": probe.crashed,
+                    }
+                )
             return ok
 
         def result(found: bool) -> dict[str, Any]:
-            return {"found": found, "verified": found, "fp32_modules": chosen, "tried": tried,
-                    "probe_runs": len(runs) - 1}
+            return {
+                "found": found,
+                "verified": found,
+                "fp32_modules": chosen,
+                "tried": tried,
+                "probe_runs": len(runs) - 1,
+            }
 
         for _ in range(max_rounds):
             if clean(chosen):
@@ -167,8 +208,18 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
     """One row per probe: its verdict against the fp32 baseline and the numerics behind it."""
     base = probes["fp32"]
     table = Table(title="amp_lab doctor: probes vs the fp32 baseline")
-    for column in ["probe", "verdict", "loss first -> last", "vs fp32", "first non-finite",
-                   "skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"]:
+    for column in [
+        "probe",
+        "verdict",
+        "loss first -> last",
+        "vs fp32",
+        "first non-finite",
+        "skipped",
+        "scale",
+        "zero grads",
+        "fp16 flush@scale",
+        "upd/weight",
+    ]:
         table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
     for name, p in probes.items():
         if p.unavailable or p.crashed:
@@ -176,16 +227,29 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
             table.add_row(name, verdict(p, base), escape(why), *[""] * 7)
             continue
         event = first_event(p)  # the same event the advice reads
-        where = "-" if not event else (
-            f"step {event['step']}: {event['module']} ({event['phase']})" if event["module"]
-            else f"step {event['step']}: skipped, no module named")  # the weight gradients
+        where = (
+            "-"
+            if not event
+            else (
+                f"step {event['step']}: {event['module']} ({event['phase']})"
+                if event["module"]
+                else f"step {event['step']}: skipped, no module named"
+            )
+        )  # the weight gradients
         # overflowed, or the scale did, while no activation or input gradient was non-finite
         ratio = p.mean("diag/update_ratio")
-        table.add_row(name, verdict(p, base), _fmt_curve(p), _fmt(p.deviation(base), "%"),
-                      where, f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
-                      f"{p.summary.get('final_loss_scale', 0):g}", _fmt(p.flushed, "%"),
-                      _fmt(p.would_flush, "%"),
-                      "-" if ratio is None else f"{ratio:.2e}")
+        table.add_row(
+            name,
+            verdict(p, base),
+            _fmt_curve(p),
+            _fmt(p.deviation(base), "%"),
+            where,
+            f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
+            f"{p.summary.get('final_loss_scale', 0):g}",
+            _fmt(p.flushed, "%"),
+            _fmt(p.would_flush, "%"),
+            "-" if ratio is None else f"{ratio:.2e}",
+        )
     return table
 
 
@@ -199,23 +263,33 @@ def _fmt_curve(p: Probe) -> str:
     return f"{p.losses[0]:.4g} -> {p.losses[-1]:.4g}" if p.losses else "-"
 
 
-def print_report(console: Console, probes: dict[str, Probe], recs: list[dict],
-                 search: dict | None, user: list[str]) -> None:
+def print_report(
+    console: Console,
+    probes: dict[str, Probe],
+    recs: list[dict],
+    search: dict | None,
+    user: list[str],
+) -> None:
     console.print(verdict_table(probes))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
-        console.print(escape(f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
-                             f"{search['probe_runs']} probe run"
-                             f"{'' if search['probe_runs'] == 1 else 's'})"))
+        console.print(
+            escape(
+                f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
+                f"{search['probe_runs']} probe run"
+                f"{'' if search['probe_runs'] == 1 else 's'})"
+            )
+        )
     console.print("[bold]Recommendations[/bold] (most urgent first)")
     for i, rec in enumerate(recs, 1):
         console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
         if rec["fix"]:
             console.print(escape(f"   fix: {rec['fix']}"))
         if rec["override"]:
-            console.print(escape(f"   try: {command(user, rec['override'])}"),
-                          soft_wrap=True)  # one line: copy and paste it
+            console.print(
+                escape(f"   try: {command(user, rec['override'])}"), soft_wrap=True
+            )  # one line: copy and paste it
         if rec.get("verification"):
             console.print(escape(f"   {rec['verification']}"))
 
@@ -224,21 +298,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m amp_lab.doctor",
         description="Probe your config in fp32, autocast without and with the loss scaler, and "
-                    "bf16; name what goes wrong numerically and the override to try.")
+        "bf16; name what goes wrong numerically and the override to try.",
+    )
     parser.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per probe (40)")
-    parser.add_argument("--search-fp32", action="store_true",
-                        help="greedily find modules to keep in fp32 that remove non-finite values")
-    parser.add_argument("--budget", type=float, default=60.0,
-                        help="seconds for verifying fixes after the first (60)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output folder (default outputs/doctor/DATE/TIME; with --suite "
-                             "outputs/doctor_suite)")
-    parser.add_argument("--suite", action="store_true",
-                        help="run the doctor benchmark (failure cases with a known cause) "
-                             "instead of your config; see amp_lab/doctor/suite.py")
-    parser.add_argument("--cases", nargs="+", default=None, metavar="NAME",
-                        help="with --suite: only these cases")
+    parser.add_argument(
+        "--search-fp32",
+        action="store_true",
+        help="greedily find modules to keep in fp32 that remove non-finite values",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="seconds for verifying fixes after the first (60)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default outputs/doctor/DATE/TIME; with --suite outputs/doctor_suite)",
+    )
+    parser.add_argument(
+        "--suite",
+        action="store_true",
+        help="run the doctor benchmark (failure cases with a known cause) "
+        "instead of your config; see amp_lab/doctor/suite.py",
+    )
+    parser.add_argument(
+        "--cases", nargs="+", default=None, metavar="NAME", help="with --suite: only these cases"
+    )
     return parser.parse_args(argv)
 
 
@@ -254,32 +343,59 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None
-    if args.search_fp32 and any((p.diag.get("nonfinite") or {}).get("forward")
-                                for p in probes.values() if p.name != "fp32"):
+    if args.search_fp32 and any(
+        (p.diag.get("nonfinite") or {}).get("forward") for p in probes.values() if p.name != "fp32"
+    ):
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
-    advice = Advice(s.scaler.init_scale, s.scaler.growth_interval, s.lr.scale,
-                    s.lr.warmup_steps, args.steps, doctor.low, doctor.user_scaled,
-                    s.trainer.clip_grad, tuple(s.precision.fp32_modules))
-    recs = recommend(probes, advice, search["fp32_modules"] if search and search["found"]
-                     else None, applied_by(args.overrides, s))
+    advice = Advice(
+        s.scaler.init_scale,
+        s.scaler.growth_interval,
+        s.lr.scale,
+        s.lr.warmup_steps,
+        args.steps,
+        doctor.low,
+        doctor.user_scaled,
+        s.trainer.clip_grad,
+        tuple(s.precision.fp32_modules),
+    )
+    recs = recommend(
+        probes,
+        advice,
+        search["fp32_modules"] if search and search["found"] else None,
+        applied_by(args.overrides, s),
+    )
     verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
     print_report(console, probes, recs, search, args.overrides)
-    report = {"overrides": args.overrides, "steps": args.steps, "output_dir": str(out),
-              "user_probe": "autocast+scaler" if doctor.user_scaled else "autocast",
-              "probes": {n: {"overrides": p.overrides, "verdict": verdict(p, probes["fp32"]),
-                             "unavailable": p.unavailable, "crashed": p.crashed,
-                             "losses": p.losses,
-                             "deviation_from_fp32": p.deviation(probes["fp32"])
-                             if p.losses else None, "zero_grad_share": p.flushed,
-                             "fp16_flush_share_at_scale": p.would_flush,
-                             "skip_rate": p.skip_rate, "update_ratio": p.mean("diag/update_ratio"),
-                             "summary": p.summary} for n, p in probes.items()},
-              "recommendations": recs, "search_fp32": search}
+    report = {
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "output_dir": str(out),
+        "user_probe": "autocast+scaler" if doctor.user_scaled else "autocast",
+        "probes": {
+            n: {
+                "overrides": p.overrides,
+                "verdict": verdict(p, probes["fp32"]),
+                "unavailable": p.unavailable,
+                "crashed": p.crashed,
+                "losses": p.losses,
+                "deviation_from_fp32": p.deviation(probes["fp32"]) if p.losses else None,
+                "zero_grad_share": p.flushed,
+                "fp16_flush_share_at_scale": p.would_flush,
+                "skip_rate": p.skip_rate,
+                "update_ratio": p.mean("diag/update_ratio"),
+                "summary": p.summary,
+            }
+            for n, p in probes.items()
+        },
+        "recommendations": recs,
+        "search_fp32": search,
+    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "doctor.json").write_text(json.dumps(_strict_json(report), indent=2, default=str,
-                                                allow_nan=False))
+    (out / "doctor.json").write_text(
+        json.dumps(_strict_json(report), indent=2, default=str, allow_nan=False)
+    )
     console.print(f"wrote {out / 'doctor.json'}")
     return report
 
@@ -287,8 +403,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    quiet = [logging.getLogger(name)
-             for name in ("amp_lab.trainer", "amp_lab.numerics.diagnostics")]
+    quiet = [
+        logging.getLogger(name) for name in ("amp_lab.trainer", "amp_lab.numerics.diagnostics")
+    ]
     levels = [logger.level for logger in quiet]
     for logger in quiet:  # the probes' warnings go to doctor.json
         logger.setLevel(logging.ERROR)
@@ -306,4 +423,3 @@ def main(argv: list[str] | None = None) -> int:
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)
     return 0
-

@@ -59,8 +59,13 @@ def applied_by(user: list[str], settings: AmpLabConfig) -> Callable[[str], bool]
     return applied
 
 
-def verify(doctor: Doctor, recs: list[dict[str, Any]], probes: dict[str, Probe],
-           advice: Advice, budget_s: float) -> None:
+def verify(
+    doctor: Doctor,
+    recs: list[dict[str, Any]],
+    probes: dict[str, Probe],
+    advice: Advice,
+    budget_s: float,
+) -> None:
     """Run the top recommendation's override (and the next within the budget); mark each
     `verified` true/false with a sentence in `verification`, or null when it was not run."""
     started = time.monotonic()
@@ -82,25 +87,39 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
     base = probes["fp32"]
     if any(key(o).startswith("lr.") for o in new):  # compare with fp32 at the same LR
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
-    rec["fix_probe"] = {"name": fix.name, "losses": fix.losses,
-                        "verdict": verdict(fix, base), "health": fix.summary.get("health"),
-                        "deviation_from_fp32": fix.deviation(base) if fix.losses else None}
+    rec["fix_probe"] = {
+        "name": fix.name,
+        "losses": fix.losses,
+        "verdict": verdict(fix, base),
+        "health": fix.summary.get("health"),
+        "deviation_from_fp32": fix.deviation(base) if fix.losses else None,
+    }
     event = first_event(fix)
     target = rec.get("module")  # the module a forward-overflow fix keeps in fp32
     if fix.crashed:
         rec.update(verified=False, verification=f"the fix crashed: {fix.crashed}")
     elif event and event["phase"] == "forward":
         moved = f" moved to {event['module']}" if event["module"] != target else " remains"
-        rec.update(verified=False, verification=(
-            f"not verified: the overflow{moved} (step {event['step']}, forward)"))
+        rec.update(
+            verified=False,
+            verification=(f"not verified: the overflow{moved} (step {event['step']}, forward)"),
+        )
     elif verdict(fix, base) != "ok":
-        rec.update(verified=False, verification=(
-            f"not verified: with it the run {verdict(fix, base)} (loss {_curve(fix)}, "
-            f"health: {', '.join(sorted(health.rules(fix.summary))) or 'ok'})"))
+        rec.update(
+            verified=False,
+            verification=(
+                f"not verified: with it the run {verdict(fix, base)} (loss {_curve(fix)}, "
+                f"health: {', '.join(sorted(health.rules(fix.summary))) or 'ok'})"
+            ),
+        )
     else:
-        rec.update(verified=True, verification=(
-            f"verified: loss {_curve(fix)}, within {fix.deviation(base):.0%} of fp32 "
-            f"(tolerance {DEVIATION:.0%}), no health finding"))
+        rec.update(
+            verified=True,
+            verification=(
+                f"verified: loss {_curve(fix)}, within {fix.deviation(base):.0%} of fp32 "
+                f"(tolerance {DEVIATION:.0%}), no health finding"
+            ),
+        )
 
 
 def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> None:
@@ -109,16 +128,28 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
     for k, candidate in enumerate(baseline_fixes(advice), 1):
         probe = doctor.run_probe(f"baseline_fix_{k}", [*FP32, *candidate.split()])
         ok = not probe.crashed and verdict(probe, probe) == "ok"
-        tried.append({"override": candidate, "verdict": verdict(probe, probe),
-                      "losses": probe.losses})
+        tried.append(
+            {"override": candidate, "verdict": verdict(probe, probe), "losses": probe.losses}
+        )
         if ok:
-            rec.update(override=candidate, verified=True, tried=tried, verification=(
-                f"verified: fp32 with {candidate} trains (loss {_curve(probe)}, no health "
-                "finding); then run the doctor again for the precision"))
+            rec.update(
+                override=candidate,
+                verified=True,
+                tried=tried,
+                verification=(
+                    f"verified: fp32 with {candidate} trains (loss {_curve(probe)}, no health "
+                    "finding); then run the doctor again for the precision"
+                ),
+            )
             return
-    rec.update(verified=False, tried=tried, verification=(
-        "not verified: fp32 still does not train with " + "; ".join(t["override"]
-                                                                   for t in tried)))
+    rec.update(
+        verified=False,
+        tried=tried,
+        verification=(
+            "not verified: fp32 still does not train with "
+            + "; ".join(t["override"] for t in tried)
+        ),
+    )
 
 
 def _curve(probe: Probe) -> str:

@@ -20,8 +20,14 @@ from rich.console import Console
 from rich.table import Table
 
 # tiny and quick on 2 CPU cores: a one-block ViT on 16 px digits, small batches
-SUITE_BASE = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16",
-              "+model.kwargs.depth=1", "data.val_fraction=0.05", "trainer.device=cpu"]
+SUITE_BASE = [
+    "model=test_vit",
+    "data.img_size=16",
+    "trainer.batch_size=16",
+    "+model.kwargs.depth=1",
+    "data.val_fraction=0.05",
+    "trainer.device=cpu",
+]
 HEALTHY = ("none", "transient")  # causes that mean "no precision problem found"
 TARGET_RIGHT_FIRST = 0.9
 
@@ -39,33 +45,63 @@ class Case:
 
 FP16 = ("precision=fp16",)
 CASES = [
-    Case("underflow_without_scaler", ("precision=fp16_noscale", "fault.loss_multiplier=1e-6"),
-         "underflow_no_scaler"),
-    Case("forward_overflow_module", (*FP16, "fault.overflow_module=blocks.0.mlp.fc2"),
-         "forward_overflow"),
+    Case(
+        "underflow_without_scaler",
+        ("precision=fp16_noscale", "fault.loss_multiplier=1e-6"),
+        "underflow_no_scaler",
+    ),
+    Case(
+        "forward_overflow_module",
+        (*FP16, "fault.overflow_module=blocks.0.mlp.fc2"),
+        "forward_overflow",
+    ),
     # the attention block's output passes 65504 (CPU attention keeps its logits in fp32, so
     # the overflow is injected at the block's output)
-    Case("attention_overflow", (*FP16, "fault.overflow_module=blocks.0.attn",
-                                "fault.overflow_factor=1e8"), "forward_overflow"),
+    Case(
+        "attention_overflow",
+        (*FP16, "fault.overflow_module=blocks.0.attn", "fault.overflow_factor=1e8"),
+        "forward_overflow",
+    ),
     Case("lr_too_high", (*FP16, "lr.base=1"), "baseline"),
     # without warmup this LR blows the loss up in fp32 as in fp16 on this small CPU model (no
     # fp16-only variant reproduces here): the doctor names the baseline, and warmup as its fix
     Case("warmup_too_short", (*FP16, "lr.base=0.05"), "baseline"),
     Case("init_scale_too_high", (*FP16, "scaler.init_scale=1e12"), "init_scale_high"),
-    Case("eager_scale_growth", (*FP16, "scaler.growth_interval=1", "scaler.growth_factor=4"),
-         "eager_growth"),
-    Case("clip_before_unscale_sgd", (*FP16, "pitfall=clip_before_unscale", "trainer.clip_grad=1",
-                                     "optim=sgd", "lr.base=0.05"), "clip_before_unscale"),
-    Case("clip_before_unscale_adamw", (*FP16, "pitfall=clip_before_unscale",
-                                       "trainer.clip_grad=1"), "clip_before_unscale"),
-    Case("no_scaler_update", (*FP16, "pitfall=no_scaler_update", "fault.inf_grad_at_step=2"),
-         "no_scaler_update"),
-    Case("update_every_microbatch", (*FP16, "pitfall=update_every_microbatch",
-                                     "trainer.grad_accum=2", "scaler.init_scale=256",
-                                     "scaler.growth_interval=2"), "update_every_microbatch"),
+    Case(
+        "eager_scale_growth",
+        (*FP16, "scaler.growth_interval=1", "scaler.growth_factor=4"),
+        "eager_growth",
+    ),
+    Case(
+        "clip_before_unscale_sgd",
+        (*FP16, "pitfall=clip_before_unscale", "trainer.clip_grad=1", "optim=sgd", "lr.base=0.05"),
+        "clip_before_unscale",
+    ),
+    Case(
+        "clip_before_unscale_adamw",
+        (*FP16, "pitfall=clip_before_unscale", "trainer.clip_grad=1"),
+        "clip_before_unscale",
+    ),
+    Case(
+        "no_scaler_update",
+        (*FP16, "pitfall=no_scaler_update", "fault.inf_grad_at_step=2"),
+        "no_scaler_update",
+    ),
+    Case(
+        "update_every_microbatch",
+        (
+            *FP16,
+            "pitfall=update_every_microbatch",
+            "trainer.grad_accum=2",
+            "scaler.init_scale=256",
+            "scaler.growth_interval=2",
+        ),
+        "update_every_microbatch",
+    ),
     Case("fp16_weights_without_masters", (*FP16, "pitfall=half_model"), "half_model"),
-    Case("loss_in_low_precision", (*FP16, "pitfall=loss_in_low_precision"),
-         "loss_in_low_precision"),
+    Case(
+        "loss_in_low_precision", (*FP16, "pitfall=loss_in_low_precision"), "loss_in_low_precision"
+    ),
     Case("healthy", FP16, "none"),
     Case("one_transient_inf_step", (*FP16, "fault.inf_grad_at_step=3"), "transient"),
 ]
@@ -75,30 +111,63 @@ def run_case(case: Case, out: Path) -> dict[str, Any]:
     """The doctor on one case, its output in <out>/<case>.txt; the figures the table shows."""
     from amp_lab.doctor.diagnose import parse_args, run
 
-    args = parse_args([*SUITE_BASE, *case.overrides, "--steps", str(case.steps),
-                       "--budget", "0", *case.flags, "--out", str(out / case.name)])
+    args = parse_args(
+        [
+            *SUITE_BASE,
+            *case.overrides,
+            "--steps",
+            str(case.steps),
+            "--budget",
+            "0",
+            *case.flags,
+            "--out",
+            str(out / case.name),
+        ]
+    )
     started = time.monotonic()
     with (out / f"{case.name}.txt").open("w", encoding="utf-8") as text:  # the doctor's output
         report = run(args, Console(file=text, width=200))
     top = report["recommendations"][0]
     mine = report["probes"][report["user_probe"]]
     healthy_case = case.cause in HEALTHY
-    return {"case": case.name, "expected": case.cause, "top_cause": top["cause"],
-            "right_first": top["cause"] == case.cause, "verdict": mine["verdict"],
-            "alarm": healthy_case and top["cause"] not in HEALTHY,
-            "fix": top.get("override"), "verified": top.get("verified"),
-            "verification": top.get("verification"), "seconds": time.monotonic() - started}
+    return {
+        "case": case.name,
+        "expected": case.cause,
+        "top_cause": top["cause"],
+        "right_first": top["cause"] == case.cause,
+        "verdict": mine["verdict"],
+        "alarm": healthy_case and top["cause"] not in HEALTHY,
+        "fix": top.get("override"),
+        "verified": top.get("verified"),
+        "verification": top.get("verification"),
+        "seconds": time.monotonic() - started,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="amp_lab doctor benchmark")
-    for column in ("case", "verdict", "expected cause", "ranked first", "right", "top fix",
-                   "fix verified", "s"):
+    for column in (
+        "case",
+        "verdict",
+        "expected cause",
+        "ranked first",
+        "right",
+        "top fix",
+        "fix verified",
+        "s",
+    ):
         t.add_column(column)
     for r in rows:
-        t.add_row(r["case"], r["verdict"], r["expected"], r["top_cause"],
-                  "yes" if r["right_first"] else "NO", r["fix"] or "-",
-                  {True: "yes", False: "NO", None: "-"}[r["verified"]], f"{r['seconds']:.0f}")
+        t.add_row(
+            r["case"],
+            r["verdict"],
+            r["expected"],
+            r["top_cause"],
+            "yes" if r["right_first"] else "NO",
+            r["fix"] or "-",
+            {True: "yes", False: "NO", None: "-"}[r["verified"]],
+            f"{r['seconds']:.0f}",
+        )
     return t
 
 
@@ -108,10 +177,17 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     fixes = [r for r in rows if r["fix"]]
     verified = sum(r["verified"] is True for r in fixes)
     alarms = sum(r["alarm"] for r in rows)
-    return {"cases": len(rows), "right_first": right, "right_first_share": right / len(rows),
-            "alarms_on_healthy": alarms, "top_fixes": len(fixes), "top_fixes_verified": verified,
-            "targets_met": right / len(rows) >= TARGET_RIGHT_FIRST and alarms == 0
-            and verified == len(fixes)}
+    return {
+        "cases": len(rows),
+        "right_first": right,
+        "right_first_share": right / len(rows),
+        "alarms_on_healthy": alarms,
+        "top_fixes": len(fixes),
+        "top_fixes_verified": verified,
+        "targets_met": right / len(rows) >= TARGET_RIGHT_FIRST
+        and alarms == 0
+        and verified == len(fixes),
+    }
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
@@ -132,10 +208,12 @@ def main(args: argparse.Namespace, console: Console) -> int:
         rows.append(run_case(case, out))
     console.print(table(rows))
     result = figures(rows)
-    console.print(f"right cause first: {result['right_first']}/{result['cases']} "
-                  f"({result['right_first_share']:.0%}, target >= {TARGET_RIGHT_FIRST:.0%}); "
-                  f"alarms on healthy cases: {result['alarms_on_healthy']}; top fixes verified: "
-                  f"{result['top_fixes_verified']}/{result['top_fixes']}")
+    console.print(
+        f"right cause first: {result['right_first']}/{result['cases']} "
+        f"({result['right_first_share']:.0%}, target >= {TARGET_RIGHT_FIRST:.0%}); "
+        f"alarms on healthy cases: {result['alarms_on_healthy']}; top fixes verified: "
+        f"{result['top_fixes_verified']}/{result['top_fixes']}"
+    )
     (out / "suite.json").write_text(json.dumps({"figures": result, "cases": rows}, indent=2))
     console.print(f"wrote {out / 'suite.json'}")
     return 0 if result["targets_met"] else 1

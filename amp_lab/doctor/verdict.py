@@ -34,8 +34,7 @@ class Probe:
     crashed: str | None = None  # the error that ended it
 
     def mean(self, key: str) -> float | None:
-        values = [r[key] for r in self.records if r.get(key) is not None
-                  and math.isfinite(r[key])]
+        values = [r[key] for r in self.records if r.get(key) is not None and math.isfinite(r[key])]
         return statistics.median(values) if values else None
 
     @property
@@ -69,8 +68,9 @@ class Probe:
         pairs = [(a, b) for a, b in zip(self.losses, base.losses) if math.isfinite(b) and b]
         if not pairs:
             return math.nan
-        return statistics.mean(abs(a - b) / abs(b) if math.isfinite(a) else math.inf
-                               for a, b in pairs)
+        return statistics.mean(
+            abs(a - b) / abs(b) if math.isfinite(a) else math.inf for a, b in pairs
+        )
 
 
 def first_event(probe: Probe) -> dict[str, Any] | None:
@@ -79,15 +79,23 @@ def first_event(probe: Probe) -> dict[str, Any] | None:
     nf = probe.diag.get("nonfinite") or {}
     if not nf.get("first_step"):
         return None
-    return {"step": nf["first_step"], "module": nf.get("module"), "phase": nf.get("phase"),
-            "dtype": nf.get("dtype"), "max_abs": nf.get("max_abs")}
+    return {
+        "step": nf["first_step"],
+        "module": nf.get("module"),
+        "phase": nf.get("phase"),
+        "dtype": nf.get("dtype"),
+        "max_abs": nf.get("max_abs"),
+    }
 
 
 # health rules (amp_lab/numerics/health.py) -> verdict, most severe first
-HEALTH_VERDICTS = [({health.FINAL_NONFINITE}, "diverged"), ({health.UNDERFLOW}, "underflow"),
-                   ({health.LOSS_RISES}, "rises"),
-                   ({health.SKIPS, health.FINAL_SKIPPED, health.SCALE_COLLAPSE,
-                     health.SCALE_PINNED}, "skips"), ({health.LOSS_STALLS}, "stalls")]
+HEALTH_VERDICTS = [
+    ({health.FINAL_NONFINITE}, "diverged"),
+    ({health.UNDERFLOW}, "underflow"),
+    ({health.LOSS_RISES}, "rises"),
+    ({health.SKIPS, health.FINAL_SKIPPED, health.SCALE_COLLAPSE, health.SCALE_PINNED}, "skips"),
+    ({health.LOSS_STALLS}, "stalls"),
+]
 TRAINS = ("ok", "deviates")  # a baseline that trains
 
 

@@ -35,34 +35,50 @@ from amp_lab.step import StepObserver, StepResult, StepView
 log = logging.getLogger(__name__)
 
 
-def low_precision_state(named: list[tuple[str, torch.Tensor]],
-                        optimizer: torch.optim.Optimizer) -> list[str]:
+def low_precision_state(
+    named: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer
+) -> list[str]:
     """Names of the given weights and of optimizer-state entries that are not fp32 (host
     metadata only); the bf16 Kahan compensation buffer is bf16 by design, and so is a state
     dtype chosen with optim.state_dtype."""
     names = {id(p): n for n, p in named}
-    bad = [f"{n} ({p.dtype})" for n, p in named
-           if p.is_floating_point() and p.dtype != torch.float32]
+    bad = [
+        f"{n} ({p.dtype})" for n, p in named if p.is_floating_point() and p.dtype != torch.float32
+    ]
     for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():
-        bad += [f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
-                for key, t in state.items() if key != KAHAN_COMP
-                and torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32]
+        bad += [
+            f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
+            for key, t in state.items()
+            if key != KAHAN_COMP
+            and torch.is_tensor(t)
+            and t.is_floating_point()
+            and t.dtype != torch.float32
+        ]
     return bad
 
 
 class Diagnostics(StepObserver):
     """Watches a TrainStep through its view; `read()` at log steps, `summary()` at the end."""
 
-    def __init__(self, cfg: DiagnosticsConfig, view: StepView, scaler_cfg: ScalerConfig,
-                 dynamic: bool, log_every: int, out_dir: Path | None) -> None:
+    def __init__(
+        self,
+        cfg: DiagnosticsConfig,
+        view: StepView,
+        scaler_cfg: ScalerConfig,
+        dynamic: bool,
+        log_every: int,
+        out_dir: Path | None,
+    ) -> None:
         self.cfg, self.view, self.out_dir = cfg, view, out_dir
         self.device = view.device
         self.every = cfg.every or log_every
         model = getattr(view.model, "_orig_mod", view.model)  # torch.compile wraps the model
         if model is not view.model and cfg.mode == "full":
-            log.warning("diagnostics=full hooks every module on every step, which a compiled "
-                        "model cannot run: every step runs eager. Use diagnostics=light with "
-                        "trainer.compile=true, or trainer.compile=false")
+            log.warning(
+                "diagnostics=full hooks every module on every step, which a compiled "
+                "model cannot run: every step runs eager. Use diagnostics=light with "
+                "trainer.compile=true, or trainer.compile=false"
+            )
         self.probe = ModuleProbe(model, self.device)
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.scales = torch.zeros(log_every, device=self.device)
@@ -103,9 +119,12 @@ class Diagnostics(StepObserver):
             return
         grads = [g for _, _, g in found]
         counts, hist = grad_stats(grads, self.view.scale())
-        self.window.update(counts=counts, sizes=[g.numel() for g in grads],
-                           grad_names=[n for n, _, _ in found],
-                           applied_norm=torch.nn.utils.get_total_norm(grads, foreach=True))
+        self.window.update(
+            counts=counts,
+            sizes=[g.numel() for g in grads],
+            grad_names=[n for n, _, _ in found],
+            applied_norm=torch.nn.utils.get_total_norm(grads, foreach=True),
+        )
         self.window["hist"] = hist + self.window["hist"] if "hist" in self.window else hist
         self.window["before"] = [p.detach().clone() for _, p, _ in found]
         self.window["params"] = [p for _, p, _ in found]
@@ -117,14 +136,15 @@ class Diagnostics(StepObserver):
         bad = (result.found_inf > 0) | ~torch.isfinite(result.loss)
         self.first_bad.masked_fill_(bad & (self.first_bad < 0), self.step)
         if result.loss.dtype != torch.float32:
-            self.signatures.setdefault(PitfallName.loss_in_low_precision.value,
-                                       f"the loss is {result.loss.dtype}")
+            self.signatures.setdefault(
+                PitfallName.loss_in_low_precision.value, f"the loss is {result.loss.dtype}"
+            )
         if self.probing and "before" in self.window:
             params, before = self.window.pop("params"), self.window.pop("before")
             delta = torch._foreach_sub([p.detach() for p in params], before)
             self.window["update_ratio"] = torch.linalg.vector_norm(
-                torch.stack(torch._foreach_norm(delta))) / torch.linalg.vector_norm(
-                torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
+                torch.stack(torch._foreach_norm(delta))
+            ) / torch.linalg.vector_norm(torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
             self.window["state"] = probe_state(self.view.optimizer, before, delta)
         elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
             self.window["state"] = probe_state(self.view.optimizer, [], [])
@@ -143,8 +163,10 @@ class Diagnostics(StepObserver):
         if bad:
             evidence = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
             self.signatures[PitfallName.half_model.value] = evidence
-            self._warn(f"fp32-state check: master weights and optimizer state must be fp32, but "
-                       f"{evidence}; use autocast instead of model.half()")
+            self._warn(
+                f"fp32-state check: master weights and optimizer state must be fp32, but "
+                f"{evidence}; use autocast instead of model.half()"
+            )
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -160,8 +182,9 @@ class Diagnostics(StepObserver):
         order = [(k0 + i) % self.scales.numel() for i in range(n)]
         scales, skips = self.scales[order].tolist(), self.skips[order].tolist()
         events = self.tracker.feed(self.window_first, scales, skips)
-        warning = self.tracker.skip_warning(self.window_first, skips, events,
-                                            self.cfg.skip_warn_rate)
+        warning = self.tracker.skip_warning(
+            self.window_first, skips, events, self.cfg.skip_warn_rate
+        )
         if warning:
             self._warn(warning)
         for name, evidence in self.tracker.signatures.items():
@@ -171,9 +194,14 @@ class Diagnostics(StepObserver):
         for phase, found in zip(("forward", "backward"), attributed):
             if found and phase not in self.reported:
                 self.reported.add(phase)
-                log.warning("step %d: first non-finite %s in %s (%s, max |x| %s)", found["step"],
-                            "output" if phase == "forward" else "input-gradient",
-                            found["module"], found["dtype"], found["max_abs"])
+                log.warning(
+                    "step %d: first non-finite %s in %s (%s, max |x| %s)",
+                    found["step"],
+                    "output" if phase == "forward" else "input-gradient",
+                    found["module"],
+                    found["dtype"],
+                    found["max_abs"],
+                )
         # light mode: watch every step after a window with a non-finite step, until attributed
         self.armed = any(skips) and not all(attributed)
         record: dict[str, Any] = {
@@ -194,10 +222,16 @@ class Diagnostics(StepObserver):
         detail: dict[str, Any] = {}
         if acts:
             name, (amax, dtype) = max(acts.items(), key=lambda kv: _order(kv[1][0]))
-            record.update({"diag/act_max": amax, "diag/act_max_module": name,
-                           "diag/act_headroom_log2": math.log2(FP16_MAX / amax)
-                           if 0 < amax < math.inf else None})
-            top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[:self.cfg.top_layers]
+            record.update(
+                {
+                    "diag/act_max": amax,
+                    "diag/act_max_module": name,
+                    "diag/act_headroom_log2": math.log2(FP16_MAX / amax)
+                    if 0 < amax < math.inf
+                    else None,
+                }
+            )
+            top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[: self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
         record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
         if "counts" not in w:
@@ -209,8 +243,10 @@ class Diagnostics(StepObserver):
         if "update_ratio" in w:
             record["diag/update_ratio"] = float(w["update_ratio"])
         self._check_clip(applied)
-        detail.update(grad_layers=stats["layers"], grad_log2_hist={
-            "low": HIST_LOW, "high": HIST_HIGH, "counts": w["hist"].tolist()})
+        detail.update(
+            grad_layers=stats["layers"],
+            grad_log2_hist={"low": HIST_LOW, "high": HIST_HIGH, "counts": w["hist"].tolist()},
+        )
         return detail
 
     def _check_clip(self, applied: float) -> None:
@@ -219,9 +255,13 @@ class Diagnostics(StepObserver):
         if self.view.clip_mode != "norm" or clip <= 0 or scale < 16 or not applied > 0:
             return
         if 0.5 < applied * scale / clip < 1.01:
-            self._signature(PitfallName.clip_before_unscale, (
-                f"the optimizer got gradient norm {applied:.3g} = trainer.clip_grad / loss scale "
-                f"({clip:g} / {scale:g}): the clip acted on scaled gradients"))
+            self._signature(
+                PitfallName.clip_before_unscale,
+                (
+                    f"the optimizer got gradient norm {applied:.3g} = trainer.clip_grad / loss "
+                    f"scale ({clip:g} / {scale:g}): the clip acted on scaled gradients"
+                ),
+            )
 
     def _signature(self, name: str, evidence: str) -> None:
         name = PitfallName(name).value  # a plain str key: checkpoints load with weights_only=True
@@ -234,15 +274,28 @@ class Diagnostics(StepObserver):
         """The open log window's buffers and probe results, the scale history, the first
         non-finite step and module, and what was already reported (tensors and plain data)."""
         t = self.tracker
-        return {"scales": self.scales, "skips": self.skips, "first_bad": self.first_bad,
-                "window_first": self.window_first, "armed": self.armed,
-                "state_checked": self.state_checked, "window": self.window,
-                "tracker": {"scale": t.scale, "events": t.events, "signatures": t.signatures,
-                            "last_growth": t.last_growth, "held": t.held},
-                "signatures": self.signatures, "warnings": self.warnings,
-                "reported": sorted(self.reported),
-                "first": {phase: f.state_dict() for phase, f in self.probe.first.items()},
-                "act_max": self.probe.act_max, "act_names": self.probe.act_names}
+        return {
+            "scales": self.scales,
+            "skips": self.skips,
+            "first_bad": self.first_bad,
+            "window_first": self.window_first,
+            "armed": self.armed,
+            "state_checked": self.state_checked,
+            "window": self.window,
+            "tracker": {
+                "scale": t.scale,
+                "events": t.events,
+                "signatures": t.signatures,
+                "last_growth": t.last_growth,
+                "held": t.held,
+            },
+            "signatures": self.signatures,
+            "warnings": self.warnings,
+            "reported": sorted(self.reported),
+            "first": {phase: f.state_dict() for phase, f in self.probe.first.items()},
+            "act_max": self.probe.act_max,
+            "act_names": self.probe.act_names,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # written with diagnostics=off: the history starts at the resumed step
@@ -254,8 +307,9 @@ class Diagnostics(StepObserver):
         self.first_bad.copy_(state["first_bad"])
         self.window_first, self.armed = state["window_first"], state["armed"]
         self.state_checked = state["state_checked"]
-        self.window = {k: v.to(self.device) if torch.is_tensor(v) else v
-                       for k, v in state["window"].items()}
+        self.window = {
+            k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["window"].items()
+        }
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
         self.signatures, self.warnings = state["signatures"], state["warnings"]
@@ -274,13 +328,15 @@ class Diagnostics(StepObserver):
         culprit = at_first[0] if at_first else next((v for v in phases.values() if v), None)
         return {
             "mode": self.cfg.mode,
-            "nonfinite": {"first_step": first_bad if first_bad >= 0 else None,
-                          "module": culprit and culprit["module"],
-                          "phase": culprit and ("forward" if culprit is phases["forward"]
-                                                else "backward"),
-                          "dtype": culprit and culprit["dtype"],
-                          "max_abs": culprit and culprit["max_abs"],
-                          "attributed_step": culprit and culprit["step"], **phases},
+            "nonfinite": {
+                "first_step": first_bad if first_bad >= 0 else None,
+                "module": culprit and culprit["module"],
+                "phase": culprit and ("forward" if culprit is phases["forward"] else "backward"),
+                "dtype": culprit and culprit["dtype"],
+                "max_abs": culprit and culprit["max_abs"],
+                "attributed_step": culprit and culprit["step"],
+                **phases,
+            },
             "scale_events": self.tracker.events[-200:],  # the last 200 backoffs and growths
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
@@ -295,8 +351,14 @@ class DiagnosticsOff(StepObserver):
         return {"mode": "off"}
 
 
-def build_diagnostics(cfg: DiagnosticsConfig, scaler_cfg: ScalerConfig, dynamic: bool,
-                      log_every: int, out_dir: Path | None, view: StepView) -> StepObserver:
+def build_diagnostics(
+    cfg: DiagnosticsConfig,
+    scaler_cfg: ScalerConfig,
+    dynamic: bool,
+    log_every: int,
+    out_dir: Path | None,
+    view: StepView,
+) -> StepObserver:
     """The observer for `diagnostics.mode`, watching the step whose view it gets (the step
     calls this once, as it is built: TrainStep.observe)."""
     if cfg.mode == "off":

@@ -27,25 +27,28 @@ def grad_stats(grads: list[torch.Tensor], scale: torch.Tensor) -> tuple[torch.Te
     def per_tensor(mask: torch.Tensor) -> torch.Tensor:
         return torch.segment_reduce(mask.float(), "sum", lengths=lengths)
 
-    counts = torch.stack([
-        per_tensor(~nonzero),
-        per_tensor(nonzero & (flat < FP16_MIN_SUBNORMAL)),
-        per_tensor((flat >= FP16_MIN_SUBNORMAL) & (flat < FP16_MIN_NORMAL)),
-        per_tensor(nonzero & (scaled < FP16_MIN_SUBNORMAL)),
-        per_tensor((scaled >= FP16_MIN_SUBNORMAL) & (scaled < FP16_MIN_NORMAL)),
-    ])
+    counts = torch.stack(
+        [
+            per_tensor(~nonzero),
+            per_tensor(nonzero & (flat < FP16_MIN_SUBNORMAL)),
+            per_tensor((flat >= FP16_MIN_SUBNORMAL) & (flat < FP16_MIN_NORMAL)),
+            per_tensor(nonzero & (scaled < FP16_MIN_SUBNORMAL)),
+            per_tensor((scaled >= FP16_MIN_SUBNORMAL) & (scaled < FP16_MIN_NORMAL)),
+        ]
+    )
     # log2(0) = -inf falls outside the range and is not counted: the histogram holds nonzero g
     hist = torch.histc(torch.log2(flat), bins=HIST_HIGH - HIST_LOW, min=HIST_LOW, max=HIST_HIGH)
     return counts, hist
 
 
-def summarize(counts: list[list[float]], sizes: list[int], names: list[str],
-              top: int) -> dict:
+def summarize(counts: list[list[float]], sizes: list[int], names: list[str], top: int) -> dict:
     """Overall shares plus the `top` tensors with the largest flushed share (host values)."""
     total = float(sum(sizes)) or 1.0
     overall = {f"grad_{name}_share": sum(row) / total for name, row in zip(STAT_NAMES, counts)}
     flushed = [(counts[0][i] + counts[3][i]) / max(1, n) for i, n in enumerate(sizes)]
     worst = sorted(range(len(names)), key=lambda i: -flushed[i])[:top]
-    layers = {names[i]: {name: counts[k][i] / max(1, sizes[i]) for k, name in
-                         enumerate(STAT_NAMES)} for i in worst}
+    layers = {
+        names[i]: {name: counts[k][i] / max(1, sizes[i]) for k, name in enumerate(STAT_NAMES)}
+        for i in worst
+    }
     return {"overall": overall, "layers": layers}

@@ -76,17 +76,35 @@ class RunHealth:
         self.windows.append(window)
         lines = []
         # a window that skipped says nothing about underflow: its gradients held inf/nan
-        if (zero_grad_share is not None and not window.skipped
-                and zero_grad_share >= self.cfg.health_zero_grad_share):
-            lines.append(self._add(UNDERFLOW, window.last_step, (
-                f"{zero_grad_share:.0%} of gradient elements are exactly zero (>= "
-                f"diagnostics.health_zero_grad_share={self.cfg.health_zero_grad_share:g}): they "
-                "underflowed, so the weights they belong to stop learning")))
+        if (
+            zero_grad_share is not None
+            and not window.skipped
+            and zero_grad_share >= self.cfg.health_zero_grad_share
+        ):
+            lines.append(
+                self._add(
+                    UNDERFLOW,
+                    window.last_step,
+                    (
+                        f"{zero_grad_share:.0%} of gradient elements are exactly zero (>= "
+                        "diagnostics.health_zero_grad_share="
+                        f"{self.cfg.health_zero_grad_share:g}): they underflowed, so the weights "
+                        "they belong to stop learning"
+                    ),
+                )
+            )
         if self.dynamic_scale and window.scale < self.cfg.health_min_scale:
-            lines.append(self._add(SCALE_COLLAPSE, window.last_step, (
-                f"the loss scale fell to {window.scale:g} (< diagnostics.health_min_scale="
-                f"{self.cfg.health_min_scale:g}, from {self.init_scale:g}): the gradients "
-                "overflow even unscaled")))
+            lines.append(
+                self._add(
+                    SCALE_COLLAPSE,
+                    window.last_step,
+                    (
+                        f"the loss scale fell to {window.scale:g} (< diagnostics.health_min_scale="
+                        f"{self.cfg.health_min_scale:g}, from {self.init_scale:g}): the gradients "
+                        "overflow even unscaled"
+                    ),
+                )
+            )
         return [line for line in lines if line]
 
     def _span(self, windows: list[Window]) -> list[Window]:
@@ -102,8 +120,11 @@ class RunHealth:
     def final_window(self) -> tuple[int, int, int]:
         """(steps, finite, skipped) of the last health_window steps (whole log windows)."""
         tail = self._span(self.windows[::-1])
-        return (sum(w.steps for w in tail), sum(w.finite for w in tail),
-                sum(w.skipped for w in tail))
+        return (
+            sum(w.steps for w in tail),
+            sum(w.finite for w in tail),
+            sum(w.skipped for w in tail),
+        )
 
     def final_nonfinite(self) -> bool:
         """True when no loss of the final window was finite: the run has diverged."""
@@ -118,20 +139,45 @@ class RunHealth:
         lines = []
         n, finite, skipped_tail = self.final_window()
         if finite == 0:
-            lines.append(self._add(FINAL_NONFINITE, last, (
-                f"every loss of the last {n} steps is inf/nan: the run diverged")))
+            lines.append(
+                self._add(
+                    FINAL_NONFINITE,
+                    last,
+                    (f"every loss of the last {n} steps is inf/nan: the run diverged"),
+                )
+            )
         elif skipped_tail == n:
-            lines.append(self._add(FINAL_SKIPPED, last, (
-                f"all of the last {n} steps skipped their update: the weights no longer move")))
+            lines.append(
+                self._add(
+                    FINAL_SKIPPED,
+                    last,
+                    (f"all of the last {n} steps skipped their update: the weights no longer move"),
+                )
+            )
         if skipped >= 2 and skipped / max(1, steps) > cfg.health_skip_rate:
-            lines.append(self._add(SKIPS, last, (
-                f"{skipped}/{steps} steps skipped ({skipped / max(1, steps):.0%} > "
-                f"diagnostics.health_skip_rate={cfg.health_skip_rate:g}): the run is unstable")))
+            lines.append(
+                self._add(
+                    SKIPS,
+                    last,
+                    (
+                        f"{skipped}/{steps} steps skipped ({skipped / max(1, steps):.0%} > "
+                        f"diagnostics.health_skip_rate={cfg.health_skip_rate:g}): the run is "
+                        "unstable"
+                    ),
+                )
+            )
         scales = {w.scale for w in self.windows}
         if self.dynamic_scale and skipped > 0 and scales == {self.init_scale}:
-            lines.append(self._add(SCALE_PINNED, last, (
-                f"{skipped} steps skipped yet the loss scale stayed at {self.init_scale:g}: "
-                "the scaler never adapts (is scaler.update() called?)")))
+            lines.append(
+                self._add(
+                    SCALE_PINNED,
+                    last,
+                    (
+                        f"{skipped} steps skipped yet the loss scale stayed at "
+                        f"{self.init_scale:g}: the scaler never adapts (is scaler.update() called?)"
+                    ),
+                )
+            )
         lines += self._trend(steps, last)
         return [line for line in lines if line]
 
@@ -146,16 +192,33 @@ class RunHealth:
         start, first, end = min(head[0].loss, self.chance_loss), _mean(head), _mean(tail)
         cfg = self.cfg
         if end > start * (1 + cfg.health_rise):
-            return [self._add(LOSS_RISES, last, (
-                f"the loss rose from {start:.4g} to {end:.4g} (> {1 + cfg.health_rise:g}x, "
-                "diagnostics.health_rise): the run does not train; lower the LR, add warmup "
-                "or clipping"))]
-        if (steps >= cfg.health_min_steps and head[-1].last_step < tail[-1].last_step
-                and end > first * (1 - cfg.health_min_drop)):
-            return [self._add(LOSS_STALLS, last, (
-                f"the loss went from {first:.4g} to {end:.4g} over {steps} steps (fell by less "
-                f"than diagnostics.health_min_drop={cfg.health_min_drop:g}): the run does not "
-                "learn"))]
+            return [
+                self._add(
+                    LOSS_RISES,
+                    last,
+                    (
+                        f"the loss rose from {start:.4g} to {end:.4g} (> {1 + cfg.health_rise:g}x, "
+                        "diagnostics.health_rise): the run does not train; lower the LR, add "
+                        "warmup or clipping"
+                    ),
+                )
+            ]
+        if (
+            steps >= cfg.health_min_steps
+            and head[-1].last_step < tail[-1].last_step
+            and end > first * (1 - cfg.health_min_drop)
+        ):
+            return [
+                self._add(
+                    LOSS_STALLS,
+                    last,
+                    (
+                        f"the loss went from {first:.4g} to {end:.4g} over {steps} steps (fell by "
+                        f"less than diagnostics.health_min_drop={cfg.health_min_drop:g}): the run "
+                        "does not learn"
+                    ),
+                )
+            ]
         return []
 
     def summary_line(self) -> str:

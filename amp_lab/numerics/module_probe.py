@@ -54,12 +54,17 @@ class FirstNonFinite:
             self.history.append((step, names))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "index": self.index, "value": self.value,
-                "history": [[step, [list(n) for n in names]] for step, names in self.history]}
+        return {
+            "step": self.step,
+            "index": self.index,
+            "value": self.value,
+            "history": [[step, [list(n) for n in names]] for step, names in self.history],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.index, self.value = (state[k].to(self.device)
-                                             for k in ("step", "index", "value"))
+        self.step, self.index, self.value = (
+            state[k].to(self.device) for k in ("step", "index", "value")
+        )
         self.history = [(step, [tuple(n) for n in names]) for step, names in state["history"]]
 
     def read(self) -> dict[str, Any] | None:
@@ -91,8 +96,9 @@ class ModuleProbe:
 
     def attach(self) -> None:
         if not self.handles:
-            self.handles = [m.register_forward_hook(self._forward_hook(name))
-                            for name, m in self.modules]
+            self.handles = [
+                m.register_forward_hook(self._forward_hook(name)) for name, m in self.modules
+            ]
 
     def detach(self) -> None:
         for handle in self.handles:
@@ -137,8 +143,11 @@ class ModuleProbe:
             self.first[phase].update(values, names, step)
             if phase == "forward":
                 seen = self.act_max
-                self.act_max = (torch.maximum(seen, values)
-                                if seen is not None and seen.shape == values.shape else values)
+                self.act_max = (
+                    torch.maximum(seen, values)
+                    if seen is not None and seen.shape == values.shape
+                    else values
+                )
                 self.act_names = names
             calls.clear()
 

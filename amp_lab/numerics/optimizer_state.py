@@ -32,8 +32,9 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([zero, ((magnitude > 0) & (magnitude < tiny)).sum()])
 
 
-def probe_state(optimizer: torch.optim.Optimizer, before: Sequence[torch.Tensor],
-                delta: Sequence[torch.Tensor]) -> dict[str, Any]:
+def probe_state(
+    optimizer: torch.optim.Optimizer, before: Sequence[torch.Tensor], delta: Sequence[torch.Tensor]
+) -> dict[str, Any]:
     """Device tensors for one probe step: second-moment counts and per-weight update ratios."""
     moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     probe: dict[str, Any] = {}

@@ -23,8 +23,7 @@ from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
 from amp_lab.step import TrainStep
 
 
-def _scale_output(factor: float) -> Callable[[torch.nn.Module, object, torch.Tensor],
-                                             torch.Tensor]:
+def _scale_output(factor: float) -> Callable[[torch.nn.Module, object, torch.Tensor], torch.Tensor]:
     def hook(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
         return output * factor  # in the module's own dtype: fp16 passes 65504 and turns inf
 
@@ -33,8 +32,9 @@ def _scale_output(factor: float) -> Callable[[torch.nn.Module, object, torch.Ten
 
 def _cast_inputs_to(dtype: torch.dtype) -> Callable[[torch.nn.Module, tuple], tuple]:
     def hook(module: torch.nn.Module, args: tuple) -> tuple:
-        return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
-                     for a in args)
+        return tuple(
+            a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+        )
 
     return hook
 
@@ -45,10 +45,11 @@ def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> N
         modules = dict(model.named_modules())
         if fault.overflow_module not in modules:
             close = difflib.get_close_matches(fault.overflow_module, modules, n=3, cutoff=0.5)
-            raise ConfigError(f"fault.overflow_module={fault.overflow_module!r} is not a module "
-                              f"of the model; did you mean {', '.join(close) or '?'}")
-        modules[fault.overflow_module].register_forward_hook(
-            _scale_output(fault.overflow_factor))
+            raise ConfigError(
+                f"fault.overflow_module={fault.overflow_module!r} is not a module "
+                f"of the model; did you mean {', '.join(close) or '?'}"
+            )
+        modules[fault.overflow_module].register_forward_hook(_scale_output(fault.overflow_factor))
     if pitfall == PitfallName.half_model:
         model.half()  # the mistake: the optimizer built next keeps fp16 weights and fp16 state
         model.register_forward_pre_hook(_cast_inputs_to(torch.float16))
@@ -60,9 +61,14 @@ class LabStep(TrainStep):
 
     fault: FaultConfig = field(default_factory=FaultConfig)
 
-    def forward_and_loss(self, model: torch.nn.Module, images: torch.Tensor,
-                         labels: torch.Tensor, micro_batches: int,
-                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_and_loss(
+        self,
+        model: torch.nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        micro_batches: int,
+        last: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits, loss = super().forward_and_loss(model, images, labels, micro_batches, last)
         if last and self.step_number == self.fault.inf_grad_at_step:
             logits.register_hook(lambda g: g * math.inf)  # the injected inf gradient
@@ -145,14 +151,15 @@ class LossInLowPrecision(LabStep):
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.policy.device.type, enabled=False):  # no fp32 promotion
-            return F.cross_entropy(logits.to(self.loss_dtype),
-                                   labels) * self.fault.loss_multiplier
+            return F.cross_entropy(logits.to(self.loss_dtype), labels) * self.fault.loss_multiplier
 
 
 VARIANTS: dict[PitfallName, type[LabStep]] = {
-    PitfallName.none: LabStep, PitfallName.no_scaler_update: NoScalerUpdate,
+    PitfallName.none: LabStep,
+    PitfallName.no_scaler_update: NoScalerUpdate,
     PitfallName.update_every_microbatch: UpdateEveryMicrobatch,
-    PitfallName.clip_before_unscale: ClipBeforeUnscale, PitfallName.half_model: HalfModel,
+    PitfallName.clip_before_unscale: ClipBeforeUnscale,
+    PitfallName.half_model: HalfModel,
     PitfallName.loss_in_low_precision: LossInLowPrecision,
 }
 

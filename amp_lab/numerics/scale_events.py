@@ -44,9 +44,13 @@ class ScaleTracker:
 
     def _check_growth(self, step: int) -> None:
         if self.last_growth is not None and step - self.last_growth < self.cfg.growth_interval:
-            self.signatures.setdefault(MULTI_UPDATE, (
-                f"the scale grew at steps {self.last_growth} and {step}, sooner than "
-                f"scaler.growth_interval={self.cfg.growth_interval} allows"))
+            self.signatures.setdefault(
+                MULTI_UPDATE,
+                (
+                    f"the scale grew at steps {self.last_growth} and {step}, sooner than "
+                    f"scaler.growth_interval={self.cfg.growth_interval} allows"
+                ),
+            )
         self.last_growth = step
 
     def feed(self, first_step: int, scales: list[float], skipped: list[float]) -> list[dict]:
@@ -55,32 +59,48 @@ class ScaleTracker:
         for step, (scale, skip) in enumerate(zip(scales, skipped), start=first_step):
             old, self.scale = self.scale, scale
             if scale != old:
-                event = {"step": step, "kind": "backoff" if scale < old else "growth",
-                         "from": old, "to": scale}
+                event = {
+                    "step": step,
+                    "kind": "backoff" if scale < old else "growth",
+                    "from": old,
+                    "to": scale,
+                }
                 window.append(event)
                 if scale > old:
                     self._check_growth(step)
                 if old > 0 and not self._ratio_ok(scale / old):
-                    self.signatures.setdefault(MULTI_UPDATE, (
-                        f"step {step}: the scale went {old:g} -> {scale:g} in one optimizer "
-                        "step, more than one growth_factor/backoff_factor"))
+                    self.signatures.setdefault(
+                        MULTI_UPDATE,
+                        (
+                            f"step {step}: the scale went {old:g} -> {scale:g} in one optimizer "
+                            "step, more than one growth_factor/backoff_factor"
+                        ),
+                    )
             self.held = self.held + 1 if skip and scale == old else 0
             if self.dynamic and self.held > self.allowed_holds:
-                self.signatures.setdefault(NO_UPDATE, (
-                    f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}"))
+                self.signatures.setdefault(
+                    NO_UPDATE,
+                    (f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}"),
+                )
         self.events += window
         return window
 
-    def skip_warning(self, first_step: int, skipped: list[float], window: list[dict],
-                     threshold: float) -> str | None:
+    def skip_warning(
+        self, first_step: int, skipped: list[float], window: list[dict], threshold: float
+    ) -> str | None:
         """A sentence when the window's skip rate passes the threshold, else None."""
         n_skip, n = int(sum(skipped)), len(skipped)
         if not n or n_skip / n <= threshold:
             return None
         last = first_step + n - 1
         first_skip = first_step + next(i for i, s in enumerate(skipped) if s)
-        moved = (f"loss scale {window[0]['from']:g} -> {window[-1]['to']:g} "
-                 f"({sum(e['kind'] == 'backoff' for e in window)} backoffs)"
-                 if window else f"loss scale stayed at {self.scale:g}")
-        return (f"steps {first_step}-{last}: {n_skip}/{n} steps skipped ({n_skip / n:.0%} > "
-                f"diagnostics.skip_warn_rate={threshold:g}), first at step {first_skip}; {moved}")
+        moved = (
+            f"loss scale {window[0]['from']:g} -> {window[-1]['to']:g} "
+            f"({sum(e['kind'] == 'backoff' for e in window)} backoffs)"
+            if window
+            else f"loss scale stayed at {self.scale:g}"
+        )
+        return (
+            f"steps {first_step}-{last}: {n_skip}/{n} steps skipped ({n_skip / n:.0%} > "
+            f"diagnostics.skip_warn_rate={threshold:g}), first at step {first_skip}; {moved}"
+        )

@@ -44,8 +44,10 @@ def matching_modules(model: torch.nn.Module, patterns: list[str]) -> list[str]:
         if not hits:
             close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"precision.fp32_modules: {pattern!r} matches no module of the "
-                              f"model{hint} (names as in model.named_modules())")
+            raise ConfigError(
+                f"precision.fp32_modules: {pattern!r} matches no module of the "
+                f"model{hint} (names as in model.named_modules())"
+            )
         matched += [n for n in hits if n not in matched]
     return matched
 

@@ -33,12 +33,16 @@ def check_fp8_device(device: torch.device, emulate: bool) -> None:
     if emulate:
         return
     if device.type != "cuda":
-        raise ConfigError(f"precision=fp8 needs an NVIDIA GPU with SM 8.9+ (not {device.type}); "
-                          "set precision.fp8_emulate=true to check correctness without one")
+        raise ConfigError(
+            f"precision=fp8 needs an NVIDIA GPU with SM 8.9+ (not {device.type}); "
+            "set precision.fp8_emulate=true to check correctness without one"
+        )
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
-        raise ConfigError(f"precision=fp8 needs SM 8.9+ (Ada/Hopper), this GPU is SM "
-                          f"{major}.{minor}; use bf16, or precision.fp8_emulate=true")
+        raise ConfigError(
+            f"precision=fp8 needs SM 8.9+ (Ada/Hopper), this GPU is SM "
+            f"{major}.{minor}; use bf16, or precision.fp8_emulate=true"
+        )
 
 
 def fp8_filter(model: torch.nn.Module, fp32_modules: list[str]) -> Any:
@@ -50,26 +54,36 @@ def fp8_filter(model: torch.nn.Module, fp32_modules: list[str]) -> Any:
     def keep(module: torch.nn.Module, fqn: str) -> bool:
         # float8 GEMMs (torch._scaled_mm) need both matrix dims divisible by 16; the head's
         # output feeds the loss directly and is small, so float8 buys nothing there.
-        return (isinstance(module, torch.nn.Linear) and module is not head
-                and module.in_features % 16 == 0 and module.out_features % 16 == 0
-                and not any(fqn == name or fqn.startswith(f"{name}.") for name in fp32_modules))
+        return (
+            isinstance(module, torch.nn.Linear)
+            and module is not head
+            and module.in_features % 16 == 0
+            and module.out_features % 16 == 0
+            and not any(fqn == name or fqn.startswith(f"{name}.") for name in fp32_modules)
+        )
 
     return keep
 
 
-def convert_to_fp8(model: torch.nn.Module, recipe: str, emulate: bool,
-                   fp32_modules: list[str]) -> list[str]:
+def convert_to_fp8(
+    model: torch.nn.Module, recipe: str, emulate: bool, fp32_modules: list[str]
+) -> list[str]:
     """Swap eligible Linear layers for Float8Linear in place; return their names."""
     float8 = _torchao_float8()
     from torchao.float8.float8_linear import Float8Linear
+
     # torchao's own recipe Enum: it takes a plain str or its Enum, not the schema's str Enum
     recipe_name = float8.Float8LinearRecipeName(str(recipe))
-    config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(recipe_name),
-                                 emulate=emulate)
-    float8.convert_to_float8_training(model, module_filter_fn=fp8_filter(model, fp32_modules),
-                                      config=config)
+    config = dataclasses.replace(
+        float8.Float8LinearConfig.from_recipe_name(recipe_name), emulate=emulate
+    )
+    float8.convert_to_float8_training(
+        model, module_filter_fn=fp8_filter(model, fp32_modules), config=config
+    )
     converted = [name for name, m in model.named_modules() if isinstance(m, Float8Linear)]
     if not converted:
-        raise ConfigError("precision=fp8 found no Linear layer with dims divisible by 16 to "
-                          "convert in this model; use bf16 for it")
+        raise ConfigError(
+            "precision=fp8 found no Linear layer with dims divisible by 16 to "
+            "convert in this model; use bf16 for it"
+        )
     return converted

@@ -32,11 +32,24 @@ _EXTRA = ("hysteresis", "min_scale", "max_scale", "_hysteresis_tracker", "_floor
 class HysteresisGradScaler(GradScaler):
     """GradScaler with hysteresis, min_scale (stop) and max_scale; state_dict carries them all."""
 
-    def __init__(self, device: str, init_scale: float, growth_factor: float,
-                 backoff_factor: float, growth_interval: int, hysteresis: int,
-                 min_scale: float, max_scale: float) -> None:
-        super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
-                         backoff_factor=backoff_factor, growth_interval=growth_interval)
+    def __init__(
+        self,
+        device: str,
+        init_scale: float,
+        growth_factor: float,
+        backoff_factor: float,
+        growth_interval: int,
+        hysteresis: int,
+        min_scale: float,
+        max_scale: float,
+    ) -> None:
+        super().__init__(
+            device,
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+        )
         self.hysteresis, self.min_scale, self.max_scale = hysteresis, min_scale, max_scale
         self._init_hysteresis_tracker, self._init_floor_hit = hysteresis, 0
         self._hysteresis_tracker: torch.Tensor | None = None  # overflows left before a backoff
@@ -45,10 +58,10 @@ class HysteresisGradScaler(GradScaler):
     def _trackers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The hysteresis count and the floor flag, created on the scale's device on first use."""
         if self._hysteresis_tracker is None or self._floor_hit is None:
-            self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker,
-                                                  dtype=torch.int32, device=device)
-            self._floor_hit = torch.full((), self._init_floor_hit, dtype=torch.int32,
-                                         device=device)
+            self._hysteresis_tracker = torch.full(
+                (), self._init_hysteresis_tracker, dtype=torch.int32, device=device
+            )
+            self._floor_hit = torch.full((), self._init_floor_hit, dtype=torch.int32, device=device)
         return self._hysteresis_tracker, self._floor_hit
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -68,8 +81,11 @@ class HysteresisGradScaler(GradScaler):
         floor_hit |= (backoff & (scale <= self.min_scale)).int()
         grown = growth + 1
         grow = ~overflow & (grown >= self.get_growth_interval())
-        new = torch.where(backoff, scale * self.get_backoff_factor(),
-                          torch.where(grow, scale * self.get_growth_factor(), scale))
+        new = torch.where(
+            backoff,
+            scale * self.get_backoff_factor(),
+            torch.where(grow, scale * self.get_growth_factor(), scale),
+        )
         scale.copy_(new.clamp(self.min_scale, self.max_scale))
         growth.copy_(torch.where(overflow | grow, 0, grown))
         tracker.copy_(left.clamp(min=0))
@@ -82,10 +98,13 @@ class HysteresisGradScaler(GradScaler):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         if state:
-            state.update(hysteresis=self.hysteresis, min_scale=self.min_scale,
-                         max_scale=self.max_scale,
-                         _hysteresis_tracker=self._tracker_value("_hysteresis_tracker"),
-                         _floor_hit=self._tracker_value("_floor_hit"))
+            state.update(
+                hysteresis=self.hysteresis,
+                min_scale=self.min_scale,
+                max_scale=self.max_scale,
+                _hysteresis_tracker=self._tracker_value("_hysteresis_tracker"),
+                _floor_hit=self._tracker_value("_floor_hit"),
+            )
         return state
 
     def _tracker_value(self, name: str) -> int:

@@ -43,8 +43,9 @@ def to_low_precision(model: torch.nn.Module, dtype: torch.dtype) -> None:
 class MasterWeights:
     """fp32 master copies held by the optimizer; the model keeps the 16-bit weights."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dtype: torch.dtype
+    ) -> None:
         if optimizer.state:
             raise RuntimeError("master weights must be set up before the first optimizer step")
         self.model_params: list[torch.Tensor] = []  # the 16-bit weights the model computes with
@@ -71,20 +72,23 @@ class MasterWeights:
         """After a step: the updated masters, rounded to nearest, become the model's weights."""
         torch._foreach_copy_(self.model_params, self.masters)
 
-    def _save_masters(self, optimizer: torch.optim.Optimizer,
-                      state_dict: dict[str, Any]) -> dict[str, Any]:
+    def _save_masters(
+        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+    ) -> dict[str, Any]:
         # A checkpoint of the 16-bit model alone would lose the masters' low bits.
         state_dict["master_params"] = [m.detach() for m in self.masters]
         return state_dict
 
-    def _load_masters(self, optimizer: torch.optim.Optimizer,
-                      state_dict: dict[str, Any]) -> dict[str, Any]:
+    def _load_masters(
+        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+    ) -> dict[str, Any]:
         state_dict = dict(state_dict)
         saved = state_dict.pop("master_params", None)
         if saved is not None:
             with torch.no_grad():
-                torch._foreach_copy_(self.masters, [s.to(m.device) for s, m in
-                                                    zip(saved, self.masters)])
+                torch._foreach_copy_(
+                    self.masters, [s.to(m.device) for s, m in zip(saved, self.masters)]
+                )
             self.copy_masters_out()
         return state_dict
 
@@ -101,8 +105,13 @@ def stochastic_round_to_bf16(x: torch.Tensor) -> torch.Tensor:
 class RoundedUpdates:
     """No masters: every step runs in fp32 on an up-cast and is rounded back into bf16."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 dtype: torch.dtype, rounding: str) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dtype: torch.dtype,
+        rounding: str,
+    ) -> None:
         self.optimizer, self.dtype, self.rounding = optimizer, dtype, rounding
         to_low_precision(model, dtype)  # the optimizer's Parameter objects are the model's
         self.low = [p for p in _all_params(optimizer) if p.dtype == dtype]  # not BatchNorm's
@@ -148,8 +157,13 @@ class RoundedUpdates:
                 self.optimizer.state[p][KAHAN_COMP] = comp.to(self.dtype)
 
 
-def lower_param_precision(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                          dtype: torch.dtype, master_weights: bool, rounding: str) -> Hook:
+def lower_param_precision(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dtype: torch.dtype,
+    master_weights: bool,
+    rounding: str,
+) -> Hook:
     """Put the model's weights in `dtype`; return the hook to run before the scaler unscales."""
     if master_weights:
         return MasterWeights(model, optimizer, dtype).copy_grads_in

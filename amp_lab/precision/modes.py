@@ -33,21 +33,48 @@ PRECISION_MODES = {
     for mode in [
         PrecisionMode("fp32", None, False, False, "fp32 everywhere, TF32 off: the true baseline"),
         PrecisionMode("tf32", None, False, True, "fp32 weights, TF32 matmuls and convolutions"),
-        PrecisionMode("fp16", torch.float16, True, False,
-                      "fp16 autocast with dynamic loss scaling"),
-        PrecisionMode("fp16_noscale", torch.float16, False, False,
-                      "fp16 autocast without loss scaling (small gradients underflow)"),
-        PrecisionMode("bf16", torch.bfloat16, False, False,
-                      "bf16 autocast (fp32's exponent range: no scaler needed)"),
-        PrecisionMode("bf16_pure", torch.bfloat16, False, False,
-                      "bf16 weights; fp32 master copy in the optimizer, or rounded updates",
-                      param_dtype=torch.bfloat16),
-        PrecisionMode("fp16_pure", torch.float16, True, False,
-                      "fp16 weights, fp32 master copy in the optimizer, dynamic loss scaling "
-                      "(apex O2)", param_dtype=torch.float16),
-        PrecisionMode("fp8", torch.bfloat16, False, False,
-                      "float8 Linear matmuls (torchao) on top of bf16 autocast",
-                      fp8=True, reports_mfu=False),
+        PrecisionMode(
+            "fp16", torch.float16, True, False, "fp16 autocast with dynamic loss scaling"
+        ),
+        PrecisionMode(
+            "fp16_noscale",
+            torch.float16,
+            False,
+            False,
+            "fp16 autocast without loss scaling (small gradients underflow)",
+        ),
+        PrecisionMode(
+            "bf16",
+            torch.bfloat16,
+            False,
+            False,
+            "bf16 autocast (fp32's exponent range: no scaler needed)",
+        ),
+        PrecisionMode(
+            "bf16_pure",
+            torch.bfloat16,
+            False,
+            False,
+            "bf16 weights; fp32 master copy in the optimizer, or rounded updates",
+            param_dtype=torch.bfloat16,
+        ),
+        PrecisionMode(
+            "fp16_pure",
+            torch.float16,
+            True,
+            False,
+            "fp16 weights, fp32 master copy in the optimizer, dynamic loss scaling (apex O2)",
+            param_dtype=torch.float16,
+        ),
+        PrecisionMode(
+            "fp8",
+            torch.bfloat16,
+            False,
+            False,
+            "float8 Linear matmuls (torchao) on top of bf16 autocast",
+            fp8=True,
+            reports_mfu=False,
+        ),
     ]
 }
 
@@ -65,34 +92,48 @@ def _check_device_runs(mode: PrecisionMode, device: torch.device) -> None:
     if device.type == "cuda":
         major, _ = torch.cuda.get_device_capability(device)
         if mode.tf32 and major < 8:
-            raise ConfigError(f"precision={mode.name} needs an Ampere or newer GPU; "
-                              "use fp32 or fp16")
+            raise ConfigError(
+                f"precision={mode.name} needs an Ampere or newer GPU; use fp32 or fp16"
+            )
         if mode.autocast_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported(False):
-            raise ConfigError(f"precision={mode.name} needs an Ampere or newer GPU; "
-                              "use fp16 (with scaler)")
+            raise ConfigError(
+                f"precision={mode.name} needs an Ampere or newer GPU; use fp16 (with scaler)"
+            )
         return
     if mode.tf32:
-        raise ConfigError(f"precision={mode.name} needs an NVIDIA GPU (TF32 is a tensor-core "
-                          f"format); on {device.type} use fp32, bf16 or fp16")
+        raise ConfigError(
+            f"precision={mode.name} needs an NVIDIA GPU (TF32 is a tensor-core "
+            f"format); on {device.type} use fp32, bf16 or fp16"
+        )
     if mode.autocast_dtype is not None and not torch.amp.is_autocast_available(device.type):
         raise ConfigError(f"autocast is not available on {device.type}; use precision=fp32")
 
 
 def _check_options(mode: PrecisionMode, options: PrecisionConfig, device: torch.device) -> None:
     if mode.param_dtype == torch.float16 and not options.master_weights:
-        raise ConfigError("precision=fp16_pure needs precision.master_weights=true (fp16 updates "
-                          "round away); use bf16_pure for training without master weights")
+        raise ConfigError(
+            "precision=fp16_pure needs precision.master_weights=true (fp16 updates "
+            "round away); use bf16_pure for training without master weights"
+        )
     if mode.param_dtype != torch.float32 and options.fp32_modules:
-        raise ConfigError(f"precision.fp32_modules keeps modules in fp32 over fp32 weights, but "
-                          f"precision={mode.name} stores every weight in 16 bits; use "
-                          f"{'bf16' if mode.param_dtype == torch.bfloat16 else 'fp16'} with "
-                          "precision.fp32_modules")
-    if mode.param_dtype != torch.float32 and options.master_weights and \
-            options.update_rounding != "nearest":
-        raise ConfigError(f"precision.update_rounding={options.update_rounding} applies to the "
-                          "16-bit weights themselves; set precision.master_weights=false")
+        raise ConfigError(
+            f"precision.fp32_modules keeps modules in fp32 over fp32 weights, but "
+            f"precision={mode.name} stores every weight in 16 bits; use "
+            f"{'bf16' if mode.param_dtype == torch.bfloat16 else 'fp16'} with "
+            "precision.fp32_modules"
+        )
+    if (
+        mode.param_dtype != torch.float32
+        and options.master_weights
+        and options.update_rounding != "nearest"
+    ):
+        raise ConfigError(
+            f"precision.update_rounding={options.update_rounding} applies to the "
+            "16-bit weights themselves; set precision.master_weights=false"
+        )
     if mode.fp8:
         from amp_lab.precision.fp8 import check_fp8_device  # lazy: torchao is an optional extra
+
         check_fp8_device(device, options.fp8_emulate)
 
 
@@ -105,14 +146,16 @@ class PrecisionPolicy:
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward-pass context: autocast to the mode's dtype, or a disabled one for fp32."""
         dtype = self.mode.autocast_dtype
-        return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16,
-                              enabled=dtype is not None)
+        return torch.autocast(
+            self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None
+        )
 
     def describe(self) -> dict:
         return {
             "name": self.mode.name,
             "autocast_dtype": str(self.mode.autocast_dtype).replace("torch.", "")
-            if self.mode.autocast_dtype else None,
+            if self.mode.autocast_dtype
+            else None,
             "dynamic_scaling": self.mode.dynamic_scaling,
             "tf32": self.mode.tf32,
             "device": str(self.device),
@@ -122,8 +165,10 @@ class PrecisionPolicy:
     def _describe_weights(self) -> dict:
         """Where the weights live and how they are updated, as the optimizer really holds them."""
         mode, opt = self.mode, self.options
-        info: dict = {"param_dtype": str(mode.param_dtype).replace("torch.", ""),
-                      "reports_mfu": mode.reports_mfu}
+        info: dict = {
+            "param_dtype": str(mode.param_dtype).replace("torch.", ""),
+            "reports_mfu": mode.reports_mfu,
+        }
         if mode.param_dtype != torch.float32:
             info["master_weights"] = opt.master_weights
             info["update_rounding"] = "nearest" if opt.master_weights else opt.update_rounding
@@ -131,8 +176,9 @@ class PrecisionPolicy:
             info["fp8_recipe"], info["fp8_emulate"] = opt.fp8_recipe, opt.fp8_emulate
         return info
 
-    def prepare(self, model: torch.nn.Module,
-                optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> Callable[[], None]:
         """Give the built model and optimizer the mode's weights; returns the before-unscale hook.
 
         fp8 swaps Linear layers for torchao's Float8Linear (same Parameter objects, so the
@@ -141,13 +187,24 @@ class PrecisionPolicy:
         if self.mode.fp8:
             from amp_lab.precision.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
             from amp_lab.precision.fp32_modules import matching_modules
-            convert_to_fp8(model, self.options.fp8_recipe, self.options.fp8_emulate,
-                           matching_modules(model, self.options.fp32_modules))
+
+            convert_to_fp8(
+                model,
+                self.options.fp8_recipe,
+                self.options.fp8_emulate,
+                matching_modules(model, self.options.fp32_modules),
+            )
         if self.mode.param_dtype == torch.float32:
             return lambda: None
         from amp_lab.precision.master_weights import lower_param_precision
-        return lower_param_precision(model, optimizer, self.mode.param_dtype,
-                                     self.options.master_weights, self.options.update_rounding)
+
+        return lower_param_precision(
+            model,
+            optimizer,
+            self.mode.param_dtype,
+            self.options.master_weights,
+            self.options.update_rounding,
+        )
 
 
 def _set_tf32(enabled: bool) -> None:
@@ -158,8 +215,9 @@ def _set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.conv.fp32_precision = precision  # type: ignore[attr-defined]
 
 
-def resolve_precision(name: str, device: torch.device,
-                      options: PrecisionConfig | None = None) -> PrecisionPolicy:
+def resolve_precision(
+    name: str, device: torch.device, options: PrecisionConfig | None = None
+) -> PrecisionPolicy:
     """Look the mode up, check the device can run it and set the backend's TF32 switches."""
     if name not in PRECISION_MODES:
         raise ConfigError(f"precision={name!r} is unknown; use one of {sorted(PRECISION_MODES)}")

@@ -33,14 +33,23 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
     becomes lr * m / eps (docs/amp_pitfalls.md §3).
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, state_dtype: torch.dtype = torch.bfloat16,
-                 stochastic: bool = False, decoupled: bool = True) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        state_dtype: torch.dtype = torch.bfloat16,
+        stochastic: bool = False,
+        decoupled: bool = True,
+    ) -> None:
         if stochastic and state_dtype != torch.bfloat16:
             raise ValueError("stochastic rounding of the moments is implemented for bf16 only")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
-                                  "weight_decay": weight_decay})
+        super().__init__(
+            params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        )
         self.state_dtype, self.stochastic, self.decoupled = state_dtype, stochastic, decoupled
         # load_state_dict casts the state to each weight's dtype: put the moments back
         self.register_load_state_dict_post_hook(lambda _: self._moments_to_state_dtype())
@@ -49,8 +58,9 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
     # the host before every step; a step with inf/nan gradients then leaves everything as it was.
     _step_supports_amp_scaling = True
 
-    def _store(self, stored: torch.Tensor, exact: torch.Tensor,
-               skip: torch.Tensor | None) -> torch.Tensor:
+    def _store(
+        self, stored: torch.Tensor, exact: torch.Tensor, skip: torch.Tensor | None
+    ) -> torch.Tensor:
         """Round the fp32 value into the stored moment; return what is stored, as fp32."""
         new = stochastic_round_to_bf16(exact) if self.stochastic else exact.to(stored.dtype)
         stored.copy_(new if skip is None else torch.where(skip, stored, new))
@@ -84,10 +94,14 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     weight.mul_(1 - lr * decay)
                 else:
                     grad = grad.add(weight, alpha=decay)
-                m = self._store(state["exp_avg"],
-                                state["exp_avg"].float().lerp_(grad, 1 - beta1), skip)
-                v = self._store(state["exp_avg_sq"],
-                                state["exp_avg_sq"].float().lerp_(grad.square(), 1 - beta2), skip)
+                m = self._store(
+                    state["exp_avg"], state["exp_avg"].float().lerp_(grad, 1 - beta1), skip
+                )
+                v = self._store(
+                    state["exp_avg_sq"],
+                    state["exp_avg_sq"].float().lerp_(grad.square(), 1 - beta2),
+                    skip,
+                )
                 # clamp: a first step skipped leaves step at 0, whose bias correction is 0
                 denom = (v / (1 - beta2**step).clamp_min(1e-30)).sqrt_().add_(group["eps"])
                 weight.addcdiv_(m / (1 - beta1**step).clamp_min(1e-30), denom, value=-lr)
@@ -105,21 +119,27 @@ def _torchao_class(cfg: OptimConfig) -> Callable[..., torch.optim.Optimizer]:
     try:
         import torchao.optim
     except ImportError as err:
-        raise ConfigError(f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install "
-                          "'amp-lab[optim]'") from err
+        raise ConfigError(
+            f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install 'amp-lab[optim]'"
+        ) from err
     base = "AdamW" if cfg.name == "adamw" else "Adam"
     return getattr(torchao.optim, base + LOW_BIT[cfg.state_dtype])
 
 
-def build_state_optimizer(groups: list[dict[str, Any]], cfg: OptimConfig,
-                          lr: float) -> torch.optim.Optimizer:
+def build_state_optimizer(
+    groups: list[dict[str, Any]], cfg: OptimConfig, lr: float
+) -> torch.optim.Optimizer:
     """The optimizer for a chosen non-fp32 state dtype, over timm's weight-decay groups."""
     kwargs = dict(cfg.kwargs)
     if cfg.state_dtype in MOMENT_DTYPES:
         optimizer: torch.optim.Optimizer = LowPrecisionMomentsAdam(
-            groups, lr=lr, state_dtype=MOMENT_DTYPES[cfg.state_dtype],
-            stochastic=cfg.state_rounding == "stochastic", decoupled=cfg.name == "adamw",
-            **kwargs)
+            groups,
+            lr=lr,
+            state_dtype=MOMENT_DTYPES[cfg.state_dtype],
+            stochastic=cfg.state_rounding == "stochastic",
+            decoupled=cfg.name == "adamw",
+            **kwargs,
+        )
     else:
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
@@ -138,15 +158,20 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the optimizer's per-parameter state (host metadata only: no device sync)."""
-    return sum(_tensor_bytes(v) for state in optimizer.state.values() for key, v in state.items()
-               if torch.is_tensor(v) and key != "step")
+    return sum(
+        _tensor_bytes(v)
+        for state in optimizer.state.values()
+        for key, v in state.items()
+        if torch.is_tensor(v) and key != "step"
+    )
 
 
 def master_weight_bytes(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> int:
     """Bytes of the weights the optimizer steps that are not the model's own (fp32 masters)."""
     own = {id(p) for p in model.parameters()}
-    return sum(_tensor_bytes(p) for g in optimizer.param_groups for p in g["params"]
-               if id(p) not in own)
+    return sum(
+        _tensor_bytes(p) for g in optimizer.param_groups for p in g["params"] if id(p) not in own
+    )
 
 
 def state_dtype_of(optimizer: torch.optim.Optimizer) -> str:
@@ -155,6 +180,10 @@ def state_dtype_of(optimizer: torch.optim.Optimizer) -> str:
     if chosen is not None:
         return chosen
     names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-    dtypes = {names.get(v.dtype, str(v.dtype)) for s in optimizer.state.values()
-              for k, v in s.items() if torch.is_tensor(v) and k != "step" and v.is_floating_point()}
+    dtypes = {
+        names.get(v.dtype, str(v.dtype))
+        for s in optimizer.state.values()
+        for k, v in s.items()
+        if torch.is_tensor(v) and k != "step" and v.is_floating_point()
+    }
     return ",".join(sorted(dtypes)) or "fp32"

@@ -16,10 +16,12 @@ from torch.amp import GradScaler
 # torch major.minor versions whose GradScaler source these functions were read against
 CHECKED_TORCH = ("2.14",)
 # what to re-read in torch/amp/grad_scaler.py before adding a version to CHECKED_TORCH
-RECHECK = ("GradScaler._per_optimizer_states[id(optimizer)]['found_inf_per_device'] (written "
-           "by unscale_, cleared by update), _get_scale_async(), _check_scale_growth_tracker(), "
-           "the update() body (torch._amp_update_scale_ on _scale and _growth_tracker) and "
-           "torch._amp_foreach_non_finite_check_and_unscale_")
+RECHECK = (
+    "GradScaler._per_optimizer_states[id(optimizer)]['found_inf_per_device'] (written "
+    "by unscale_, cleared by update), _get_scale_async(), _check_scale_growth_tracker(), "
+    "the update() body (torch._amp_update_scale_ on _scale and _growth_tracker) and "
+    "torch._amp_foreach_non_finite_check_and_unscale_"
+)
 
 
 def torch_major_minor(version: str = torch.__version__) -> str:
@@ -36,8 +38,11 @@ def found_inf(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Ten
 
 def step_found_inf(scaler: GradScaler) -> list[torch.Tensor]:
     """The inf/nan flags of every optimizer stepped since the last update(), per device."""
-    return [flag for state in scaler._per_optimizer_states.values()
-            for flag in state["found_inf_per_device"].values()]
+    return [
+        flag
+        for state in scaler._per_optimizer_states.values()
+        for flag in state["found_inf_per_device"].values()
+    ]
 
 
 def clear_step_state(scaler: GradScaler) -> None:
@@ -65,6 +70,13 @@ def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
     flag = torch.zeros((), device=scale.device)
     if grads:  # inv_scale 1: only the check, the gradients keep their values
         torch._amp_foreach_non_finite_check_and_unscale_(
-            grads, flag, torch.ones((), device=scale.device))
-    torch._amp_update_scale_(scale, growth, flag, scaler.get_growth_factor(),
-                             scaler.get_backoff_factor(), scaler.get_growth_interval())
+            grads, flag, torch.ones((), device=scale.device)
+        )
+    torch._amp_update_scale_(
+        scale,
+        growth,
+        flag,
+        scaler.get_growth_factor(),
+        scaler.get_backoff_factor(),
+        scaler.get_growth_interval(),
+    )

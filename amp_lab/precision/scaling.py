@@ -44,16 +44,30 @@ def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
     if not uses_dynamic_scaling(cfg, policy):
         return StaticGradScaler(device, scale=1.0)
     if cfg.kind == "hysteresis":
-        return HysteresisGradScaler(device, cfg.init_scale, cfg.growth_factor,
-                                    cfg.backoff_factor, cfg.growth_interval, cfg.hysteresis,
-                                    cfg.min_scale, cfg.max_scale)
-    return GradScaler(device, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
-                      backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval)
+        return HysteresisGradScaler(
+            device,
+            cfg.init_scale,
+            cfg.growth_factor,
+            cfg.backoff_factor,
+            cfg.growth_interval,
+            cfg.hysteresis,
+            cfg.min_scale,
+            cfg.max_scale,
+        )
+    return GradScaler(
+        device,
+        init_scale=cfg.init_scale,
+        growth_factor=cfg.growth_factor,
+        backoff_factor=cfg.backoff_factor,
+        growth_interval=cfg.growth_interval,
+    )
 
 
 def scaler_stop_reason(scaler: GradScaler) -> str | None:
     """Why the scaler says the run cannot go on (host sync: call at log steps only), or None."""
     if isinstance(scaler, HysteresisGradScaler) and scaler.floor_reached():
-        return (f"overflow with the loss scale at scaler.min_scale={scaler.min_scale:g}: "
-                "loss scaling cannot help any more")
+        return (
+            f"overflow with the loss scale at scaler.min_scale={scaler.min_scale:g}: "
+            "loss scaling cannot help any more"
+        )
     return None

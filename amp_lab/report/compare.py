@@ -26,9 +26,24 @@ from amp_lab.report.runs import ReportError, load_runs
 
 REPORT_JSON = "report.json"
 UNKNOWN = {"mean": None, "std": None, "n": 0}  # a figure a report.json of an older version lacks
-COLUMNS = ["n", "runs", "final acc %", "best acc %", "val loss", "Δacc pp", "Δloss",
-           "steps→target", "time→target s", "samples/s", "speed-up", "peak MB", "state MB",
-           "skipped", "loss scale", "status"]
+COLUMNS = [
+    "n",
+    "runs",
+    "final acc %",
+    "best acc %",
+    "val loss",
+    "Δacc pp",
+    "Δloss",
+    "steps→target",
+    "time→target s",
+    "samples/s",
+    "speed-up",
+    "peak MB",
+    "state MB",
+    "skipped",
+    "loss scale",
+    "status",
+]
 
 
 def _num(stat: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
@@ -59,17 +74,25 @@ def cell_row(cell: dict[str, Any]) -> list[str]:
     """One table row: the axis value (ref marked), then COLUMNS."""
     f, d = cell["figures"], cell["delta"]
     status = cell["status"] if not cell["health"] else "; ".join(cell["health"])
-    return [cell["value"] + (" (ref)" if cell["reference"] else ""), str(cell["n"]),
-            ", ".join(cell["runs"]), _num(f["final_val_acc"], ".1f", 100),
-            _num(f["best_val_acc"], ".1f", 100), _num(f["final_val_loss"], ".4f"),
-            _num(d["acc"], "+.1f", 100), _num(d["loss"], "+.3g"),
-            _num(f["steps_to_target"], ".0f"), _num(f["time_to_target_s"], ".1f"),
-            _num(f["mean_samples_per_s"], ".1f"), _ratio(d["speedup"]),
-            _num(f["peak_memory_mb"], ".0f"),
-            _num(f.get("optimizer_state_bytes", UNKNOWN), ".2f", 1e-6),  # bytes -> MB
-            _num(f["skipped_steps"], ".0f"),
-            _scale(f["final_loss_scale"]), status if status == "completed" else
-            f"**{status}**"]
+    return [
+        cell["value"] + (" (ref)" if cell["reference"] else ""),
+        str(cell["n"]),
+        ", ".join(cell["runs"]),
+        _num(f["final_val_acc"], ".1f", 100),
+        _num(f["best_val_acc"], ".1f", 100),
+        _num(f["final_val_loss"], ".4f"),
+        _num(d["acc"], "+.1f", 100),
+        _num(d["loss"], "+.3g"),
+        _num(f["steps_to_target"], ".0f"),
+        _num(f["time_to_target_s"], ".1f"),
+        _num(f["mean_samples_per_s"], ".1f"),
+        _ratio(d["speedup"]),
+        _num(f["peak_memory_mb"], ".0f"),
+        _num(f.get("optimizer_state_bytes", UNKNOWN), ".2f", 1e-6),  # bytes -> MB
+        _num(f["skipped_steps"], ".0f"),
+        _scale(f["final_loss_scale"]),
+        status if status == "completed" else f"**{status}**",
+    ]
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -81,24 +104,36 @@ def group_sections(data: dict[str, Any], level: str = "##") -> list[str]:
     """Per group: a heading, its verdict and its table (markdown lines)."""
     parts = []
     for group in data["groups"]:
-        parts += [f"{level} Group {group['id']}: {group['name']}", "",
-                  f"**Verdict:** {group['verdict']}", "",
-                  markdown_table([data["axis"], *COLUMNS],
-                                 [cell_row(c) for c in group["cells"]]), ""]
+        parts += [
+            f"{level} Group {group['id']}: {group['name']}",
+            "",
+            f"**Verdict:** {group['verdict']}",
+            "",
+            markdown_table([data["axis"], *COLUMNS], [cell_row(c) for c in group["cells"]]),
+            "",
+        ]
     return parts
 
 
 def write_markdown(out: Path, data: dict[str, Any], plots: list[Path]) -> Path:
     """report.md: context, rules, then per group its verdict and table, then the plots."""
     n = len(data["groups"])
-    parts = [f"# amp_lab comparison: {len(data['runs'])} runs in {n} group{'s' * (n != 1)} "
-             f"along `{data['axis']}`", "", context_markdown(data["context"]), "",
-             data["rules"], "", *group_sections(data)]
+    parts = [
+        f"# amp_lab comparison: {len(data['runs'])} runs in {n} group{'s' * (n != 1)} "
+        f"along `{data['axis']}`",
+        "",
+        context_markdown(data["context"]),
+        "",
+        data["rules"],
+        "",
+        *group_sections(data),
+    ]
     flagged = [r for r in data["runs"] if r["health"] or r["summary_health"]]
     if flagged:
         parts += ["## Run health", ""]
-        parts += [f"- `{r['label']}`: " + "; ".join(r["health"] + r["summary_health"])
-                  for r in flagged]
+        parts += [
+            f"- `{r['label']}`: " + "; ".join(r["health"] + r["summary_health"]) for r in flagged
+        ]
         parts.append("")
     parts += [f"![{plot.stem}]({os.path.relpath(plot, out)})" for plot in plots]
     path = out / "report.md"
@@ -114,8 +149,10 @@ def print_tables(console: Console, data: dict[str, Any]) -> None:
             table.add_column(name, overflow="fold")
         for cell in group["cells"]:
             row = cell_row(cell)
-            table.add_row(*[c.replace("**", "") for c in row],
-                          style=None if "**" not in row[-1] else "bold red")
+            table.add_row(
+                *[c.replace("**", "") for c in row],
+                style=None if "**" not in row[-1] else "bold red",
+            )
         console.print(table)
         console.print(f"verdict: {group['verdict']}")
     if not data["context"]["speed_representative"]:
@@ -127,9 +164,16 @@ def default_out(paths: list[Path]) -> Path:
     return base / "report"
 
 
-def make_report(paths: list[Path], out: Path | None = None, ref: str | None = None,
-                by: str = DEFAULT_AXIS, wandb: bool = False, console: Console | None = None,
-                argv: list[str] | None = None, readme: Path | None = None) -> Path:
+def make_report(
+    paths: list[Path],
+    out: Path | None = None,
+    ref: str | None = None,
+    by: str = DEFAULT_AXIS,
+    wandb: bool = False,
+    console: Console | None = None,
+    argv: list[str] | None = None,
+    readme: Path | None = None,
+) -> Path:
     """Load the runs, compare them, print and write the report; returns report.md."""
     from amp_lab.report.plots import write_plots
 
@@ -165,26 +209,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m amp_lab.report",
         description="Compare amp_lab runs group by group along one axis: tables, verdicts, "
-                    "report.json, report.md and plots.")
-    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
-                        help="multirun directories or run directories")
-    parser.add_argument("--by", default=DEFAULT_AXIS, metavar="KEY",
-                        help="the axis compared: a settings group or key, e.g. "
-                             "scaler.init_scale (default: precision)")
-    parser.add_argument("--ref", metavar="RUN|VALUE",
-                        help="each group's reference: a value on the axis (e.g. 65536), or a "
-                             "run's label or directory (default: fp32, or the key's default)")
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="output folder (default: <PATH>/report)")
-    parser.add_argument("--wandb", action="store_true",
-                        help="also build a W&B Report (offline: its spec as JSON)")
-    parser.add_argument("--readme", type=Path, metavar="FILE",
-                        help="also write the verdicts, tables and overview into FILE, between "
-                             "its amp_lab.report markers (a study's README)")
+        "report.json, report.md and plots.",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="multirun directories or run directories",
+    )
+    parser.add_argument(
+        "--by",
+        default=DEFAULT_AXIS,
+        metavar="KEY",
+        help="the axis compared: a settings group or key, e.g. "
+        "scaler.init_scale (default: precision)",
+    )
+    parser.add_argument(
+        "--ref",
+        metavar="RUN|VALUE",
+        help="each group's reference: a value on the axis (e.g. 65536), or a "
+        "run's label or directory (default: fp32, or the key's default)",
+    )
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="output folder (default: <PATH>/report)"
+    )
+    parser.add_argument(
+        "--wandb", action="store_true", help="also build a W&B Report (offline: its spec as JSON)"
+    )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        metavar="FILE",
+        help="also write the verdicts, tables and overview into FILE, between "
+        "its amp_lab.report markers (a study's README)",
+    )
     args = parser.parse_args(argv)
     try:
-        make_report(args.paths, args.out, args.ref, args.by, args.wandb,
-                    argv=sys.argv[1:] if argv is None else argv, readme=args.readme)
+        make_report(
+            args.paths,
+            args.out,
+            args.ref,
+            args.by,
+            args.wandb,
+            argv=sys.argv[1:] if argv is None else argv,
+            readme=args.readme,
+        )
     except ReportError as err:
         print(f"amp_lab.report: error: {err}", file=sys.stderr)
         return 2

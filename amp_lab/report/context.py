@@ -80,9 +80,14 @@ def gather(runs: list[RunData], argv: list[str]) -> dict[str, Any]:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "devices": devices,
-        "host": {"python": platform.python_version(), "torch": _version("torch"),
-                 "timm": _version("timm"), "cores": cores, "load_avg": load,
-                 "platform": platform.platform()},
+        "host": {
+            "python": platform.python_version(),
+            "torch": _version("torch"),
+            "timm": _version("timm"),
+            "cores": cores,
+            "load_avg": load,
+            "platform": platform.platform(),
+        },
         "commands": commands(runs),
         "report_command": "python -m amp_lab.report " + " ".join(shlex.quote(a) for a in argv),
         "speed_representative": not reasons,
@@ -94,13 +99,17 @@ def markdown(context: dict[str, Any]) -> str:
     """The context as a short markdown section."""
     host = context["host"]
     load = host["load_avg"]
-    lines = [f"- date: {context['date']}; devices: {', '.join(context['devices'])}",
-             f"- torch {host['torch']}, timm {host['timm']}, Python {host['python']} on "
-             f"{host['platform']}; {host['cores']} cores, load average "
-             + ("unknown" if load is None else " / ".join(f"{v:.1f}" for v in load)),
-             *[f"- runs: `{command}`" for command in context["commands"]],
-             f"- report: `{context['report_command']}`"]
+    lines = [
+        f"- date: {context['date']}; devices: {', '.join(context['devices'])}",
+        f"- torch {host['torch']}, timm {host['timm']}, Python {host['python']} on "
+        f"{host['platform']}; {host['cores']} cores, load average "
+        + ("unknown" if load is None else " / ".join(f"{v:.1f}" for v in load)),
+        *[f"- runs: `{command}`" for command in context["commands"]],
+        f"- report: `{context['report_command']}`",
+    ]
     if not context["speed_representative"]:
-        lines.append(f"- **speed and memory are not representative**: {context['speed_note']}; "
-                     "they are shown, not judged")
+        lines.append(
+            f"- **speed and memory are not representative**: {context['speed_note']}; "
+            "they are shown, not judged"
+        )
     return "\n".join(lines)

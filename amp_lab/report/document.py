@@ -41,41 +41,84 @@ def _summary_health(run: RunData) -> list[str]:
     entries = run.summary.get("health")
     if not isinstance(entries, list):
         return []
-    return [f"{e['rule']} at step {e.get('step')}: {e.get('evidence')}" for e in entries
-            if isinstance(e, dict) and "rule" in e]
+    return [
+        f"{e['rule']} at step {e.get('step')}: {e.get('evidence')}"
+        for e in entries
+        if isinstance(e, dict) and "rule" in e
+    ]
 
 
 def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
     ref = group.reference
     comps = {cell.value: compare(cell, ref) for cell in group.cells}
-    cells = [{"value": cell.value, "reference": cell is ref,
-              "runs": [run.label for run in cell.runs],
-              "seeds": [run.seed for run in cell.runs], "n": len(cell.runs),
-              "status": _status(cell.runs),
-              "health": sorted({p for run in cell.runs for p in health(run)}),
-              "figures": {k: s.as_dict() for k, s in figures(cell).items()},
-              "delta": comps[cell.value].as_dict()} for cell in group.cells]
-    return {"id": index, "name": group.name, "settings": group.settings,
-            "reference": ref.value if ref else None, "reference_note": group.reference_note,
-            "verdict": group_verdict(group, comps, speed_ok), "cells": cells}
+    cells = [
+        {
+            "value": cell.value,
+            "reference": cell is ref,
+            "runs": [run.label for run in cell.runs],
+            "seeds": [run.seed for run in cell.runs],
+            "n": len(cell.runs),
+            "status": _status(cell.runs),
+            "health": sorted({p for run in cell.runs for p in health(run)}),
+            "figures": {k: s.as_dict() for k, s in figures(cell).items()},
+            "delta": comps[cell.value].as_dict(),
+        }
+        for cell in group.cells
+    ]
+    return {
+        "id": index,
+        "name": group.name,
+        "settings": group.settings,
+        "reference": ref.value if ref else None,
+        "reference_note": group.reference_note,
+        "verdict": group_verdict(group, comps, speed_ok),
+        "cells": cells,
+    }
 
 
-def build(runs: list[RunData], by: str = DEFAULT_AXIS, ref: str | None = None,
-          argv: list[str] | None = None) -> dict[str, Any]:
+def build(
+    runs: list[RunData],
+    by: str = DEFAULT_AXIS,
+    ref: str | None = None,
+    argv: list[str] | None = None,
+) -> dict[str, Any]:
     """Everything the report says, as plain data."""
     groups = make_groups(runs, by)
     set_references(groups, by, ref)
     context = gather(runs, argv or [])
     speed_ok = bool(context["speed_representative"])
     data_groups = [_group_data(i, g, speed_ok) for i, g in enumerate(groups, 1)]
-    where = {run.label: (g["id"], c["value"]) for g in data_groups for c in g["cells"]
-             for run in runs if run.label in c["runs"]}
-    rows = [{"label": run.label, "path": str(run.path), "group": where[run.label][0],
-             "value": where[run.label][1], "seed": run.seed, "status": run.status,
-             "device": run_device(run), "health": health(run),
-             "summary_health": _summary_health(run),
-             "final_val_acc": run.summary.get("final_val_acc"),
-             "final_val_loss": run.summary.get("final_val_loss")} for run in runs]
-    return _json_safe({"axis": by, "axis_keys": axis_keys(runs, by), "thresholds": THRESHOLDS,
-                       "rules": RULES, "groups": data_groups, "runs": rows,
-                       "context": context})
+    where = {
+        run.label: (g["id"], c["value"])
+        for g in data_groups
+        for c in g["cells"]
+        for run in runs
+        if run.label in c["runs"]
+    }
+    rows = [
+        {
+            "label": run.label,
+            "path": str(run.path),
+            "group": where[run.label][0],
+            "value": where[run.label][1],
+            "seed": run.seed,
+            "status": run.status,
+            "device": run_device(run),
+            "health": health(run),
+            "summary_health": _summary_health(run),
+            "final_val_acc": run.summary.get("final_val_acc"),
+            "final_val_loss": run.summary.get("final_val_loss"),
+        }
+        for run in runs
+    ]
+    return _json_safe(
+        {
+            "axis": by,
+            "axis_keys": axis_keys(runs, by),
+            "thresholds": THRESHOLDS,
+            "rules": RULES,
+            "groups": data_groups,
+            "runs": rows,
+            "context": context,
+        }
+    )

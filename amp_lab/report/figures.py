@@ -17,9 +17,18 @@ from amp_lab.report.groups import Cell
 from amp_lab.report.runs import RunData
 
 # summary.json keys shown per cell (mean ± std over its seeds)
-FIGURES = ("final_val_acc", "best_val_acc", "final_val_loss", "steps_to_target",
-           "time_to_target_s", "mean_samples_per_s", "peak_memory_mb", "optimizer_state_bytes",
-           "skipped_steps", "final_loss_scale")
+FIGURES = (
+    "final_val_acc",
+    "best_val_acc",
+    "final_val_loss",
+    "steps_to_target",
+    "time_to_target_s",
+    "mean_samples_per_s",
+    "peak_memory_mb",
+    "optimizer_state_bytes",
+    "skipped_steps",
+    "final_loss_scale",
+)
 
 
 @dataclass
@@ -37,8 +46,12 @@ class Stat:
         known = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
         if not known:
             return cls(None, None, 0, paired)
-        return cls(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else 0.0,
-                   len(known), paired)
+        return cls(
+            statistics.fmean(known),
+            statistics.stdev(known) if len(known) > 1 else 0.0,
+            len(known),
+            paired,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,12 +65,17 @@ def figures(cell: Cell) -> dict[str, Stat]:
 def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
     ref_by_seed = {run.seed: run.summary.get(key) for run in refs if run.ok}
     pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
-    paired = [a - b for a, b in pairs if isinstance(a, (int, float)) and
-              isinstance(b, (int, float)) and math.isfinite(a - b)]
+    paired = [
+        a - b
+        for a, b in pairs
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isfinite(a - b)
+    ]
     if paired:
         return Stat.of(paired)
-    mine, theirs = Stat.of([run.summary.get(key) for run in runs]), \
-        Stat.of(list(ref_by_seed.values()))
+    mine, theirs = (
+        Stat.of([run.summary.get(key) for run in runs]),
+        Stat.of(list(ref_by_seed.values())),
+    )
     if mine.mean is None or theirs.mean is None:
         return Stat(None, None, 0, False)
     return Stat(mine.mean - theirs.mean, None, mine.n, paired=False)
@@ -78,9 +96,13 @@ class Comparison:
     memory_ratio: float | None  # mean peak memory / the reference's
 
     def as_dict(self) -> dict[str, Any]:
-        return {"acc": self.acc.as_dict(), "loss": self.loss.as_dict(),
-                "loss_rel": self.loss_rel, "speedup": self.speedup,
-                "memory_ratio": self.memory_ratio}
+        return {
+            "acc": self.acc.as_dict(),
+            "loss": self.loss.as_dict(),
+            "loss_rel": self.loss_rel,
+            "speedup": self.speedup,
+            "memory_ratio": self.memory_ratio,
+        }
 
 
 def compare(cell: Cell, ref: Cell | None) -> Comparison:
@@ -93,7 +115,9 @@ def compare(cell: Cell, ref: Cell | None) -> Comparison:
     mine, theirs = figures(Cell(cell.value, runs)), figures(Cell(ref.value, refs))
     loss = _delta(runs, refs, "final_val_loss")
     return Comparison(
-        acc=_delta(runs, refs, "final_val_acc"), loss=loss,
+        acc=_delta(runs, refs, "final_val_acc"),
+        loss=loss,
         loss_rel=_ratio(loss.mean, theirs["final_val_loss"].mean),
         speedup=_ratio(mine["mean_samples_per_s"].mean, theirs["mean_samples_per_s"].mean),
-        memory_ratio=_ratio(mine["peak_memory_mb"].mean, theirs["peak_memory_mb"].mean))
+        memory_ratio=_ratio(mine["peak_memory_mb"].mean, theirs["peak_memory_mb"].mean),
+    )

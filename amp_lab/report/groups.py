@@ -19,8 +19,17 @@ DEFAULT_AXIS = "precision"
 REFERENCE_PRECISION = "fp32"
 # Settings that change neither what a run learns nor how fast it runs: where the output, the
 # logs, the checkpoints and the data files go, progress bars, resuming, the seed (it pairs runs).
-IGNORED = ("logger", "checkpoint", "data.root", "trainer.progress", "trainer.resume",
-           "trainer.timing_warmup", "trainer.log_every", "trainer.eval_every", SEED_KEY)
+IGNORED = (
+    "logger",
+    "checkpoint",
+    "data.root",
+    "trainer.progress",
+    "trainer.resume",
+    "trainer.timing_warmup",
+    "trainer.log_every",
+    "trainer.eval_every",
+    SEED_KEY,
+)
 
 
 @dataclass
@@ -55,12 +64,15 @@ def axis_keys(runs: list[RunData], by: str) -> list[str]:
     `part.*` key (`trainer.grad_accum,trainer.batch_size` moves both together)."""
     keys: list[str] = []
     for part in by.split(","):
-        found = sorted({k for run in runs for k in run.settings
-                        if k == part or k.startswith(part + ".")})
+        found = sorted(
+            {k for run in runs for k in run.settings if k == part or k.startswith(part + ".")}
+        )
         if not found:
             known = sorted({k.split(".")[0] for run in runs for k in run.settings})
-            raise ReportError(f"--by {part}: no run has this setting; use a settings key such "
-                              f"as scaler.init_scale or a group ({', '.join(known) or 'none'})")
+            raise ReportError(
+                f"--by {part}: no run has this setting; use a settings key such "
+                f"as scaler.init_scale or a group ({', '.join(known) or 'none'})"
+            )
         keys += [k for k in found if k not in keys]
     return keys
 
@@ -124,8 +136,11 @@ def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list
         name = key.split(".")[0] + ".name"
         if key == name or name not in apart:
             return False
-        return all(len({v for n, v in zip(column[name], column[key]) if n == chosen}) == 1
-                   for chosen in set(column[name]))
+        return all(
+            len({v for n, v in zip(column[name], column[key]) if n == chosen}) == 1
+            for chosen in set(column[name])
+        )
+
     return [k for k in apart if not implied(k)]
 
 
@@ -189,17 +204,22 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
             wanted = ref
         else:
             values = sorted({c.value for c in cells})
-            raise ReportError(f"--ref {ref} is neither a run nor a value of {by}; use a run's "
-                              f"label (e.g. {cells[0].runs[0].label}) or one of: "
-                              f"{', '.join(values)}")
+            raise ReportError(
+                f"--ref {ref} is neither a run nor a value of {by}; use a run's "
+                f"label (e.g. {cells[0].runs[0].label}) or one of: "
+                f"{', '.join(values)}"
+            )
     for group in groups:
-        candidates = [c for c in group.cells if c.value == wanted] or \
-            [c for c in group.cells if same_value(c.value, wanted)]
+        candidates = [c for c in group.cells if c.value == wanted] or [
+            c for c in group.cells if same_value(c.value, wanted)
+        ]
         done = [c for c in candidates if any(run.ok for run in c.runs)]
         if done:
             done[0].is_reference = True
         elif candidates:
             group.reference_note = f"no reference: the {wanted} run did not complete"
         else:
-            group.reference_note = (f"no reference: no {by}={wanted} run in this group "
-                                    "(pass --ref VALUE or a run's label)")
+            group.reference_note = (
+                f"no reference: no {by}={wanted} run in this group "
+                "(pass --ref VALUE or a run's label)"
+            )

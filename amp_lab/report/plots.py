@@ -29,8 +29,9 @@ Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # steps, mean, mi
 def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, float | None]:
     """Mean, min and max of `key` at the steps every run logged, up to the first step where one
     is not finite; and that step (None when all are finite)."""
-    per_run = [{r["step"]: r[key] for r in getattr(run, kind) if r.get(key) is not None}
-               for run in runs]
+    per_run = [
+        {r["step"]: r[key] for r in getattr(run, kind) if r.get(key) is not None} for run in runs
+    ]
     steps = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
     ys = np.array([[p[s] for p in per_run] for s in steps], dtype=float).reshape(-1, len(runs))
     bad = ~np.isfinite(ys).all(axis=1)
@@ -52,8 +53,16 @@ def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: 
     if stop is not None and len(xs):
         ax.plot(xs[-1:], mean[-1:], "x", color=color, markersize=10, markeredgewidth=2)
     elif stop is not None:
-        ax.plot([stop], [0.97], "x", color=color, markersize=10, markeredgewidth=2,
-                transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.plot(
+            [stop],
+            [0.97],
+            "x",
+            color=color,
+            markersize=10,
+            markeredgewidth=2,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+        )
 
 
 Cells = list[tuple[dict[str, Any], list[RunData]]]
@@ -67,8 +76,9 @@ def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str) 
 
 def _label(cell: dict[str, Any]) -> str:
     n = cell["n"]
-    return cell["value"] + (f" ({n} seeds)" if n > 1 else "") + (" ref" if cell["reference"]
-                                                                 else "")
+    return (
+        cell["value"] + (f" ({n} seeds)" if n > 1 else "") + (" ref" if cell["reference"] else "")
+    )
 
 
 def loss_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
@@ -83,8 +93,9 @@ def _paired_delta(runs: list[RunData], refs: list[RunData]) -> tuple[Curve, floa
     diffs, stops = [], []
     for run in runs:
         (xs, mine, _, _), stop = curve([run], "train", "train/loss")
-        (rx, theirs, _, _), _ = curve([by_seed[run.seed]] if run.seed in by_seed else refs,
-                                      "train", "train/loss")
+        (rx, theirs, _, _), _ = curve(
+            [by_seed[run.seed]] if run.seed in by_seed else refs, "train", "train/loss"
+        )
         common, i, j = np.intersect1d(xs, rx, return_indices=True)
         diffs.append(dict(zip(common, mine[i] - theirs[j])))
         stops.append(stop)
@@ -119,8 +130,9 @@ def scale_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     ax.set(title="loss scale", xlabel="optimizer step")
     scaled = [(c, r) for c, r in cells if any(scales_loss(run) for run in r)]
     if not scaled:  # another group scales; this one does not
-        ax.text(0.5, 0.5, "no run scales its loss", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5, 0.5, "no run scales its loss", ha="center", va="center", transform=ax.transAxes
+        )
         ax.set(xticks=[], yticks=[])
         return
     _lines(ax, scaled, colors, "train", "amp/loss_scale")
@@ -140,15 +152,21 @@ Panel = Callable[[Axes, Cells, dict[str, str]], None]
 def overview(runs: list[RunData], data: dict[str, Any]) -> Figure:
     """The figure: a row per group, a column per panel, a legend right of each row."""
     by_label = {run.label: run for run in runs}
-    rows = [(g, [(c, [by_label[r] for r in c["runs"]]) for c in g["cells"]])
-            for g in data["groups"]]
+    rows = [
+        (g, [(c, [by_label[r] for r in c["runs"]]) for c in g["cells"]]) for g in data["groups"]
+    ]
     panels: list[Panel] = [loss_panel, delta_panel, val_panel]
     if any(scales_loss(run) for run in runs):
         panels.append(scale_panel)
     values = list(dict.fromkeys(c["value"] for g in data["groups"] for c in g["cells"]))
     colors = {v: f"C{i % 10}" for i, v in enumerate(values)}
-    fig, axes = plt.subplots(len(rows), len(panels), figsize=(3.6 * len(panels) + 2.6,
-                             2.9 * len(rows)), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(rows),
+        len(panels),
+        figsize=(3.6 * len(panels) + 2.6, 2.9 * len(rows)),
+        squeeze=False,
+        layout="constrained",
+    )
     for ax_row, (group, cells) in zip(axes, rows):
         for ax, panel in zip(ax_row, panels):
             panel(ax, cells, colors)
@@ -156,9 +174,16 @@ def overview(runs: list[RunData], data: dict[str, Any]) -> Figure:
             ax.tick_params(labelsize="small")
         ax_row[0].set_ylabel(f"group {group['id']}", fontsize="medium", fontweight="bold")
         handles, labels = ax_row[0].get_legend_handles_labels()
-        ax_row[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.03, 1.0),
-                          borderaxespad=0.0, fontsize="small",
-                          title="\n".join(_wrap(group["name"], 28)), title_fontsize="small")
+        ax_row[-1].legend(
+            handles,
+            labels,
+            loc="upper left",
+            bbox_to_anchor=(1.03, 1.0),
+            borderaxespad=0.0,
+            fontsize="small",
+            title="\n".join(_wrap(group["name"], 28)),
+            title_fontsize="small",
+        )
     return fig
 
 

@@ -21,15 +21,29 @@ def findings(data: dict[str, Any], picture: str) -> str:
     context = data["context"]
     host = context["host"]
     load = host["load_avg"]
-    lines = ["Made with:", "```bash", *context["commands"], context["report_command"], "```",
-             f"on {', '.join(context['devices'])} ({host['cores']} cores, load average "
-             + ("unknown" if load is None else f"{load[0]:.1f}") + f"), {context['date'][:10]}, "
-             f"torch {host['torch']}, timm {host['timm']}."]
+    lines = [
+        "Made with:",
+        "```bash",
+        *context["commands"],
+        context["report_command"],
+        "```",
+        f"on {', '.join(context['devices'])} ({host['cores']} cores, load average "
+        + ("unknown" if load is None else f"{load[0]:.1f}")
+        + f"), {context['date'][:10]}, "
+        f"torch {host['torch']}, timm {host['timm']}.",
+    ]
     if not context["speed_representative"]:
-        lines.append(f"Speed and memory are **not representative**: {context['speed_note']}. "
-                     "They are shown in the tables and left out of the verdicts.")
-    lines += ["", data["rules"], "", *group_sections(data, "####"),
-              f"![overview of the report]({picture})"]
+        lines.append(
+            f"Speed and memory are **not representative**: {context['speed_note']}. "
+            "They are shown in the tables and left out of the verdicts."
+        )
+    lines += [
+        "",
+        data["rules"],
+        "",
+        *group_sections(data, "####"),
+        f"![overview of the report]({picture})",
+    ]
     return "\n".join(lines)
 
 

@@ -50,8 +50,11 @@ class RunData:
     @property
     def precision(self) -> str:
         name = (self.summary.get("precision") or {}).get("name")
-        return name or self.config.get("precision", {}).get("name") or self.overrides.get(
-            "precision", "?")
+        return (
+            name
+            or self.config.get("precision", {}).get("name")
+            or self.overrides.get("precision", "?")
+        )
 
     @property
     def model(self) -> str:
@@ -86,11 +89,17 @@ def find_runs(paths: list[Path]) -> list[Path]:
             found.add(path)
             continue
         # a sweep job refused at start-up (or not started) has its .hydra/ and nothing else
-        runs = {f.parent for name in (*RUN_FILES, HYDRA_DIR) for f in path.rglob(name)
-                if "wandb" not in f.relative_to(path).parts}
+        runs = {
+            f.parent
+            for name in (*RUN_FILES, HYDRA_DIR)
+            for f in path.rglob(name)
+            if "wandb" not in f.relative_to(path).parts
+        }
         if not runs:
-            raise ReportError(f"{path} holds no amp_lab runs (no metrics.jsonl or summary.json "
-                              "below it); pass a run directory or a multirun directory")
+            raise ReportError(
+                f"{path} holds no amp_lab runs (no metrics.jsonl or summary.json "
+                "below it); pass a run directory or a multirun directory"
+            )
         found |= runs
     return sorted(found, key=_natural)
 
@@ -121,9 +130,12 @@ def _settings(path: Path, config: dict[str, Any], overrides: dict[str, str]) -> 
     (a run refused at start-up has only those; `precision=fp16` stands for `precision.name`)."""
     flat = _read(path / SETTINGS_FILE, json.loads, dict)
     if not flat:
-        flat = {f"{group}.{key}": json.dumps(value, sort_keys=True)
-                for group, values in config.items() if isinstance(values, dict)
-                for key, value in values.items()}
+        flat = {
+            f"{group}.{key}": json.dumps(value, sort_keys=True)
+            for group, values in config.items()
+            if isinstance(values, dict)
+            for key, value in values.items()
+        }
     if not flat:
         for key, value in overrides.items():
             try:
@@ -139,8 +151,13 @@ def load_run(path: Path) -> RunData:
     a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
     overrides = _overrides(path)
     config = _read(path / HYDRA_DIR / "config.yaml", yaml.safe_load, dict)
-    run = RunData(path, overrides, config, _read(path / SUMMARY_FILE, json.loads, dict),
-                  settings=_settings(path, config, overrides))
+    run = RunData(
+        path,
+        overrides,
+        config,
+        _read(path / SUMMARY_FILE, json.loads, dict),
+        settings=_settings(path, config, overrides),
+    )
     metrics = path / METRICS_FILE
     for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:
@@ -153,13 +170,15 @@ def load_run(path: Path) -> RunData:
         accs = [r["val/acc"] for r in run.val if r.get("val/acc") is not None]
         last = run.train[-1] if run.train else {}
         losses = [r["val/loss"] for r in run.val if r.get("val/loss") is not None]
-        run.summary = {"final_val_acc": accs[-1] if accs else None,
-                       "best_val_acc": max(accs, default=None),
-                       "final_val_loss": losses[-1] if losses else None,
-                       "final_loss_scale": last.get("amp/loss_scale"),
-                       "steps": max((r.get("step", 0) for r in run.train + run.val), default=0),
-                       "skipped_steps": last.get("amp/skipped_steps"),
-                       "peak_memory_mb": last.get("memory/peak_mb")}
+        run.summary = {
+            "final_val_acc": accs[-1] if accs else None,
+            "best_val_acc": max(accs, default=None),
+            "final_val_loss": losses[-1] if losses else None,
+            "final_loss_scale": last.get("amp/loss_scale"),
+            "steps": max((r.get("step", 0) for r in run.train + run.val), default=0),
+            "skipped_steps": last.get("amp/skipped_steps"),
+            "peak_memory_mb": last.get("memory/peak_mb"),
+        }
     return run
 
 
@@ -167,8 +186,10 @@ def _short(names: list[str]) -> list[str]:
     """Job directory names without the `key=value` items every one of them shares
     (`3_data.img_size=16,precision=fp16` and `4_data.img_size=16,precision=bf16` give
     `3_precision=fp16`, `4_precision=bf16`); a name left empty keeps its whole form."""
+
     def items(name: str) -> list[str]:
         return re.sub(r"^\d+_", "", name).split(",")
+
     common = set.intersection(*(set(items(n)) for n in names)) if len(names) > 1 else set()
     shorts = []
     for name in names:
@@ -186,9 +207,12 @@ def load_runs(paths: list[Path]) -> list[RunData]:
     for depth in range(1, 64):
         if len(set(labels)) == len(labels):
             break
-        labels = [label if labels.count(label) == 1 else
-                  "/".join([*run.path.parent.parts[-depth:], label.split("/")[-1]])
-                  for run, label in zip(runs, labels)]
+        labels = [
+            label
+            if labels.count(label) == 1
+            else "/".join([*run.path.parent.parts[-depth:], label.split("/")[-1]])
+            for run, label in zip(runs, labels)
+        ]
     for run, label in zip(runs, labels):
         run.label = label
     return runs

@@ -27,16 +27,18 @@ THRESHOLDS: dict[str, float] = {
     "rise": 0.05,  # ... or more than 5% above it: rising
     "min_records": 4,  # fewer train records than this: too short to call stalled or rising
 }
-RULES = (f"Thresholds: a mode *matches* its reference when |Δacc| ≤ {THRESHOLDS['acc_pp']:g} pp "
-         f"(or ≤ {THRESHOLDS['acc_noise_std']:g} std of the paired Δ over seeds, if larger) and "
-         f"|Δloss| ≤ {THRESHOLDS['loss_rel']:.0%} of the reference's val loss; it *is better* or "
-         "*worse* when accuracy or loss is past its threshold and the other is not the opposite, "
-         "else it *differs*; speed and memory "
-         f"within ±{THRESHOLDS['speed_band']:.0%} are *the same*; a run is *unstable* above "
-         f"{THRESHOLDS['skip_rate']:.0%} skipped steps, *stalled* when its train loss over the "
-         f"last quarter is less than {THRESHOLDS['stall']:.0%} below the first quarter's, "
-         f"*rising* when more than {THRESHOLDS['rise']:.0%} above, *diverged* when it stopped "
-         "on non-finite steps or its last loss is not finite.")
+RULES = (
+    f"Thresholds: a mode *matches* its reference when |Δacc| ≤ {THRESHOLDS['acc_pp']:g} pp "
+    f"(or ≤ {THRESHOLDS['acc_noise_std']:g} std of the paired Δ over seeds, if larger) and "
+    f"|Δloss| ≤ {THRESHOLDS['loss_rel']:.0%} of the reference's val loss; it *is better* or "
+    "*worse* when accuracy or loss is past its threshold and the other is not the opposite, "
+    "else it *differs*; speed and memory "
+    f"within ±{THRESHOLDS['speed_band']:.0%} are *the same*; a run is *unstable* above "
+    f"{THRESHOLDS['skip_rate']:.0%} skipped steps, *stalled* when its train loss over the "
+    f"last quarter is less than {THRESHOLDS['stall']:.0%} below the first quarter's, "
+    f"*rising* when more than {THRESHOLDS['rise']:.0%} above, *diverged* when it stopped "
+    "on non-finite steps or its last loss is not finite."
+)
 
 
 def _finite(value: Any) -> bool:
@@ -50,8 +52,11 @@ def _divergence(run: RunData) -> str | None:
     if not (run.summary.get("diverged") or run.status == "diverged" or nonfinite_end):
         return None
     first = ((run.summary.get("diagnostics") or {}).get("nonfinite") or {}).get("first_step")
-    step = first or next((s for s, loss in losses if not _finite(loss)), None) or \
-        run.summary.get("steps")
+    step = (
+        first
+        or next((s for s, loss in losses if not _finite(loss)), None)
+        or run.summary.get("steps")
+    )
     text = f"diverged at step {step}" if step is not None else "diverged"
     scales = [r["amp/loss_scale"] for r in run.train if _finite(r.get("amp/loss_scale"))]
     init = (run.summary.get("scaler") or {}).get("init_scale")
@@ -83,8 +88,7 @@ def health(run: RunData) -> list[str]:
         return [divergence]
     problems = []
     skipped, steps = run.summary.get("skipped_steps"), run.summary.get("steps")
-    if _finite(skipped) and _finite(steps) and steps and skipped / steps > THRESHOLDS[
-            "skip_rate"]:
+    if _finite(skipped) and _finite(steps) and steps and skipped / steps > THRESHOLDS["skip_rate"]:
         problems.append(f"unstable: skipped {skipped} of {steps} steps ({skipped / steps:.0%})")
     if trend := _trend(run):
         problems.append(trend)
@@ -110,8 +114,11 @@ def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
     limit = max(THRESHOLDS["acc_pp"] / 100, THRESHOLDS["acc_noise_std"] * (acc.std or 0.0))
     acc_ok = abs(acc.mean) <= limit
     loss_ok = rel is None or abs(rel) <= THRESHOLDS["loss_rel"]
-    loss = "" if rel is None else (f"; loss within {abs(rel) * 100:.2g}%" if loss_ok else
-                                   f"; loss {rel * 100:+.2g}%")
+    loss = (
+        ""
+        if rel is None
+        else (f"; loss within {abs(rel) * 100:.2g}%" if loss_ok else f"; loss {rel * 100:+.2g}%")
+    )
     # each of accuracy and loss is -1 (worse), 0 (within its threshold) or +1 (better)
     acc_sign = 0 if acc_ok else (1 if acc.mean > 0 else -1)
     loss_sign = 0 if loss_ok or rel is None else (-1 if rel > 0 else 1)
@@ -131,8 +138,7 @@ def _speed_words(comp: Comparison) -> str:
         if abs(comp.speedup - 1) <= THRESHOLDS["speed_band"]:
             words.append("the same speed")
         else:
-            words.append(f"{comp.speedup:.2g}× " + ("faster" if comp.speedup > 1 else
-                                                   "the speed"))
+            words.append(f"{comp.speedup:.2g}× " + ("faster" if comp.speedup > 1 else "the speed"))
     if comp.memory_ratio is not None and abs(comp.memory_ratio - 1) > THRESHOLDS["memory_band"]:
         change = 1 - comp.memory_ratio
         words.append(f"{abs(change):.0%} {'less' if change > 0 else 'more'} memory")
@@ -149,8 +155,10 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
     if speed_ok and (speed := _speed_words(comp)):
         clause += f", {speed}"
     if problems:
-        clause += f" (but {', '.join(problems)} in {sum(bool(health(r)) for r in cell.runs)} "\
-                  f"of {len(cell.runs)} runs)"
+        clause += (
+            f" (but {', '.join(problems)} in {sum(bool(health(r)) for r in cell.runs)} "
+            f"of {len(cell.runs)} runs)"
+        )
     return clause
 
 
@@ -158,12 +166,14 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
     """The group's sentence: every cell against the reference, or why there is none."""
     ref = group.reference
     if ref is None:
-        named = [f"{c.value} {', '.join(sorted({p for r in c.runs for p in health(r)}))}"
-                 for c in group.cells if any(health(r) for r in c.runs)]
+        named = [
+            f"{c.value} {', '.join(sorted({p for r in c.runs for p in health(r)}))}"
+            for c in group.cells
+            if any(health(r) for r in c.runs)
+        ]
         note = group.reference_note
         return "; ".join([note[:1].upper() + note[1:], *named]) + "."
-    clauses = [cell_verdict(c, ref, comps[c.value], speed_ok) for c in group.cells
-               if c is not ref]
+    clauses = [cell_verdict(c, ref, comps[c.value], speed_ok) for c in group.cells if c is not ref]
     ref_problems = sorted({p for run in ref.runs for p in health(run)})
     if ref_problems:
         clauses.append(f"the reference {ref.value} itself: {', '.join(ref_problems)}")

@@ -59,25 +59,40 @@ def varying_leaves(runs: list[RunData]) -> list[str]:
     """Settings keys with one number or string each (W&B config leaf keys) that differ between
     runs; a dict such as `model.kwargs` is not a leaf."""
     keys = sorted({k for run in runs for k in run.settings})
-    return [k for k in keys if len({run.settings.get(k) for run in runs}) > 1
-            and all(_scalar(run.settings.get(k)) for run in runs)
-            and not any(k == i or k.startswith(i + ".") for i in IGNORED)]
+    return [
+        k
+        for k in keys
+        if len({run.settings.get(k) for run in runs}) > 1
+        and all(_scalar(run.settings.get(k)) for run in runs)
+        and not any(k == i or k.startswith(i + ".") for i in IGNORED)
+    ]
 
 
 def _panels(wr: Any, axis: Any) -> list[Any]:
     curves = {"groupby": axis, "groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
-    return [wr.LinePlot(title="train loss", x="step", y=["train/loss"], **curves),
-            wr.LinePlot(title="val accuracy", x="step", y=["val/acc"], **curves),
-            wr.LinePlot(title="loss scale", x="step", y=["amp/loss_scale"], log_y=True,
-                        **curves),
-            wr.BarPlot(title="throughput (samples/s)",
-                       metrics=[wr.SummaryMetric("mean_samples_per_s")], groupby=axis),
-            wr.BarPlot(title="peak memory (MB)", metrics=[wr.SummaryMetric("peak_memory_mb")],
-                       groupby=axis)]
+    return [
+        wr.LinePlot(title="train loss", x="step", y=["train/loss"], **curves),
+        wr.LinePlot(title="val accuracy", x="step", y=["val/acc"], **curves),
+        wr.LinePlot(title="loss scale", x="step", y=["amp/loss_scale"], log_y=True, **curves),
+        wr.BarPlot(
+            title="throughput (samples/s)",
+            metrics=[wr.SummaryMetric("mean_samples_per_s")],
+            groupby=axis,
+        ),
+        wr.BarPlot(
+            title="peak memory (MB)", metrics=[wr.SummaryMetric("peak_memory_mb")], groupby=axis
+        ),
+    ]
 
 
-def build_report(project: str, entity: str, sweeps: list[str], data: dict[str, Any],
-                 leaves: list[str], run_ids: tuple[str, ...] | list[str] = ()) -> Any:
+def build_report(
+    project: str,
+    entity: str,
+    sweeps: list[str],
+    data: dict[str, Any],
+    leaves: list[str],
+    run_ids: tuple[str, ...] | list[str] = (),
+) -> Any:
     """The Report object: per comparison group its verdict and panels, then parallel
     coordinates over `leaves`."""
     import wandb_workspaces.reports.v2 as wr
@@ -87,28 +102,49 @@ def build_report(project: str, entity: str, sweeps: list[str], data: dict[str, A
     source = "(" + " or ".join(where) + ")" if where else ""
     varying = [k for k in data["axis_keys"] if k in leaves] or data["axis_keys"][:1]
     axis = wr.Config(varying[0])
-    blocks: list[Any] = [wr.H1(f"amp_lab comparison along {data['axis']}"),
-                         wr.MarkdownBlock(data["rules"])]
+    blocks: list[Any] = [
+        wr.H1(f"amp_lab comparison along {data['axis']}"),
+        wr.MarkdownBlock(data["rules"]),
+    ]
     for group in data["groups"]:
         settings = {k: v for k, v in group["settings"].items() if v != "—"}
-        filters = " and ".join(filter(None, [source, *[
-            f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]]))
-        runset = wr.Runset(entity=entity, project=project, name=f"group {group['id']}",
-                           filters=filters, groupby=[*settings, *varying])
-        blocks += [wr.H2(f"Group {group['id']}: {group['name']}"),
-                   wr.MarkdownBlock(f"**Verdict:** {group['verdict']}"),
-                   wr.PanelGrid(runsets=[runset], panels=_panels(wr, axis))]
+        filters = " and ".join(
+            filter(
+                None, [source, *[f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]]
+            )
+        )
+        runset = wr.Runset(
+            entity=entity,
+            project=project,
+            name=f"group {group['id']}",
+            filters=filters,
+            groupby=[*settings, *varying],
+        )
+        blocks += [
+            wr.H2(f"Group {group['id']}: {group['name']}"),
+            wr.MarkdownBlock(f"**Verdict:** {group['verdict']}"),
+            wr.PanelGrid(runsets=[runset], panels=_panels(wr, axis)),
+        ]
     columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(key)) for key in leaves]
-    columns += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(name))
-                for name in ("final_val_acc", "final_val_loss", "mean_samples_per_s",
-                             "skipped_steps")]
-    blocks += [wr.H2("All runs"), wr.PanelGrid(
-        runsets=[wr.Runset(entity=entity, project=project, name="all runs", filters=source)],
-        panels=[wr.ParallelCoordinatesPlot(title="settings that vary", columns=columns)])]
-    return wr.Report(project=project, entity=entity,
-                     title=f"amp_lab comparison: {', '.join(sweeps) or f'{len(run_ids)} runs'}",
-                     description=f"{len(data['groups'])} comparison groups along "
-                                 f"{data['axis']} (amp_lab.report).", blocks=blocks)
+    columns += [
+        wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(name))
+        for name in ("final_val_acc", "final_val_loss", "mean_samples_per_s", "skipped_steps")
+    ]
+    blocks += [
+        wr.H2("All runs"),
+        wr.PanelGrid(
+            runsets=[wr.Runset(entity=entity, project=project, name="all runs", filters=source)],
+            panels=[wr.ParallelCoordinatesPlot(title="settings that vary", columns=columns)],
+        ),
+    ]
+    return wr.Report(
+        project=project,
+        entity=entity,
+        title=f"amp_lab comparison: {', '.join(sweeps) or f'{len(run_ids)} runs'}",
+        description=f"{len(data['groups'])} comparison groups along "
+        f"{data['axis']} (amp_lab.report).",
+        blocks=blocks,
+    )
 
 
 def report_spec(report: Any) -> dict[str, Any]:
@@ -131,8 +167,7 @@ def _online() -> bool:
     return True
 
 
-def publish(runs: list[RunData], data: dict[str, Any], out: Path,
-            console: Console) -> Path | None:
+def publish(runs: list[RunData], data: dict[str, Any], out: Path, console: Console) -> Path | None:
     """Save the report online and print its URL; offline, write its spec and say how to publish."""
     logger = runs[0].config.get("logger", {})
     project, entity = logger.get("project") or "amp_lab", logger.get("entity") or ""
@@ -153,7 +188,9 @@ def publish(runs: list[RunData], data: dict[str, Any], out: Path,
     path = out / SPEC_FILE
     path.write_text(json.dumps(report_spec(report), indent=2) + "\n")
     syncs = " ".join(sorted({f"{run.path.parent}/*/wandb/offline-run-*" for run in runs}))
-    console.print(f"W&B is offline: report spec written to {path}.\nTo publish it: "
-                  f"`wandb sync {syncs}`, then rerun this command with --wandb online "
-                  "(WANDB_API_KEY set, WANDB_MODE not offline).")
+    console.print(
+        f"W&B is offline: report spec written to {path}.\nTo publish it: "
+        f"`wandb sync {syncs}`, then rerun this command with --wandb online "
+        "(WANDB_API_KEY set, WANDB_MODE not offline)."
+    )
     return path

@@ -69,8 +69,13 @@ class ConsoleSink(Sink):
         self.total_steps = total_steps
         self.live = enabled and self.console.is_terminal
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-            TextColumn("{task.fields[status]}"), console=self.console, disable=not self.live,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=self.console,
+            disable=not self.live,
         )
         self.task = self.progress.add_task("train", total=total_steps, status="")
         self.last: Record = {}
@@ -83,10 +88,16 @@ class ConsoleSink(Sink):
     def log(self, record: Record) -> None:
         self.last.update(record)
         status = "  ".join(
-            f"{label} {_fmt(self.last[key])}" for label, key in [
-                ("loss", "train/loss"), ("acc", "train/acc"), ("val", "val/acc"),
-                ("scale", "amp/loss_scale"), ("samples/s", "throughput/samples_per_s")]
-            if key in self.last)
+            f"{label} {_fmt(self.last[key])}"
+            for label, key in [
+                ("loss", "train/loss"),
+                ("acc", "train/acc"),
+                ("val", "val/acc"),
+                ("scale", "amp/loss_scale"),
+                ("samples/s", "throughput/samples_per_s"),
+            ]
+            if key in self.last
+        )
         self.progress.update(self.task, completed=record["step"], status=status)
         if not self.live and "val/acc" in record:
             self.console.print(f"step {record['step']}/{self.total_steps}  {status}")
@@ -94,9 +105,21 @@ class ConsoleSink(Sink):
     def finish(self, summary: Record) -> None:
         self.progress.stop()
         table = Table(title="amp_lab run summary", show_header=False)
-        for key in ["status", "precision", "model", "steps", "final_val_acc", "best_val_acc",
-                    "steps_to_target", "time_to_target_s", "mean_samples_per_s",
-                    "skipped_steps", "peak_memory_mb", "wall_time_s", "output_dir"]:
+        for key in [
+            "status",
+            "precision",
+            "model",
+            "steps",
+            "final_val_acc",
+            "best_val_acc",
+            "steps_to_target",
+            "time_to_target_s",
+            "mean_samples_per_s",
+            "skipped_steps",
+            "peak_memory_mb",
+            "wall_time_s",
+            "output_dir",
+        ]:
             value = summary.get(key)
             if isinstance(value, dict):
                 value = value.get("name")

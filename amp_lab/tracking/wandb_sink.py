@@ -111,8 +111,11 @@ class WandbSink(Sink):
 
     def describe(self) -> Record:
         """The W&B mode asked for, the one used and why they differ (summary.json's `tracking`)."""
-        return {"wandb_requested": self.requested, "wandb_mode": self.mode,
-                "wandb_fallback": self.reason or None}
+        return {
+            "wandb_requested": self.requested,
+            "wandb_mode": self.mode,
+            "wandb_fallback": self.reason or None,
+        }
 
     def start(self, info: Record) -> None:
         import wandb
@@ -124,12 +127,24 @@ class WandbSink(Sink):
         group, name = run_identity(self.out_dir, cfg)
         precision = s.precision.name
         kwargs = dict(
-            project=cfg.project, entity=cfg.entity, group=group, job_type=precision, name=name,
+            project=cfg.project,
+            entity=cfg.entity,
+            group=group,
+            job_type=precision,
+            name=name,
             tags=[f"model:{s.model.name}", f"precision:{precision}", *cfg.tags, *s.tags],
             config={**asdict(s), "resolved": {k: v for k, v in info.items() if k != "step"}},
-            dir=str(self.out_dir), id=run_id(self.out_dir), resume="allow",
-            settings=wandb.Settings(init_timeout=_init_timeout(), console="off", quiet=True,
-                                    disable_git=True, save_code=False))
+            dir=str(self.out_dir),
+            id=run_id(self.out_dir),
+            resume="allow",
+            settings=wandb.Settings(
+                init_timeout=_init_timeout(),
+                console="off",
+                quiet=True,
+                disable_git=True,
+                save_code=False,
+            ),
+        )
         self.run = self._init(wandb, kwargs)
         if self.run is None:
             return
@@ -139,8 +154,13 @@ class WandbSink(Sink):
             self.run.define_metric(f"{prefix}/*", step_metric="step")
 
     def _fall_back(self, reason: str) -> None:
-        log.warning("W&B %s unavailable (%s); logging offline instead, publish later with "
-                    "`wandb sync %s/wandb/offline-run-*`", self.mode, reason, self.out_dir)
+        log.warning(
+            "W&B %s unavailable (%s); logging offline instead, publish later with "
+            "`wandb sync %s/wandb/offline-run-*`",
+            self.mode,
+            reason,
+            self.out_dir,
+        )
         self.mode, self.reason = "offline", reason
 
     def _init(self, wandb: Any, kwargs: dict[str, Any]) -> Any:
@@ -152,8 +172,9 @@ class WandbSink(Sink):
         except Exception as err:  # noqa: BLE001 - W&B must never stop training
             message = redact(f"{type(err).__name__}: {err}").splitlines()[0]
             if self.mode == "offline":
-                log.warning("W&B offline init failed (%s); the run is in metrics.jsonl only",
-                            message)
+                log.warning(
+                    "W&B offline init failed (%s); the run is in metrics.jsonl only", message
+                )
                 self.reason = f"offline init failed: {message}"
                 return None
             wandb.teardown()  # the failed run still holds its id in the W&B service
@@ -168,8 +189,9 @@ class WandbSink(Sink):
         try:
             self.run.log({k: v for k, v in record.items() if k != "kind"})
         except Exception as err:  # noqa: BLE001 - metrics.jsonl keeps the record anyway
-            log.warning("W&B log failed (%s); W&B logging stops, metrics.jsonl goes on",
-                        redact(str(err)))
+            log.warning(
+                "W&B log failed (%s); W&B logging stops, metrics.jsonl goes on", redact(str(err))
+            )
             self.run = None
 
     def finish(self, summary: Record) -> None:

@@ -14,9 +14,17 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "amp_lab" / "conf"
 
 # Small and fast on 2 CPU cores: a tiny ViT on 16x16 digits (fp16 on CPU is slow), few steps.
-FAST = ["model=test_vit", "data.img_size=16", "trainer.batch_size=16", "trainer.max_steps=6",
-        "trainer.log_every=2", "trainer.timing_warmup=1", "trainer.progress=false",
-        "trainer.device=cpu", "logger.mode=disabled"]  # W&B offline costs ~1-2 s a run
+FAST = [
+    "model=test_vit",
+    "data.img_size=16",
+    "trainer.batch_size=16",
+    "trainer.max_steps=6",
+    "trainer.log_every=2",
+    "trainer.timing_warmup=1",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "logger.mode=disabled",
+]  # W&B offline costs ~1-2 s a run
 
 register()  # the schema in Hydra's ConfigStore: conf/config.yaml's defaults start with it
 
@@ -38,5 +46,8 @@ def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
     leaf)."""
     if not isinstance(node, dict):
         return {prefix: node}
-    return {k: v for key, value in node.items()
-            for k, v in leaves(value, f"{prefix}.{key}" if prefix else str(key)).items()}
+    return {
+        k: v
+        for key, value in node.items()
+        for k, v in leaves(value, f"{prefix}.{key}" if prefix else str(key)).items()
+    }

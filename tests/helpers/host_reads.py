@@ -18,8 +18,12 @@ HOST_READS = ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "nump
 
 # Logs at steps 2, 4 and 5 (the last); warm-up ends at step 1. A small val set: eval is not
 # under test, and fp16 on CPU is slow.
-LOOP = ["trainer.max_steps=5", "trainer.log_every=2", "trainer.timing_warmup=1",
-        "data.val_fraction=0.05"]
+LOOP = [
+    "trainer.max_steps=5",
+    "trainer.log_every=2",
+    "trainer.timing_warmup=1",
+    "data.val_fraction=0.05",
+]
 
 
 class HostReadWatch:
@@ -68,6 +72,7 @@ def _wrap(watch: HostReadWatch, name: str, original):
     def counting(self, *args, **kwargs):
         watch.count(name)
         return original(self, *args, **kwargs)
+
     return counting
 
 
@@ -76,6 +81,7 @@ def _paused(watch: HostReadWatch, original):
     def paused(*args, **kwargs):
         with watch.pause():
             return original(*args, **kwargs)
+
     return paused
 
 
@@ -84,8 +90,11 @@ def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
     watch = HostReadWatch(trainer.device.type == "cuda")
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, _wrap(watch, name, getattr(torch.Tensor, name)))
-    for cls, name in [(Trainer, "_train_record"), (Trainer, "_eval_record"),
-                      (ThroughputMeter, "_open")]:  # _open: the one timing boundary, at warm-up
+    for cls, name in [
+        (Trainer, "_train_record"),
+        (Trainer, "_eval_record"),
+        (ThroughputMeter, "_open"),
+    ]:  # _open: the one timing boundary, at warm-up
         monkeypatch.setattr(cls, name, _paused(watch, getattr(cls, name)))
     loop = Trainer._loop
 

@@ -15,8 +15,13 @@ from amp_lab.trainer import Trainer
 from helpers.compose import settings
 
 # 12 logged steps, an evaluation every 4 on a small val set; no time-based checkpoints
-RUN = ["trainer.max_steps=12", "trainer.log_every=1", "trainer.eval_every=4",
-       "data.val_fraction=0.05", "checkpoint.every_minutes=0"]
+RUN = [
+    "trainer.max_steps=12",
+    "trainer.log_every=1",
+    "trainer.eval_every=4",
+    "data.val_fraction=0.05",
+    "checkpoint.every_minutes=0",
+]
 
 
 class SignalAt(Sink):
@@ -39,13 +44,23 @@ def rows(run_dir: Path) -> list[dict]:
 
 def curve(run_dir: Path) -> list[tuple]:
     """Everything that must match between runs: losses, LR, loss scale, val figures."""
-    return [(r["kind"], r["step"], r.get("train/loss"), r.get("train/lr"),
-             r.get("amp/loss_scale"), r.get("amp/skipped_steps"), r.get("val/loss"))
-            for r in rows(run_dir)]
+    return [
+        (
+            r["kind"],
+            r["step"],
+            r.get("train/loss"),
+            r.get("train/lr"),
+            r.get("amp/loss_scale"),
+            r.get("amp/skipped_steps"),
+            r.get("val/loss"),
+        )
+        for r in rows(run_dir)
+    ]
 
 
-def interrupt(run_dir: Path, overrides: list[str], at_step: int,
-              signum: int = signal.SIGUSR2) -> Interrupted:
+def interrupt(
+    run_dir: Path, overrides: list[str], at_step: int, signum: int = signal.SIGUSR2
+) -> Interrupted:
     """Train until the signal at `at_step` stops the run (after its checkpoint)."""
     with pytest.raises(Interrupted) as stopped:
         Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()

@@ -25,15 +25,15 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 def read_records(path: Path) -> list[pb.Record]:
     """Every Record protobuf in a .wandb file, in order."""
     data = Path(path).read_bytes()
-    assert data[:len(HEADER)] == HEADER, f"{path} is not a W&B log (header {data[:7]!r})"
+    assert data[: len(HEADER)] == HEADER, f"{path} is not a W&B log (header {data[:7]!r})"
     records, pending, pos = [], b"", len(HEADER)
     while pos + CHUNK_HEADER <= len(data):
         room = BLOCK - pos % BLOCK
         if room < CHUNK_HEADER:  # a block's tail too short for a header is padding
             pos += room
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK_HEADER])
-        body = data[pos + CHUNK_HEADER:pos + CHUNK_HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
+        body = data[pos + CHUNK_HEADER : pos + CHUNK_HEADER + length]
         pos += CHUNK_HEADER + length
         if kind == 0 and length == 0:  # zero padding at the end of a block
             continue
