@@ -1,1 +1,2 @@
-"""The run's building blocks: data, models, optimizers, LR schedules, metrics, the DDP world."""
+"""The run's building blocks: data (timm's transforms, mixup), models, optimizers, the training
+loss, the model EMA, LR schedules, metrics, CPU threads and the DDP world."""

@@ -1,1 +1,2 @@
-"""Numerics: diagnostics, the module probe, gradient statistics, scale events, the pitfall lab."""
+"""Numerics: diagnostics, run health, the module probe, gradient and optimizer-state statistics,
+scale events, the pitfall lab."""

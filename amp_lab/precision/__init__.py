@@ -1,1 +1,2 @@
-"""Precision modes: the mode table and policy, loss scalers, master weights, fp8, fp32 modules."""
+"""Precision modes: the mode table and policy, loss scalers (and GradScaler's internals, read in
+one place), master weights, optimizer-state dtypes, fp8, fp32 modules."""
