@@ -224,3 +224,10 @@ def test_the_documented_layout_names_every_package(doc, section):
     packages = {p.parent.name for p in (ROOT / "amp_lab").glob("*/__init__.py")}
     named = set(re.findall(r"\b([a-z_]+)/", found.group(1)))
     assert packages | {"conf"} <= named, sorted(packages - named)
+
+
+def test_the_tests_mirror_the_packages():
+    packages = {p.parent.name for p in (ROOT / "amp_lab").glob("*/__init__.py")}
+    mirrored = {p.parent.name for p in (ROOT / "tests").glob("*/test_*.py")}
+    assert mirrored <= packages, sorted(mirrored - packages)  # no folder for what does not exist
+    assert packages <= mirrored, sorted(packages - mirrored)

@@ -105,7 +105,7 @@ class ClipBeforeUnscale(LabStep):
     """The clip threshold is applied to scaled gradients, then they are unscaled: the gradient
     is about 1/scale of the intended one. Under SGD the update shrinks with it and training
     crawls; Adam normalises the gradient's size away, so under AdamW the loss falls about as
-    fast (tests/test_pitfall_claims.py measures both)."""
+    fast (tests/numerics/test_pitfall_claims.py measures both)."""
 
     def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
         self.before_unscale()

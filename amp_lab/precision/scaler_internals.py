@@ -5,7 +5,7 @@ the scale tensor, or of a scale update outside `update()`. amp_lab needs all thr
 host sync: the step reports skipped updates, the diagnostics record the scale every step, the
 hysteresis scaler replaces `update()`, and the pitfall lab updates the scale per micro-batch on
 purpose. These functions were checked against the torch versions in CHECKED_TORCH
-(tests/test_scaler_internals.py fails on any other major.minor until they are re-checked).
+(tests/precision/test_scaler_internals.py fails on any other major.minor until they are re-checked).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from amp_lab.report.readme import END, START, findings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted(p.name for p in (ROOT / "experiments").iterdir() if p.is_dir())
 
 

@@ -18,7 +18,7 @@ from amp_lab.report.runs import load_runs
 from amp_lab.report.verdicts import accuracy_words
 from amp_lab.report.wandb_report import build_report, report_spec
 
-SNAPSHOT = Path(__file__).parent / "snapshots" / "wandb_report_spec.json"
+SNAPSHOT = Path(__file__).parents[1] / "snapshots" / "wandb_report_spec.json"
 
 
 def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path, capsys):
