@@ -146,6 +146,7 @@ def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
         "scaler",
         "counters",
         "diagnostics",
+        "health",
     }
     assert payload["loop"]["step"] == 3 and payload["loop"]["epoch"] == 0
     assert payload["parts"]["scaler"]["_growth_tracker"] == 3  # fp16 default interval: 2000
