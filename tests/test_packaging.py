@@ -152,21 +152,19 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (work / "multirun").glob("*/*")  # the default sweep dir, in the user's folder
     jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").exists())
-    assert len(jobs) == 6  # test_convnext and test_vit, each in fp32, fp16, bf16
+    assert len(jobs) == 18  # test_convnext and test_vit, each in fp32, fp16, bf16, 3 seeds
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["steps"] == 5, job.name
 
     result = _run(command, "report", sweep, cwd=work)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = (sweep / "report" / "report.md").read_text()
-    for model in ("test_convnext", "test_vit"):
-        for precision in ("fp32", "fp16", "bf16"):
-            assert re.search(
-                rf"model={model}.*precision={precision}\b|"
-                rf"precision={precision}.*model={model}",
-                report,
-            ), (model, precision)
+    report = json.loads((sweep / "report" / "report.json").read_text())
+    assert len(report["groups"]) == 2  # one per model, each against its own fp32
+    for group in report["groups"]:
+        cells = {cell["value"]: cell for cell in group["cells"]}
+        assert set(cells) == {"fp32", "fp16", "bf16"} and cells["fp32"]["reference"]
+        assert all(cell["n"] == 3 for cell in cells.values())  # the seeds
     assert list((sweep / "report").glob("*.png"))
 
     result = _run(command, "doctor", "--help", cwd=work)
