@@ -58,8 +58,21 @@ def _one_error_line(stderr: str) -> str:
     return lines[0]
 
 
+# amp_lab's own start-up checks build the run, so they import torch: seconds each, slow tier
+TORCH_CHECKS = {
+    "trainer.max_steps=-1",
+    "logger.mode=onlin",
+    "model.name=resnet5",
+    "+scaler.init_scal=1",
+}
+
+
 @pytest.mark.parametrize(
-    "overrides, expected", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS]
+    "overrides, expected",
+    [
+        pytest.param(o, e, id=" ".join(o), marks=pytest.mark.slow if o[0] in TORCH_CHECKS else ())
+        for o, e in BAD_INPUTS
+    ],
 )
 def test_a_bad_input_is_one_line_and_exit_2(overrides, expected, tmp_path):
     result = run_cli(*overrides, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
@@ -87,6 +100,7 @@ def test_a_bad_sweep_value_is_one_line(tmp_path):
     assert "precision=fp17 is not an option" in _one_error_line(result.stderr)
 
 
+@pytest.mark.slow
 def test_a_bad_input_loses_nothing_already_written(tmp_path):
     """A typo on a relaunch into a finished run's folder leaves its results as they were."""
     assert (
@@ -103,6 +117,7 @@ def test_a_bad_input_loses_nothing_already_written(tmp_path):
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_every_checkpoint_corrupt_is_one_short_line(tmp_path):
     """torch explains a corrupt file in a paragraph; the line keeps its first sentence."""
     checkpoints = tmp_path / "run" / "checkpoints"

@@ -382,6 +382,7 @@ def test_mixup_and_the_ema_add_no_host_reads_between_log_steps(monkeypatch, tmp_
     assert watched_fit(monkeypatch, trainer).calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, message",
     [

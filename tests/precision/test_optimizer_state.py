@@ -55,6 +55,7 @@ def _cliff_update(state_dtype: str, steps: int = 10) -> tuple[float, torch.Tenso
     return update, optimizer.state[layer.weight]["exp_avg_sq"]
 
 
+@pytest.mark.slow
 def test_fp16_second_moment_zeroes_out_and_inflates_the_step_others_match_fp32():
     reference, v32 = _cliff_update("fp32")
     assert reference == pytest.approx(1e-2, rel=1e-3)  # Adam: ~lr per step, 10 steps
@@ -68,6 +69,7 @@ def test_fp16_second_moment_zeroes_out_and_inflates_the_step_others_match_fp32()
         assert update == pytest.approx(reference, rel=0.02), dtype
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state_dtype", [d for d in DTYPES if d != "fp16"])
 def test_every_state_dtype_trains_a_vit_and_reports_its_memory(state_dtype, tmp_path):
     trainer = Trainer(settings(f"optim.state_dtype={state_dtype}", *LEARN), tmp_path)
@@ -154,6 +156,7 @@ class StopAt(Sink):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8", "int4", "fp8"])
 def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
     run = [
@@ -202,6 +205,7 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("master_weights", ["true", "false"])
 def test_low_bit_state_with_bf16_weights(master_weights, tmp_path):
     summary = Trainer(
@@ -255,6 +259,7 @@ def test_bad_state_settings_are_one_line(overrides, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_state_settings_with_exit_2(tmp_path):
     for overrides, message in [
         (["optim.state_dtype=int3"], "optim.state_dtype='int3' is unknown; use one of"),
@@ -282,6 +287,7 @@ def test_block_size_reaches_torchao(tmp_path):
     assert blocks == {128}
 
 
+@pytest.mark.slow
 def test_bench_throughput_table_shows_the_state_memory(tmp_path):
     rows = {}
     for state_dtype in ["fp32", "int8"]:

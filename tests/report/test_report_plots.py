@@ -47,6 +47,7 @@ def _legends_and_axes(fig: plt.Figure) -> tuple[list, list]:
     return legends, fig.axes
 
 
+@pytest.mark.slow
 def test_legends_lie_inside_the_figure_and_off_every_axes(sweep: Path) -> None:
     runs = load_runs([sweep])
     data = report(str(sweep))
@@ -83,6 +84,7 @@ def test_legends_lie_inside_the_figure_and_off_every_axes(sweep: Path) -> None:
     assert (sweep / "report" / "overview.png").stat().st_size > 20_000
 
 
+@pytest.mark.slow
 def test_delta_panel_is_zero_for_the_reference(sweep: Path) -> None:
     runs = load_runs([sweep])
     data = json.loads((sweep / "report" / "report.json").read_text())
@@ -98,6 +100,7 @@ def test_delta_panel_is_zero_for_the_reference(sweep: Path) -> None:
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_no_loss_scale_panel_without_scaling_and_a_diverged_run_is_marked(tmp_path) -> None:
     sweep = tmp_path / "sweep"
     run(sweep, "0_precision=fp32", "precision=fp32")

@@ -255,6 +255,7 @@ def rejecting_server():
     server.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["no key", "fake key, no network", "bad key"])
 def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
     extra = {
