@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import ROOT, run_cli, settings
+from helpers.distributed import free_port, torchrun_amp_lab
 from helpers.slurm import JOB, ON_TEST_CLUSTER
 
 from amp_lab.components.distributed import world_from_environment
@@ -27,12 +27,6 @@ COMMON = [
     "trainer.device=cpu",
     "trainer.timing_warmup=1",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _losses(run_dir) -> list[float]:
@@ -62,19 +56,9 @@ def test_world_from_torchrun_and_slurm_environments(monkeypatch):
 def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     ddp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={_free_port()}",
-            "-m",
-            "amp_lab",
-            *COMMON,
-            "trainer.strategy=ddp",
-            "trainer.batch_size=8",
-            "hydra.run.dir=ddp",
-        ],
+        torchrun_amp_lab(
+            *COMMON, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp"
+        ),
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -146,7 +130,7 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_an_inf_on_one_rank_makes_every_rank_skip(tmp_path):
-    mp.spawn(_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1
     assert ranks[0]["scale"] == ranks[1]["scale"] == 512.0  # 1024 x backoff, on both ranks
@@ -219,11 +203,11 @@ def _resume_worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.mark.slow
 def test_ddp_run_resumes_on_every_rank_from_rank_0s_checkpoint(tmp_path):
     """Rank 0 writes the checkpoint; a rerun in the same directory resumes every rank from it."""
-    mp.spawn(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_resume_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     first = _losses(tmp_path)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000000003.pt"]
     (tmp_path / "summary.json").unlink()  # as if killed before the end: not a finished run
-    mp.spawn(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_resume_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
     assert _losses(tmp_path) == first  # steps 4-6 retrained from the step-3 state: identical

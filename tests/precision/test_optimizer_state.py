@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 from helpers import ROOT, run_cli, settings
+from helpers.distributed import torchrun_amp_lab
 from helpers.host_reads import LOOP, watched_fit
 
 from amp_lab.bench import cli as bench
@@ -331,12 +331,6 @@ def test_bench_throughput_table_shows_the_state_memory(tmp_path):
     assert 0.1 * fp32_mb < rows["int8"]["state_mb"] < 0.31 * fp32_mb
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_int8_state_under_ddp_matches_one_process(tmp_path):
     """Two gloo ranks with half the batch each step exactly as one process with the whole."""
@@ -352,19 +346,9 @@ def test_int8_state_under_ddp_matches_one_process(tmp_path):
         "optim.state_dtype=int8",
     ]
     runs = {
-        "ddp": [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={_free_port()}",
-            "-m",
-            "amp_lab",
-            *common,
-            "trainer.strategy=ddp",
-            "trainer.batch_size=8",
-            "hydra.run.dir=ddp",
-        ],
+        "ddp": torchrun_amp_lab(
+            *common, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp"
+        ),
         "one": [
             sys.executable,
             "-m",
