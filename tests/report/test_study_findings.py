@@ -1,0 +1,71 @@
+"""What each study's README says its CPU variant found, checked against the report.json that
+`make studies` committed next to it: a regenerated study whose numbers no longer carry the
+README's prose fails here, and the prose is then rewritten with the new figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.reports import cells
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _groups(study: str) -> dict[str, dict]:
+    data = json.loads((ROOT / "experiments" / study / "report" / "report.json").read_text())
+    return {group["name"]: group for group in data["groups"]}
+
+
+def _mean(cell: dict, figure: str) -> float:
+    return cell["figures"][figure]["mean"]
+
+
+def _within_noise(cell: dict) -> bool:
+    """Δacc within 2 std of the paired Δ over seeds (the report's noise band)."""
+    acc = cell["delta"]["acc"]
+    return acc["n"] == 3 and abs(acc["mean"]) <= 2 * acc["std"]
+
+
+def test_scaler_grid_high_scale_pays_in_skipped_steps_and_loss_not_beyond_noise():
+    groups = _groups("scaler_grid")
+    for interval in (10, 100):
+        grid = cells(groups[f"scaler.growth_interval={interval}"])
+        assert _mean(grid["65536"], "final_val_acc") > 0.7  # the runs learn: 75-76%
+        high = grid["16777216"]
+        assert len(high["health"]) >= 1 and all("unstable" in h for h in high["health"])
+        assert 7 <= _mean(high, "skipped_steps") <= 11
+        assert 2**16 <= _mean(high, "final_loss_scale") <= 2**17  # backed off
+        assert high["delta"]["loss_rel"] > 0.1  # val loss 14-15% above 65536's
+        assert _within_noise(high)  # accuracy: -1.1 ± 2.7 pp, noise
+        assert _mean(grid["1024"], "skipped_steps") == 0
+    slow = groups["scaler.growth_interval=100"]
+    assert "1024 matches 65536" in slow["verdict"]
+    assert _mean(cells(slow)["65536"], "skipped_steps") == 0
+    assert cells(slow)["1024"]["figures"]["final_loss_scale"]["mean"] == 1024  # no underflow
+    fast = groups["scaler.growth_interval=10"]
+    probing = cells(fast)["1024"]
+    assert "1024 is better than 65536" in fast["verdict"]  # on loss: 65536's probes skip
+    assert _mean(cells(fast)["65536"], "skipped_steps") >= 2
+    assert -0.05 < probing["delta"]["loss_rel"] < -0.02 and abs(probing["delta"]["acc"]["mean"]) < 0.01
+
+
+def _run_accs(study: str, *words: str) -> list[float]:
+    data = json.loads((ROOT / "experiments" / study / "report" / "report.json").read_text())
+    return [r["final_val_acc"] for r in data["runs"] if all(w in r["label"] for w in words)]
+
+
+def test_fp16_lr_warmup_warmup_rescues_the_too_high_lr_only():
+    groups = _groups("fp16_lr_warmup")
+    high, low = cells(groups["lr.scale=1"]), cells(groups["lr.scale=0.5"])
+    assert "15 is better than 0" in groups["lr.scale=1"]["verdict"]
+    assert high["15"]["delta"]["acc"]["mean"] > 0.1 and high["15"]["delta"]["loss_rel"] < -0.1
+    assert not _within_noise(high["15"])
+    assert _within_noise(low["15"])  # +0.6 ± 10.4 pp
+    assert -0.05 < low["15"]["delta"]["loss_rel"] < -0.02  # "better" on loss alone
+    spread = _run_accs("fp16_lr_warmup", "lr.scale=0.5", "warmup_steps=0,")
+    assert len(spread) == 3 and min(spread) < 0.55 and max(spread) > 0.7
+    # the lower LR without warmup beats the high LR with it
+    assert _mean(low["0"], "final_val_acc") > _mean(high["15"], "final_val_acc") + 0.2
+    assert 0 < _mean(high["0"], "skipped_steps") < 1 and 0 < _mean(high["15"], "skipped_steps") < 1
+    assert _mean(low["0"], "skipped_steps") == _mean(low["15"], "skipped_steps") == 0
