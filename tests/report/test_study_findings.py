@@ -114,3 +114,43 @@ def test_beyond_autocast_every_mode_matches_bf16_within_a_noise_of_about_a_point
         assert acc["n"] == 3 and abs(acc["mean"]) < 0.01 and acc["std"] < 0.015
         assert abs(grid[mode]["delta"]["loss_rel"]) < 0.004
         assert _mean(grid[mode], "skipped_steps") == 0 and not grid[mode]["health"]
+
+
+def test_recipe_precision_every_mode_matches_fp32_under_both_recipes():
+    groups = list(_groups("recipe_precision").values())
+    plain, deit = sorted(groups, key=lambda g: float(g["settings"]["data.mixup_alpha"]))
+    assert (plain["settings"]["data.mixup_alpha"], deit["settings"]["data.mixup_alpha"]) == (
+        "0",
+        "0.8",
+    )
+    for group in (plain, deit):
+        grid = cells(group)
+        for mode in ("fp16", "bf16", "bf16_pure"):
+            assert f"{mode} matches fp32" in group["verdict"]
+            assert abs(grid[mode]["delta"]["acc"]["mean"]) < 0.01  # no mode a point away
+            assert abs(grid[mode]["delta"]["loss_rel"]) < 0.014  # within 1.3%
+            assert _mean(grid[mode], "skipped_steps") == 0
+    plain_acc, deit_acc = (_mean(cells(g)["fp32"], "final_val_acc") for g in (plain, deit))
+    assert plain_acc > 0.75 and 0.05 < plain_acc - deit_acc < 0.1  # the recipe: -7.7 pp
+
+
+def test_grad_accum_matches_the_large_batch_and_updates_the_scaler_once_per_step():
+    groups = _groups("grad_accum")
+    exact = cells(groups["precision.name=fp32"])
+    assert _mean(exact["1 batch_size=64"], "final_val_acc") > 0.75
+    for setting in ("2 batch_size=32", "4 batch_size=16"):
+        assert f"{setting} matches 1 batch_size=64" in groups["precision.name=fp32"]["verdict"]
+        assert exact[setting]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
+        assert abs(exact[setting]["delta"]["loss_rel"]) < 1e-6
+    scaled = cells(groups["precision.name=fp16"])
+    for setting in ("2 batch_size=32", "4 batch_size=16"):
+        assert f"{setting} matches 1 batch_size=64" in groups["precision.name=fp16"]["verdict"]
+        assert abs(scaled[setting]["delta"]["loss_rel"]) < 0.011
+    # 4 doublings in 40 steps at growth_interval=10: once per optimizer step, not per micro-batch
+    assert _mean(scaled["4 batch_size=16"], "final_loss_scale") == 2**20
+    assert _mean(scaled["4 batch_size=16"], "skipped_steps") == 0
+    for setting in ("1 batch_size=64", "2 batch_size=32"):
+        assert _mean(scaled[setting], "skipped_steps") >= 1
+        assert 2**17 <= _mean(scaled[setting], "final_loss_scale") <= 2**18
+    seeds = _run_accs("grad_accum")
+    assert 0.72 < min(seeds) and max(seeds) < 0.82  # the seeds span 73-81%
