@@ -44,6 +44,23 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
         assert study in index
 
 
+@pytest.mark.slow  # composes all 14 study configs: ~10 s
+def test_the_index_gives_each_study_its_job_counts_and_the_cpu_variants_three_seeds():
+    rows = {
+        line.split("](")[0].strip("| ["): line
+        for line in (ROOT / "experiments" / "README.md").read_text().splitlines()
+        if line.startswith("| [")
+    }
+    for study in STUDIES:
+        gpu, cpu = _sweep_jobs(f"experiment={study}"), _sweep_jobs(f"+experiment/cpu={study}")
+        assert rows[study].endswith(f"| {len(gpu)} / {len(cpu)} |"), study
+        assert {o for job in cpu for o in job if o.startswith("trainer.seed=")} == {
+            "trainer.seed=0",
+            "trainer.seed=1",
+            "trainer.seed=2",
+        }, study
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "experiment", [f"experiment={s}" for s in STUDIES] + [f"+experiment/cpu={s}" for s in STUDIES]
@@ -133,3 +150,17 @@ def test_the_cpu_studies_share_one_base_and_copy_none_of_it():
             cfg.checkpoint.every_minutes,
         ) == ("digits", "cpu", False, 0)
         assert "experiment/cpu" in cfg.hydra.job.config.override_dirname.exclude_keys
+
+
+@pytest.mark.slow
+def test_the_cpu_studies_vit_learns_digits_in_60_steps_where_4x4_patches_stay_near_chance(
+    tmp_path,
+):
+    """Why the CPU studies train test_vit_patch8: 4 tokens of 8x8 px learn 16x16 digits within
+    the 60 steps, 16 tokens of 4x4 px (test_vit) do not; fp32, seed 0, the studies' settings."""
+    accs = {}
+    for model in ("test_vit_patch8", "test_vit"):
+        overrides = ["+experiment/cpu=scaler_grid", "precision=fp32", f"model={model}"]
+        summary = Trainer(validate(compose_cfg(*overrides, fast=False)), tmp_path / model).fit()
+        accs[model] = summary["final_val_acc"]
+    assert accs["test_vit_patch8"] > 0.6 and accs["test_vit"] < 0.3, accs

@@ -154,3 +154,18 @@ def test_grad_accum_matches_the_large_batch_and_updates_the_scaler_once_per_step
         assert 2**17 <= _mean(scaled[setting], "final_loss_scale") <= 2**18
     seeds = _run_accs("grad_accum")
     assert 0.72 < min(seeds) and max(seeds) < 0.82  # the seeds span 73-81%
+
+
+def test_precision_modes_the_cnn_predicts_alike_the_vit_matches_within_a_small_noise():
+    groups = _groups("precision_modes")
+    cnn, vit = cells(groups["model.name=test_convnext"]), cells(groups["model.name=test_vit"])
+    for mode in ("fp16", "bf16"):
+        # the CNN: every seed ends on the same accuracy in every mode (the artefact)
+        assert cnn[mode]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
+        assert f"{mode} matches fp32" in groups["model.name=test_vit"]["verdict"]
+        acc = vit[mode]["delta"]["acc"]
+        assert acc["n"] == 3 and 0 < acc["std"] < 0.01 and abs(acc["mean"]) <= 0.003
+        assert abs(vit[mode]["delta"]["loss_rel"]) < 0.0003  # within 0.03%
+    assert _mean(vit["fp32"], "final_val_acc") > 0.75  # 79.1%: the ViT learns in 60 steps
+    assert _mean(vit["fp16"], "skipped_steps") == 0
+    assert _mean(vit["fp16"], "final_loss_scale") == 2**16
