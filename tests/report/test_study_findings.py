@@ -47,6 +47,8 @@ def test_scaler_grid_high_scale_pays_in_skipped_steps_and_loss_not_beyond_noise(
     probing = cells(fast)["1024"]
     assert "1024 is better than 65536" in fast["verdict"]  # on loss: 65536's probes skip
     assert _mean(cells(fast)["65536"], "skipped_steps") >= 2
+    assert _mean(cells(fast)["65536"], "final_loss_scale") == 2**17
+    assert _mean(probing, "final_loss_scale") == 2**16  # grew from 2^10, no skip
     assert -0.05 < probing["delta"]["loss_rel"] < -0.02  # 65536's val loss 3.4% above
     assert abs(probing["delta"]["acc"]["mean"]) < 0.01
 
