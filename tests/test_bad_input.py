@@ -47,6 +47,8 @@ BAD_INPUTS = [
     (["trainer.max_steps=-1"], "trainer.max_steps=-1 must be >= 0"),
     (["logger.mode=onlin"], "logger.mode='onlin' is unknown; use one of offline, online, disabled"),
     (["model.name=resnet5"], "model.name='resnet5' is not a timm model"),
+    (["fsdp.reduce_dtype=int8"], "fsdp.reduce_dtype='int8' is unknown; use one of auto, fp32,"),
+    (["trainer.strategy=fsdp"], "trainer.strategy=fsdp needs a distributed launch: torchrun"),
 ]
 
 
