@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import subprocess
 from collections.abc import Callable
@@ -142,6 +143,9 @@ def _sync_fsdp_gradients(
     return contextlib.nullcontext()
 
 
+_GROUPS_JOINED = itertools.count()  # by this process: the same count on every rank of a sweep
+
+
 def setup(strategy: str, requested_device: str) -> DistContext:
     """Join the process group for strategy=ddp or fsdp; a world of one needs no group (and
     fsdp refuses it: there is nothing to shard over)."""
@@ -162,10 +166,15 @@ def setup(strategy: str, requested_device: str) -> DistContext:
     os.environ.setdefault("MASTER_ADDR", world["master_addr"])
     os.environ.setdefault("MASTER_PORT", str(world["master_port"]))
     cuda = resolve_device(requested_device).type == "cuda"  # the runner's one device check
+    timeout = timedelta(minutes=30)
+    store, _, _ = next(dist.rendezvous("env://", ctx.rank, ctx.world_size, timeout=timeout))
+    # A sweep under torchrun joins one group per job, all through torchrun's store: each job's
+    # keys under a prefix of their own, or the next group would read this one's addresses.
     dist.init_process_group(
         "nccl" if cuda else "gloo",
+        store=dist.PrefixStore(f"amp_lab/job{next(_GROUPS_JOINED)}", store),
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=timedelta(minutes=30),
+        timeout=timeout,
     )
     return ctx
