@@ -70,6 +70,8 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
     cfg = settings(*SETTINGS)
     parts, state = _parts(seed=0), LoopState()
     saver = Checkpointer(cfg, run_dir, state, parts, ctx)
+    if rank == 0:  # what a job killed while writing its shards leaves
+        (run_dir / "checkpoints" / "step_000000099.dcp.tmp").mkdir(parents=True)
     for step in (1, 2):
         _train_step(parts, rank, step)
         state.step = step
@@ -80,6 +82,11 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
     after = [_train_step(parts, rank, step) for step in (3, 4)]
     trained = _full(parts)
 
+    listing = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    dist.barrier()  # every rank has listed before rank 0 adds a folder
+    if rank == 0:  # a newer folder without DCP's metadata: a write that never completed
+        (run_dir / "checkpoints" / "step_000000003.dcp").mkdir()
+    dist.barrier()
     fresh, fresh_state = _parts(seed=1), LoopState()  # other weights, step 0
     loader = Checkpointer(cfg, run_dir, fresh_state, fresh, ctx)
     assert loader.restore() and fresh_state.step == 2
@@ -88,6 +95,7 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
         redrawn = torch.rand(3)
     resumed = [_train_step(fresh, rank, step) for step in (3, 4)]
     result = {"after": after, "resumed": resumed, "drawn": drawn, "redrawn": redrawn}
+    result["listing"] = listing
     result["counters"] = counters
     torch.save(result, run_dir / f"rank{rank}.pt")
     resumed_full = _full(fresh)
@@ -122,8 +130,15 @@ def _equal_states(a: tuple[dict, dict], b: tuple[dict, dict]) -> bool:
 @pytest.mark.slow
 def test_two_rank_sharded_checkpoint_is_atomic_rotated_and_resumes_exactly(tmp_path):
     mp.spawn(_two_ranks, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    # keep=1: the step-2 folder replaced step 1's; nothing half-written is left
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000000002.dcp"]
+    # keep=1: the step-2 folder replaced step 1's; nothing half-written is left (the stale
+    # temp folder of a killed job was removed before the first save)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    assert ranks[0]["listing"] == ["step_000000002.dcp"]
+    # the incomplete step-3 folder was set aside and step 2 resumed
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_000000002.dcp",
+        "step_000000003.dcp.corrupt",
+    ]
     folder = tmp_path / "checkpoints" / "step_000000002.dcp"
     assert {p.name for p in folder.iterdir()} == {
         ".metadata",
@@ -136,7 +151,6 @@ def test_two_rank_sharded_checkpoint_is_atomic_rotated_and_resumes_exactly(tmp_p
     state = sharded.read_state(folder)  # loads with weights_only=True
     assert state["world_size"] == 2 and state["sharded"] == ["model", "optimizer"]
     assert set(state["parts"]) == {"counters"}  # the rest, as a single-process checkpoint
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     for result in ranks:  # steps 3 and 4 after the resume: the losses of the first run
         assert result["resumed"] == result["after"] and result["counters"] == [2.0] * 3
         assert torch.equal(result["redrawn"], result["drawn"])  # each rank's own RNG back
