@@ -8,7 +8,10 @@ diagnostics' history (scale events, signatures, the first non-finite step), the 
 data go in, so it loads with `torch.load(weights_only=True)`. A run resumes only with the
 settings its checkpoint was written with, but for those free on resume (field metadata in
 amp_lab/config.py): anything else is refused before a file is touched. An unreadable newest
-checkpoint is set aside (`.corrupt`) and the previous one used.
+checkpoint is set aside (`.corrupt`) and the previous one used. A checkpoint resumes only on the
+world size that wrote it: the global batch (batch_size x ranks), the LR rule and each rank's data
+slice depend on it. An FSDP2 run's checkpoint is a folder, `step_NNNNNNNNN.dcp/`, every rank
+writing its shards (sharded.py); the rest of it is the dict above, in that folder.
 
 The Checkpointer ties the checkpoint files to the run directory's records (run_dir.py) and to
 the stop signals (signals.py): a periodic checkpoint, or one on a stop signal at the next step
