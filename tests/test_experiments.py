@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
-from helpers.distributed import free_port, torchrun_amp_lab
+from helpers.distributed import as_rank, free_port, torchrun_amp_lab
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -67,13 +67,7 @@ def test_every_job_of_every_study_composes(experiment):
 
 def _build_on_two_ranks(rank: int, port: int, experiment: str, out: str) -> None:
     """mp.spawn worker: each job built in one gloo world of two ranks, as torchrun runs them."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    as_rank(rank, port)
     torch.set_num_threads(1)
     for i, job in enumerate(_sweep_jobs(experiment)):  # the first job's group serves them all
         Trainer(validate(compose_cfg(experiment, *job, fast=False)), Path(out) / str(i))

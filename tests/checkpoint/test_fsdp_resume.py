@@ -4,14 +4,13 @@ checkpoint and log what an uninterrupted run logs, at every step."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import settings
-from helpers.distributed import free_port
+from helpers.distributed import as_rank, free_port
 from helpers.resume import RUN, SignalAt, curve, rows
 
 from amp_lab.checkpoint.signals import Interrupted
@@ -30,13 +29,7 @@ STOP_AT = 5
 
 
 def _run(rank: int, port: int, run_dir: str, stop_at: int | None) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    as_rank(rank, port)
     torch.set_num_threads(1)
     # the signal reaches rank 0 alone; the ranks agree on it at that (log) step
     sinks = [SignalAt(stop_at)] if stop_at is not None and rank == 0 else []

@@ -7,7 +7,6 @@ save and restore through the run's Checkpointer.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import settings
-from helpers.distributed import free_port
+from helpers.distributed import as_rank, free_port
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
 
@@ -30,9 +29,9 @@ SETTINGS = ["checkpoint.keep=1", "checkpoint.every_minutes=0"]
 
 
 def _join(rank: int, world: int, port: int) -> DistContext:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    as_rank(rank, port, world)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo")
     return DistContext(rank, rank, world)
 
 
