@@ -26,7 +26,7 @@ from amp_lab.components.augment import build_mixup, mix_batches
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.ema import build_ema, update_ema
-from amp_lab.components.fsdp import resolve_plan, shard_model
+from amp_lab.components.fsdp import refuse_unsharded_checkpoints, resolve_plan, shard_model
 from amp_lab.components.loss import build_loss
 from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
 from amp_lab.components.memory import grad_bytes, param_bytes
@@ -157,6 +157,8 @@ class Trainer:
         torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
         self.fsdp = resolve_plan(settings) if self.dist.shards else None
+        if self.fsdp is not None:
+            refuse_unsharded_checkpoints(settings)
         self.data = build_data(
             settings.data, t.seed, self.device, settings.model.name, settings.model.channels_last
         )

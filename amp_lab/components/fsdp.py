@@ -94,6 +94,16 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
     return FsdpPlan(param, reduce, cfg.reshard_after_forward)
 
 
+def refuse_unsharded_checkpoints(settings: AmpLabConfig) -> None:
+    """Checkpoints are whole-model files written by rank 0; an FSDP rank holds only its shard,
+    so such a file could not resume the run."""
+    if settings.checkpoint.enabled:
+        raise ConfigError(
+            "trainer.strategy=fsdp has no sharded checkpoints; set checkpoint.enabled=false "
+            "(or use trainer.strategy=ddp to checkpoint and resume)"
+        )
+
+
 def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Module]:
     """The modules sharded one by one before the root: the default units, or each module whose
     name matches a pattern (every pattern must match one)."""

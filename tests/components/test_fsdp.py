@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from helpers import ROOT, settings
 from helpers.distributed import free_port, torchrun_amp_lab
 
-from amp_lab.components.fsdp import resolve_plan, wrap_units
+from amp_lab.components.fsdp import refuse_unsharded_checkpoints, resolve_plan, wrap_units
 from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer
 
@@ -72,6 +72,12 @@ def test_combinations_that_make_no_sense_are_refused_in_one_line(overrides, says
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+def test_whole_model_checkpoints_are_refused_under_fsdp():
+    with pytest.raises(ConfigError, match="set checkpoint.enabled=false"):
+        refuse_unsharded_checkpoints(settings("trainer.strategy=fsdp"))
+    refuse_unsharded_checkpoints(settings("trainer.strategy=fsdp", "checkpoint.enabled=false"))
+
+
 def test_fp32_modules_are_fine_when_gathered_in_fp32():
     plan = resolve_plan(
         settings("precision=bf16", "precision.fp32_modules=[head]", "fsdp.param_dtype=fp32")
@@ -116,6 +122,7 @@ RUN = [
     "trainer.device=cpu",
     "logger.mode=disabled",
     "diagnostics.every=5",
+    "checkpoint.enabled=false",
 ]
 
 
@@ -197,6 +204,7 @@ def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
             "trainer.batch_size=8",
             "trainer.max_steps=4",
             "trainer.log_every=1",
+            "checkpoint.enabled=false",
         ),
         out_dir,
     )
