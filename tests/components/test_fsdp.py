@@ -116,6 +116,7 @@ RUN = [
     "trainer.device=cpu",
     "logger.mode=disabled",
     "diagnostics.every=5",
+    "checkpoint.enabled=false",
 ]
 
 
@@ -197,6 +198,7 @@ def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
             "trainer.batch_size=8",
             "trainer.max_steps=4",
             "trainer.log_every=1",
+            "checkpoint.enabled=false",
         ),
         out_dir,
     )
@@ -269,3 +271,23 @@ def test_bf16_policy_tracks_bf16_autocast_ddp_with_accumulation(tmp_path):
     assert gathered_bf16 != pytest.approx(ddp, rel=1e-6)  # the bf16 gather does change numbers
     summary = json.loads((bf16 / "summary.json").read_text())
     assert summary["fsdp"]["param_dtype"] == "bf16" and summary["fsdp"]["reduce_dtype"] == "fp32"
+
+
+@pytest.mark.slow
+def test_the_pitfall_lab_names_clipping_before_unscale_under_fsdp(tmp_path):
+    """The lab's mistake clips the scaled gradient shards; the probe's norm over the shards
+    shows the optimizer got clip / scale, and the run's signature names the pitfall."""
+    run = _torchrun(
+        tmp_path,
+        "pitfall",
+        "trainer.strategy=fsdp",
+        "precision=fp16",
+        "trainer.clip_grad=1.0",
+        "pitfall=clip_before_unscale",
+        "trainer.max_steps=4",
+        "diagnostics.every=2",
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert "clip_before_unscale" in summary["diagnostics"]["signatures"]
+    applied = _column(_train_rows(run), "diag/applied_grad_norm")
+    assert applied and applied[0] == pytest.approx(1.0 / 65536, rel=1e-2)
