@@ -61,7 +61,12 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
     """The policy `fsdp.*` and the precision mode ask for; ConfigError for what makes no sense."""
     name, cfg = str(settings.precision.name), settings.fsdp
     mode = PRECISION_MODES[name]
-    if mode.param_dtype != torch.float32 or mode.fp8:
+    if mode.fp8:
+        raise ConfigError(
+            "precision=fp8 under trainer.strategy=fsdp: amp_lab has no float8 all-gather; use "
+            "precision=bf16 (or trainer.strategy=ddp for fp8)"
+        )
+    if mode.param_dtype != torch.float32:
         raise ConfigError(
             f"precision={name} under trainer.strategy=fsdp: FSDP keeps fp32 sharded masters and "
             "gathers them in fsdp.param_dtype; use precision=bf16 or fp16 (16-bit compute is "
