@@ -102,10 +102,15 @@ def save(
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    """state.pt of a sharded checkpoint; ValueError if DCP's metadata is missing."""
+    """state.pt of a sharded checkpoint; ValueError if DCP's metadata or a rank's shards are
+    missing (so the previous checkpoint is used)."""
     if not (path / METADATA_FILE).is_file():
         raise ValueError("no DCP metadata (an incomplete sharded checkpoint)")
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    missing = [r for r in range(state["world_size"]) if not (path / f"__{r}_0.distcp").is_file()]
+    if missing:
+        raise ValueError(f"the shards of rank(s) {missing} are missing")
+    return state
 
 
 def read_rng(path: Path, rank: int) -> dict[str, Any] | None:

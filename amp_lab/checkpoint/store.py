@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from amp_lab.checkpoint import sharded
 from amp_lab.checkpoint.run_dir import RunDir, write_atomic
@@ -200,7 +201,7 @@ class Checkpointer:
                     part.copy_(payload["parts"][name])
                 else:
                     part.load_state_dict(payload["parts"][name])
-        except (KeyError, RuntimeError, ValueError) as err:
+        except (KeyError, RuntimeError, ValueError, CheckpointException) as err:
             raise ConfigError(
                 f"checkpoint {path} does not fit this run "
                 f"({str(err).splitlines()[0]}); resume it with the settings it was "

@@ -166,3 +166,16 @@ def test_two_rank_sharded_checkpoint_is_atomic_rotated_and_resumes_exactly(tmp_p
         .read_text()
         .startswith(f"checkpoint {folder} was written by 2 rank(s), this run has 1; resume it on 2")
     )
+
+
+def test_a_folder_missing_a_ranks_shards_is_unusable(tmp_path):
+    """So the resume takes the previous checkpoint instead of failing inside DCP's load."""
+    folder = tmp_path / "step_000000004.dcp"
+    folder.mkdir()
+    for name in (".metadata", "__0_0.distcp"):
+        (folder / name).write_bytes(b"")
+    torch.save({"world_size": 2, "parts": {}}, folder / "state.pt")
+    with pytest.raises(ValueError, match=r"the shards of rank\(s\) \[1\] are missing"):
+        sharded.read_state(folder)
+    (folder / "__1_0.distcp").write_bytes(b"")
+    assert sharded.read_state(folder)["world_size"] == 2
