@@ -37,18 +37,21 @@ doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 mi
 # experiments/<study>/README.md; `make study-scaler_grid` runs one (1-6 min each: 138 jobs in 21
 # minutes on 2 cores at load 4-7, one job at a time).
 STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast optimizer_state \
-	recipe_precision
+	recipe_precision fsdp_precision
 REPORT_scaler_grid := --by scaler.init_scale
 REPORT_fp16_lr_warmup := --by lr.warmup_steps
 REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size
 REPORT_beyond_autocast := --ref bf16
 REPORT_optimizer_state := --by optim.state_dtype
+REPORT_fsdp_precision := --by trainer.strategy,fsdp.param_dtype,fsdp.reduce_dtype --ref ddp
+# a study of N-rank jobs runs its sweep under torchrun (each rank runs every job, one group each)
+LAUNCH_fsdp_precision := -m torch.distributed.run --nproc_per_node=2
 
 studies: $(addprefix study-,$(STUDIES))  ## every study's CPU variant and its report (CPU: 21 min, 138 jobs)
 
 study-%: $(VENV)/.installed
 	rm -rf multirun/studies/$*
-	OMP_NUM_THREADS=1 $(PY) -m amp_lab -m +experiment/cpu=$* logger=disabled \
+	OMP_NUM_THREADS=1 $(PY) $(LAUNCH_$*) -m amp_lab -m +experiment/cpu=$* logger=disabled \
 		hydra.sweep.dir=multirun/studies/$*
 	$(PY) -m amp_lab.report multirun/studies/$* $(REPORT_$*) --out experiments/$*/report \
 		--readme experiments/$*/README.md

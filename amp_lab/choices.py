@@ -87,6 +87,14 @@ class ClipMode(Choice):
 class Strategy(Choice):
     single = "single"
     ddp = "ddp"
+    fsdp = "fsdp"
+
+
+class FsdpDtype(Choice):  # fsdp.param_dtype / fsdp.reduce_dtype; auto: from the precision mode
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
 
 
 class LoggerMode(Choice):

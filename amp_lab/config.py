@@ -31,6 +31,7 @@ from amp_lab.choices import (
     DiagnosticsMode,
     EraseMode,
     Fp8Recipe,
+    FsdpDtype,
     Interpolation,
     LoggerMode,
     LRRule,
@@ -342,7 +343,8 @@ class TrainerConfig:
     progress: bool = field(default=True, metadata=FREE_ON_RESUME)  # rich progress bar (a tty)
     # continue from the run dir's newest good checkpoint; false: start fresh
     resume: bool = field(default=True, metadata=FREE_ON_RESUME)
-    strategy: Strategy = Strategy.single  # ddp: DistributedDataParallel (torchrun/SLURM world)
+    # ddp: DistributedDataParallel; fsdp: FSDP2 sharding (the fsdp group); world from torchrun/SLURM
+    strategy: Strategy = Strategy.single
     # torch CPU threads; 0: $OMP_NUM_THREADS if set, else the CPUs this job was given
     # (SLURM_CPUS_PER_TASK, the CPU affinity mask) less the DataLoader workers
     threads: int = field(default=0, metadata=FREE_ON_RESUME)
@@ -367,6 +369,24 @@ class TrainerConfig:
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
         _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
         _require(self.threads >= 0, f"trainer.threads={self.threads} must be >= 0 (0: auto)")
+
+
+@dataclass
+class FsdpConfig:
+    """trainer.strategy=fsdp: FSDP2 (`fully_shard`) and its MixedPrecisionPolicy."""
+
+    # module-name patterns (fnmatch: `blocks.*`, `stages.*`) each sharded as one unit, the root
+    # last; empty: each of timm's transformer `blocks` or ConvNeXt/ResNet-style `stages`
+    wrap: list[str] = field(default_factory=list)
+    # free each unit's gathered parameters after its forward (all-gather again for backward):
+    # less memory, one more all-gather per unit
+    reshard_after_forward: bool = True
+    # dtype the sharded fp32 parameters are all-gathered in for compute; auto: the mode's
+    # autocast dtype (bf16 for bf16, fp16 for fp16), fp32 otherwise (docs/fsdp.md)
+    param_dtype: FsdpDtype = FsdpDtype.auto
+    # dtype of the gradient reduce-scatter; auto: fp32 (bf16 reduction destabilises large
+    # worlds: pytorch issue 106395)
+    reduce_dtype: FsdpDtype = FsdpDtype.auto
 
 
 @dataclass
@@ -471,6 +491,7 @@ class AmpLabConfig:
     lr: LRConfig = field(default_factory=LRConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)  # trainer.strategy=fsdp only
     logger: LoggerConfig = field(default_factory=LoggerConfig, metadata=FREE_ON_RESUME)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=FREE_ON_RESUME)
     diagnostics: DiagnosticsConfig = field(

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.amp import GradScaler
 
+from amp_lab.components.fsdp import full_value
 from amp_lab.precision.modes import PrecisionPolicy
 from amp_lab.precision.scaler_internals import found_inf, scale_tensor
 
@@ -270,7 +271,8 @@ class TrainStep:
                 )
         if self.clip_grad > 0 and not clip_norm:
             torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
-        return None if norm is None else norm.float()
+        # FSDP: a norm over gradient shards is a DTensor; the total across them is read here
+        return None if norm is None else full_value(norm).float()
 
     def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
         """The update, skipped when the gradients hold inf/nan; returns that skip flag."""

@@ -26,8 +26,10 @@ from amp_lab.components.augment import build_mixup, mix_batches
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.ema import build_ema, update_ema
+from amp_lab.components.fsdp import resolve_plan, shard_model
 from amp_lab.components.loss import build_loss
 from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
+from amp_lab.components.memory import grad_bytes, param_bytes
 from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
 from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
@@ -154,6 +156,7 @@ class Trainer:
         self.device = resolve_device(self.dist.device(t.device))
         torch.backends.cudnn.benchmark = self.device.type == "cuda"  # time conv algorithms once
         self.policy = resolve_precision(settings.precision.name, self.device, settings.precision)
+        self.fsdp = resolve_plan(settings) if self.dist.shards else None
         self.data = build_data(
             settings.data, t.seed, self.device, settings.model.name, settings.model.channels_last
         )
@@ -162,6 +165,8 @@ class Trainer:
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
         keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
         prepare_model(self.model, settings.fault, settings.pitfall.name)  # pitfall lab faults
+        if self.fsdp is not None:  # DTensor shards replace the parameters: before the optimizer
+            shard_model(self.model, settings.fsdp.wrap, self.fsdp)
         self.sampler = EpochBatchSampler(
             len(self.data.train), t.batch_size, t.seed, self.dist.rank, self.dist.world_size
         )
@@ -285,6 +290,7 @@ class Trainer:
             "data": s.data.name,
             "data_root": s.data.root,  # as resolved (e.g. from ${oc.env:CIFAR_ROOT})
             "world_size": self.dist.world_size,
+            **({"fsdp": self.fsdp.describe()} if self.fsdp else {}),
             "total_steps": self.total_steps,
             "steps_per_epoch": self.steps_per_epoch,
         }
@@ -384,7 +390,8 @@ class Trainer:
                 if log_step:
                     sinks.log(self._train_record(counters, result, meter, started))
                 epoch_end = st.batch_in_epoch == self.steps_per_epoch
-                if self.dist.is_main and (
+                # an FSDP forward all-gathers: every rank evaluates, rank 0 alone records
+                if (self.dist.is_main or self.dist.shards) and (
                     (t.eval_every and st.step % t.eval_every == 0)
                     or (not t.eval_every and epoch_end)
                     or last
@@ -542,6 +549,8 @@ class Trainer:
             "optimizer_state_dtype": state_dtype_of(self.optimizer),
             "optimizer_state_bytes": state_bytes(self.optimizer),
             "master_weight_bytes": master_weight_bytes(self.optimizer, self.model),
+            "param_bytes": param_bytes(self.model),  # FSDP: this rank's shards
+            "grad_bytes": grad_bytes(self.model),
             "wall_time_s": wall_time_s,  # the loop: training, evaluation, checkpoints
             "train_time_s": wall_time_s - st.eval_s,  # the training clock of time_s
             "eval_s": st.eval_s,

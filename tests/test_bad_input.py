@@ -28,6 +28,7 @@ BAD_INPUTS = [
     (["accum=b64x4"], "accum is an optional group: choose it with +accum=OPTION (options: b16x4,"),
     (["experiment=scaler_grd"], "did you mean experiment=scaler_grid?"),
     (["+recipe=deit3"], "recipe=deit3 is not an option of the recipe group"),
+    (["+parallel=fsdp_bf16"], "parallel=fsdp_bf16 is not an option of the parallel group"),
     (["logger=offline"], "logger=offline is not an option of the logger group"),
     (["hydra/launcher=submitit_slrum"], "did you mean hydra/launcher=submitit_slurm?"),
     (["data.img_size=abc"], "data.img_size=abc is not a valid int"),
@@ -47,6 +48,8 @@ BAD_INPUTS = [
     (["trainer.max_steps=-1"], "trainer.max_steps=-1 must be >= 0"),
     (["logger.mode=onlin"], "logger.mode='onlin' is unknown; use one of offline, online, disabled"),
     (["model.name=resnet5"], "model.name='resnet5' is not a timm model"),
+    (["fsdp.reduce_dtype=int8"], "fsdp.reduce_dtype='int8' is unknown; use one of auto, fp32,"),
+    (["trainer.strategy=fsdp"], "trainer.strategy=fsdp needs a distributed launch: torchrun"),
 ]
 
 

@@ -293,6 +293,8 @@ def test_the_choice_fields_are_enums():
         "data.interpolation",
         "data.re_mode",
         "data.mixup_mode",
+        "fsdp.param_dtype",
+        "fsdp.reduce_dtype",
     }
 
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
+import torch
+import torch.multiprocessing as mp
 from helpers import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
+from helpers.distributed import as_rank, free_port, torchrun_amp_lab
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -30,6 +36,7 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
     assert STUDIES == [
         "beyond_autocast",
         "fp16_lr_warmup",
+        "fsdp_precision",
         "grad_accum",
         "optimizer_state",
         "precision_modes",
@@ -75,14 +82,27 @@ def test_every_job_of_every_study_composes(experiment):
             assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
 
 
+def _build_on_two_ranks(rank: int, port: int, experiment: str, out: str) -> None:
+    """mp.spawn worker: each job built in one gloo world of two ranks, as torchrun runs them."""
+    as_rank(rank, port)
+    torch.set_num_threads(1)
+    for i, job in enumerate(_sweep_jobs(experiment)):  # the first job's group serves them all
+        Trainer(validate(compose_cfg(experiment, *job, fast=False)), Path(out) / str(i))
+    torch.distributed.destroy_process_group()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_job_of_every_cpu_study_builds(study, tmp_path):
     """Each job's model takes its images and its mode runs here: the CPU variants are what a
-    user without a GPU runs first."""
+    user without a GPU runs first (a study of DDP/FSDP jobs on two gloo ranks, as it runs)."""
     experiment = f"+experiment/cpu={study}"
-    for i, job in enumerate(_sweep_jobs(experiment)):
-        Trainer(validate(compose_cfg(experiment, *job, fast=False)), tmp_path / str(i))
+    jobs = [validate(compose_cfg(experiment, *job, fast=False)) for job in _sweep_jobs(experiment)]
+    if any(job.trainer.strategy != "single" for job in jobs):
+        mp.spawn(_build_on_two_ranks, (free_port(), experiment, str(tmp_path)), nprocs=2)
+        return
+    for i, job in enumerate(jobs):
+        Trainer(job, tmp_path / str(i))
 
 
 @pytest.mark.slow
@@ -164,3 +184,41 @@ def test_the_cpu_studies_vit_learns_digits_in_60_steps_where_4x4_patches_stay_ne
         summary = Trainer(validate(compose_cfg(*overrides, fast=False)), tmp_path / model).fit()
         accs[model] = summary["final_val_acc"]
     assert accs["test_vit_patch8"] > 0.6 and accs["test_vit"] < 0.3, accs
+
+
+@pytest.mark.slow
+def test_the_fsdp_study_sweeps_under_torchrun_one_group_per_job(tmp_path):
+    """Each rank runs every job of the sweep and joins one process group per job; FSDP's fp32
+    policy trains as DDP does, step by step (the study's first finding)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        torchrun_amp_lab(
+            "-m",
+            "+experiment/cpu=fsdp_precision",
+            "precision=fp32",
+            "+parallel=ddp,fsdp,fsdp_reduce_bf16",
+            "trainer.seed=0",
+            "trainer.max_steps=10",
+            "trainer.log_every=2",
+            "trainer.eval_every=0",
+            "logger=disabled",
+            "hydra.sweep.dir=sweep",
+        ),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = {}
+    for run in sorted((tmp_path / "sweep").glob("[0-9]_*")):
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["world_size"] == 2
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        train = [r["train/loss"] for r in rows if r["kind"] == "train"]
+        losses[run.name.split("=")[1].split(",")[0]] = train
+    assert list(losses) == ["ddp", "fsdp", "fsdp_reduce_bf16"] and len(losses["ddp"]) == 5
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-5)
+    assert losses["fsdp_reduce_bf16"] != losses["ddp"]  # the bf16 reduction is really used

@@ -104,31 +104,28 @@ def test_a_refused_job_on_slurm_is_named_in_the_sweeps_terminal(cluster, tmp_pat
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"
 
 
-def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
-    """The job gets SLURM's pre-timeout signal (USR2, sent with scancel so the test need not wait
-    for a time limit), saves, is requeued into the same job dir, finishes from its checkpoint."""
-    sweep = tmp_path / "sweep"
+def _signalled_sweep(sweep, cwd, *overrides: str) -> tuple[int, str]:
+    """A one-job SLURM sweep sent USR2 (with scancel, so the test need not wait for a time limit)
+    once its job has logged twice; its exit code and stderr once the requeued job ends."""
     cmd = [
         sys.executable,
         "-m",
         "amp_lab",
         "-m",
-        "precision=fp16",
         "hydra/launcher=submitit_slurm",
         *ON_TEST_CLUSTER,
         "hydra.launcher.timeout_min=5",
         f"hydra.sweep.dir={sweep}",
         *JOB,
-        "trainer.max_steps=100",
-        "trainer.log_every=10",
         "checkpoint.every_minutes=0",
+        *overrides,
     ]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }  # as run_cli does
     result = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         deadline = time.monotonic() + 300
@@ -137,11 +134,21 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
             time.sleep(1)
         [job_id] = [p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit()]
         subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-        stdout, stderr = result.communicate(timeout=600)
+        _, stderr = result.communicate(timeout=600)
     finally:
         if result.poll() is None:
             result.kill()
-    assert result.returncode == 0, stderr[-3000:]
+    return result.returncode, stderr
+
+
+def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
+    """The job gets SLURM's pre-timeout signal (USR2), saves, is requeued into the same job dir,
+    finishes from its checkpoint."""
+    sweep = tmp_path / "sweep"
+    returncode, stderr = _signalled_sweep(
+        sweep, tmp_path, "precision=fp16", "trainer.max_steps=100", "trainer.log_every=10"
+    )
+    assert returncode == 0, stderr[-3000:]
     run_dir = _job_dirs(sweep)[0]
     log = (run_dir / "__main__.log").read_text()
     resumed_at = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
@@ -229,3 +236,32 @@ def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp
         r"node: set hydra.launcher.cpus_per_task / hydra.launcher.mem_gb",
         told,
     ), told
+
+
+def test_two_task_fsdp_job_checkpoints_its_shards_is_requeued_and_resumes(cluster, tmp_path):
+    """trainer.strategy=fsdp as one job of two SLURM tasks (tasks_per_node=2): both ranks write
+    their shards when the job gets USR2, the job is requeued, and both resume from the folder."""
+    sweep = tmp_path / "sweep"
+    returncode, stderr = _signalled_sweep(
+        sweep,
+        tmp_path,
+        "trainer.strategy=fsdp",
+        "precision=bf16",
+        "hydra.launcher.tasks_per_node=2",
+        "trainer.batch_size=8",
+        "trainer.max_steps=60",
+        "trainer.log_every=5",
+    )
+    assert returncode == 0, stderr[-3000:]
+    run_dir = _job_dirs(sweep)[0]
+    log = (run_dir / "__main__.log").read_text()
+    resumed_at = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
+    assert resumed_at and all(10 <= s < 60 for s in resumed_at), log[-2000:]
+    [folder] = (run_dir / "checkpoints").glob(f"step_{resumed_at[-1]:09d}.dcp")
+    assert {"__0_0.distcp", "__1_0.distcp", "state.pt"} <= {p.name for p in folder.iterdir()}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 60
+    assert summary["world_size"] == 2 and summary["lr"]["global_batch"] == 16
+    assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == list(range(5, 61, 5))
+    submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
+    assert "Requeued job" in submitit_log

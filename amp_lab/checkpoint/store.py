@@ -8,7 +8,10 @@ diagnostics' history (scale events, signatures, the first non-finite step), the 
 data go in, so it loads with `torch.load(weights_only=True)`. A run resumes only with the
 settings its checkpoint was written with, but for those free on resume (field metadata in
 amp_lab/config.py): anything else is refused before a file is touched. An unreadable newest
-checkpoint is set aside (`.corrupt`) and the previous one used.
+checkpoint is set aside (`.corrupt`) and the previous one used. A checkpoint resumes only on the
+world size that wrote it: the global batch (batch_size x ranks), the LR rule and each rank's data
+slice depend on it. An FSDP2 run's checkpoint is a folder, `step_NNNNNNNNN.dcp/`, every rank
+writing its shards (sharded.py); the rest of it is the dict above, in that folder.
 
 The Checkpointer ties the checkpoint files to the run directory's records (run_dir.py) and to
 the stop signals (signals.py): a periodic checkpoint, or one on a stop signal at the next step
@@ -31,7 +34,9 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
+from amp_lab.checkpoint import sharded
 from amp_lab.checkpoint.run_dir import RunDir, write_atomic
 from amp_lab.checkpoint.signals import StopSignals
 from amp_lab.components.distributed import DistContext
@@ -42,7 +47,7 @@ from amp_lab.records import CHECKPOINT_DIR, WANDB_ID_FILE
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # bumped when the layout of the saved dict changes (2: the diagnostics' state)
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+_NAME = re.compile(r"^step_(\d+)\.(pt|dcp)$")  # a file, or a sharded folder
 
 
 def rng_state() -> dict[str, Any]:
@@ -102,6 +107,8 @@ class Checkpointer:
         self.records, self.dir = RunDir(run_dir), Path(run_dir) / CHECKPOINT_DIR
         self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
         self.signals = StopSignals(self.cfg.signals if self.cfg.enabled else [], self.dist.is_main)
+        # FSDP2: every rank writes its shards through DCP (sharded.py)
+        self.sharded = "model" in parts and sharded.is_sharded(parts["model"])
         self.pending_rng: Mapping[str, Any] | None = None
         self.last_save = time.monotonic()
 
@@ -109,7 +116,7 @@ class Checkpointer:
     def checkpoints(self) -> list[Path]:
         """This run's checkpoint files, newest step first."""
         found = [
-            (int(m.group(1)), p) for p in self.dir.glob("step_*.pt") if (m := _NAME.match(p.name))
+            (int(m.group(1)), p) for p in self.dir.glob("step_*") if (m := _NAME.match(p.name))
         ]
         return [p for _, p in sorted(found, reverse=True)]
 
@@ -131,7 +138,7 @@ class Checkpointer:
         unreadable: dict[str, list[str]] = {}  # reason -> files: one reason told once
         for path in self.checkpoints():
             try:
-                payload = read_checkpoint(path)
+                payload = sharded.read_state(path) if path.is_dir() else read_checkpoint(path)
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
                 reason = first_sentence(err)
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", path, reason)
@@ -161,6 +168,13 @@ class Checkpointer:
         return False
 
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
+        written_on = payload.get("world_size", self.dist.world_size)  # absent before sharding
+        if written_on != self.dist.world_size:  # global batch, LR and data slices depend on it
+            raise ConfigError(
+                f"checkpoint {path} was written by {written_on} rank(s), this run has "
+                f"{self.dist.world_size}; resume it on {written_on}, or set "
+                "trainer.resume=false to start fresh"
+            )
         changed = changed_settings(payload["settings"], self.settings)
         if changed:
             raise ConfigError(
@@ -169,15 +183,25 @@ class Checkpointer:
                 "with, or set trainer.resume=false to start fresh (the old files "
                 "are kept)"
             )
+        in_shards = set(payload.get("sharded", []))
+        if in_shards and not self.sharded:
+            raise ConfigError(
+                f"checkpoint {path} holds FSDP shards and this run is not sharded; resume it "
+                "with trainer.strategy=fsdp, or set trainer.resume=false to start fresh"
+            )
         try:
+            if in_shards:  # a collective: every rank reads its slices
+                sharded.load(path, self.parts)
             for name, part in self.parts.items():
+                if name in in_shards:
+                    continue
                 if name not in payload["parts"] and getattr(part, "optional_in_checkpoint", False):
                     continue  # a part an older checkpoint did not hold starts afresh
                 if isinstance(part, torch.Tensor):
                     part.copy_(payload["parts"][name])
                 else:
                     part.load_state_dict(payload["parts"][name])
-        except (KeyError, RuntimeError, ValueError) as err:
+        except (KeyError, RuntimeError, ValueError, CheckpointException) as err:
             raise ConfigError(
                 f"checkpoint {path} does not fit this run "
                 f"({str(err).splitlines()[0]}); resume it with the settings it was "
@@ -187,36 +211,64 @@ class Checkpointer:
         for key, value in payload["loop"].items():
             if key in names:
                 setattr(self.state, key, value)
-        self.pending_rng = payload["rng"]  # applied when the loop starts (see active())
+        # applied when the loop starts (see active()); a sharded checkpoint holds each rank's
+        own = sharded.read_rng(path, self.dist.rank) if in_shards else None
+        self.pending_rng = own or payload["rng"]
         if payload["wandb_run_id"]:
             self.records.keep_wandb_id(payload["wandb_run_id"])
 
     # -- save --------------------------------------------------------------------------------
     def save(self) -> Path:
         """Write a checkpoint for the current step, atomically; then prune beyond `keep`."""
+        path = self._save_sharded() if self.sharded else self._save_file()
+        self.last_save = time.monotonic()
+        return path
+
+    def _save_file(self) -> Path:
         path = self.dir / f"step_{self.state.step:09d}.pt"
         if not self.dist.is_main:  # every rank holds the same weights: rank 0 writes them
             return path
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.glob("*.pt.tmp"):  # left by a job killed mid-write
             stale.unlink()
-        payload = {
+        payload = self._payload(set())
+        write_atomic(path, lambda f: torch.save(payload, f))
+        self._prune()
+        return path
+
+    def _save_sharded(self) -> Path:
+        """Every rank writes its shards (FSDP2); rank 0 the rest, then renames it into place."""
+        path = self.dir / f"step_{self.state.step:09d}.dcp"
+        shards = sharded.sharded_parts(self.parts)  # every rank: its slices
+        main = self._payload(set(shards)) if self.dist.is_main else None
+        if self.dist.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        sharded.save(path, shards, rng_state(), main)
+        if self.dist.is_main:
+            self._prune()
+        return path
+
+    def _payload(self, in_shards: set[str]) -> dict[str, Any]:
+        """Rank 0's checkpoint dict; the parts named in `in_shards` are left to DCP."""
+        return {
             "format": FORMAT,
             "step": self.state.step,
             "loop": asdict(self.state),
             "parts": {
                 name: part if isinstance(part, torch.Tensor) else part.state_dict()
                 for name, part in self.parts.items()
+                if name not in in_shards
             },
+            "sharded": sorted(in_shards),
+            "world_size": self.dist.world_size,
             "rng": rng_state(),
             "wandb_run_id": self.records.wandb_id(),
             "settings": flat_settings(self.settings),
         }
-        write_atomic(path, lambda f: torch.save(payload, f))
+
+    def _prune(self) -> None:
         for old in self.checkpoints()[self.cfg.keep :]:  # only now that the new one is complete
-            old.unlink()
-        self.last_save = time.monotonic()
-        return path
+            sharded.remove(old)
 
     def step_done(self, elapsed_s: float, final: bool) -> float:
         """After a step's records: a periodic or a stop checkpoint. Returns the seconds spent."""
@@ -232,7 +284,11 @@ class Checkpointer:
         )
         stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
-            stop = step % self.settings.trainer.log_every == 0 and self.dist.any(stop, self.device)
+            log_step = step % self.settings.trainer.log_every == 0
+            if self.sharded:  # every rank writes shards: they agree on a timed checkpoint too
+                timed = bool(self.cfg.every_minutes and log_step) and self._agreed(bool(due))
+                due = bool(every and step % every == 0) or timed
+            stop = log_step and self.dist.any(stop, self.device)
             if stop:  # a peer was signalled
                 signals.stop_signal = signals.stop_signal or signal.SIGUSR2
         if not stop and not due:
@@ -247,6 +303,11 @@ class Checkpointer:
         if stop and signals.stop_signal is not None:
             signals.hand_on(signals.stop_signal, step, path)
         return time.perf_counter() - start
+
+    def _agreed(self, timed: bool) -> bool:
+        """A timed checkpoint is due on every rank when it is on rank 0 (clocks differ)."""
+        flag = torch.tensor([float(timed and self.dist.is_main)], device=self.device)
+        return bool(self.dist.all_reduce(flag, op="max").item())
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

@@ -1,14 +1,17 @@
 """Data-parallel training: the world from torchrun's or SLURM's environment, and DDP helpers.
 
-`trainer.strategy=ddp` reads RANK/LOCAL_RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_LOCALID/
-SLURM_NTASKS (srun, submitit) and joins a process group: NCCL on CUDA, gloo on CPU. A single
-process (`strategy=single`, or ddp with a world of one) uses the same object, where every
-collective is a no-op, so the runner reads the same either way.
+`trainer.strategy=ddp` (and `fsdp`, whose sharding is components/fsdp.py) reads
+RANK/LOCAL_RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS (srun,
+submitit) and joins a process group: NCCL on CUDA, gloo on CPU. A single process
+(`strategy=single`, or ddp with a world of one) uses the same object, where every collective is
+a no-op, so the runner reads the same either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
 import subprocess
 from collections.abc import Callable
@@ -18,7 +21,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
+from amp_lab.config import ConfigError
 from amp_lab.precision.modes import resolve_device
 
 
@@ -73,6 +78,7 @@ class DistContext:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    shards: bool = False  # strategy=fsdp: the model is sharded (components/fsdp.py), not wrapped
 
     @property
     def is_main(self) -> bool:
@@ -90,7 +96,7 @@ class DistContext:
         return requested
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        if not self.active:
+        if not self.active or self.shards:  # an FSDP model synchronises its own gradients
             return model
         ids = [device.index] if device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -98,7 +104,10 @@ class DistContext:
     def micro_batch_context(
         self, model: torch.nn.Module
     ) -> Callable[[bool], contextlib.AbstractContextManager[Any]]:
-        """DDP all-reduces gradients only on the last micro-batch of an accumulation."""
+        """DDP all-reduces (FSDP reduce-scatters) gradients only on the last micro-batch of an
+        accumulation; FSDP accumulates the unsharded gradients in its reduce dtype until then."""
+        if isinstance(model, FSDPModule):
+            return functools.partial(_sync_fsdp_gradients, model)
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):  # what wrap() made
             return lambda is_last: contextlib.nullcontext()
         return lambda is_last: contextlib.nullcontext() if is_last else model.no_sync()
@@ -127,21 +136,45 @@ class DistContext:
             dist.destroy_process_group()
 
 
+def _sync_fsdp_gradients(
+    model: FSDPModule, is_last: bool
+) -> contextlib.AbstractContextManager[Any]:
+    model.set_requires_gradient_sync(is_last)
+    return contextlib.nullcontext()
+
+
+_GROUPS_JOINED = itertools.count()  # by this process: the same count on every rank of a sweep
+
+
 def setup(strategy: str, requested_device: str) -> DistContext:
-    """Join the process group for strategy=ddp; a world of one needs no group."""
+    """Join the process group for strategy=ddp or fsdp; a world of one needs no group (and
+    fsdp refuses it: there is nothing to shard over)."""
     if strategy == "single":
         return DistContext()
     world = world_from_environment()
-    ctx = DistContext(world["rank"], world["local_rank"], world["world_size"])
+    ctx = DistContext(
+        world["rank"], world["local_rank"], world["world_size"], shards=strategy == "fsdp"
+    )
+    if ctx.shards and not ctx.active:
+        raise ConfigError(
+            "trainer.strategy=fsdp needs a distributed launch: torchrun --nproc_per_node=N -m "
+            "amp_lab ..., or SLURM tasks (hydra.launcher.tasks_per_node=N); one process: "
+            "trainer.strategy=single"
+        )
     if not ctx.active or dist.is_initialized():
         return ctx
     os.environ.setdefault("MASTER_ADDR", world["master_addr"])
     os.environ.setdefault("MASTER_PORT", str(world["master_port"]))
     cuda = resolve_device(requested_device).type == "cuda"  # the runner's one device check
+    timeout = timedelta(minutes=30)
+    store, _, _ = next(dist.rendezvous("env://", ctx.rank, ctx.world_size, timeout=timeout))
+    # A sweep under torchrun joins one group per job, all through torchrun's store: each job's
+    # keys under a prefix of their own, or the next group would read this one's addresses.
     dist.init_process_group(
         "nccl" if cuda else "gloo",
+        store=dist.PrefixStore(f"amp_lab/job{next(_GROUPS_JOINED)}", store),
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=timedelta(minutes=30),
+        timeout=timeout,
     )
     return ctx

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import sys
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from amp_lab.choices import Strategy
 from amp_lab.config import ConfigError, compose_settings
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, command, key, verify
@@ -41,6 +43,7 @@ PROBE_KEYS = (
     "trainer.eval_every",
     "trainer.progress",
     "trainer.resume",
+    "trainer.strategy",
     "checkpoint.enabled",
     "diagnostics",
     "diagnostics.mode",
@@ -72,11 +75,18 @@ class Doctor:
             "diagnostics=full",
             "diagnostics.every=1",
             "trainer.resume=false",
+            "trainer.strategy=single",  # the probes are short runs on one process
             "checkpoint.enabled=false",
         ]
+        if self.settings.trainer.strategy == "fsdp":  # its policy is checked, its probes not
+            from amp_lab.components.fsdp import resolve_plan
+
+            resolve_plan(self.settings)
+            log.info("trainer.strategy=fsdp: the doctor's probes run on one process, unsharded")
         # the user's own config is valid on this machine: it builds (in a folder it never
         # writes to, so an --out that holds a run is left alone)
-        Trainer(self.settings, out / "probes" / "config_check")
+        single = replace(self.settings.trainer, strategy=Strategy.single)
+        Trainer(replace(self.settings, trainer=single), out / "probes" / "config_check")
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
         mode = PRECISION_MODES[self.settings.precision.name]
         self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from amp_lab.choices import PitfallName
+from amp_lab.components.fsdp import full_value, local, shard_group, sum_over_shards
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
@@ -57,6 +58,11 @@ def low_precision_state(
     return bad
 
 
+def _square_sum(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The squared L2 norm of all the tensors together (squares add over shards; norms do not)."""
+    return torch.stack(torch._foreach_norm(tensors)).square().sum()
+
+
 class Diagnostics(StepObserver):
     """Watches a TrainStep through its view; `read()` at log steps, `summary()` at the end."""
 
@@ -81,6 +87,7 @@ class Diagnostics(StepObserver):
             )
         self.probe = ModuleProbe(model, self.device)
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
         self.scales = torch.zeros(log_every, device=self.device)
         self.skips = torch.zeros(log_every, device=self.device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
@@ -118,15 +125,18 @@ class Diagnostics(StepObserver):
         if not found:
             return
         grads = [g for _, _, g in found]
-        counts, hist = grad_stats(grads, self.view.scale())
+        # FSDP: each rank counts its own shards; the sums over the ranks are the model's
+        counts, hist = grad_stats([local(g) for g in grads], self.view.scale())
+        sum_over_shards(counts, self.group)
+        sum_over_shards(hist, self.group)
         self.window.update(
             counts=counts,
-            sizes=[g.numel() for g in grads],
+            sizes=[g.numel() for g in grads],  # a DTensor's numel is the whole tensor's
             grad_names=[n for n, _, _ in found],
-            applied_norm=torch.nn.utils.get_total_norm(grads, foreach=True),
+            applied_norm=full_value(torch.nn.utils.get_total_norm(grads, foreach=True)),
         )
         self.window["hist"] = hist + self.window["hist"] if "hist" in self.window else hist
-        self.window["before"] = [p.detach().clone() for _, p, _ in found]
+        self.window["before"] = [local(p).detach().clone() for _, p, _ in found]
         self.window["params"] = [p for _, p, _ in found]
 
     def end_step(self, result: StepResult) -> None:
@@ -141,13 +151,15 @@ class Diagnostics(StepObserver):
             )
         if self.probing and "before" in self.window:
             params, before = self.window.pop("params"), self.window.pop("before")
-            delta = torch._foreach_sub([p.detach() for p in params], before)
-            self.window["update_ratio"] = torch.linalg.vector_norm(
-                torch.stack(torch._foreach_norm(delta))
-            ) / torch.linalg.vector_norm(torch.stack(torch._foreach_norm(before))).clamp_min(1e-30)
-            self.window["state"] = probe_state(self.view.optimizer, before, delta)
+            delta = torch._foreach_sub([local(p).detach() for p in params], before)
+            squares = torch.stack([_square_sum(delta), _square_sum(before)])
+            delta_sq, before_sq = sum_over_shards(squares, self.group)  # totals over the shards
+            self.window["update_ratio"] = delta_sq.sqrt() / before_sq.sqrt().clamp_min(1e-30)
+            self.window["state"] = probe_state(
+                self.view.optimizer, params, before, delta, self.group
+            )
         elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
-            self.window["state"] = probe_state(self.view.optimizer, [], [])
+            self.window["state"] = probe_state(self.view.optimizer, [], [], [], self.group)
         if self.probe.attached:
             self.probe.end_step(self.step)
             if not (self.cfg.mode == "full" or self.armed):

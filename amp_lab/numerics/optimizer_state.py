@@ -15,6 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from amp_lab.components.fsdp import local, sum_over_shards
 
 
 def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
@@ -33,21 +36,33 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
 
 
 def probe_state(
-    optimizer: torch.optim.Optimizer, before: Sequence[torch.Tensor], delta: Sequence[torch.Tensor]
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.Tensor],
+    before: Sequence[torch.Tensor],
+    delta: Sequence[torch.Tensor],
+    group: dist.ProcessGroup | None = None,
 ) -> dict[str, Any]:
-    """Device tensors for one probe step: second-moment counts and per-weight update ratios."""
+    """Device tensors for one probe step: second-moment counts and per-weight update ratios.
+    `before` and `delta` are this rank's part of `params`; under FSDP (`group`) the counts and
+    the squared norms of the shards are summed over the ranks."""
     moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     probe: dict[str, Any] = {}
     if moments:
-        probe["v_counts"] = torch.stack([_zero_and_subnormal(v) for v in moments]).sum(0)
-        probe["v_size"] = sum(v.numel() for v in moments)
+        counts = torch.stack([_zero_and_subnormal(local(v)) for v in moments]).sum(0)
+        probe["v_counts"] = sum_over_shards(counts, group)
+        probe["v_size"] = sum(v.numel() for v in moments)  # a DTensor's: the whole tensor's
     # matrices of 4096+ values (those torchao quantises): the layers that carry the model; a
     # bias, norm or token initialised at 0 or 1e-6 has a ratio that says nothing
-    keep = [i for i, w in enumerate(before) if w.dim() >= 2 and w.numel() >= 4096]
+    keep = [i for i, w in enumerate(params) if w.dim() >= 2 and w.numel() >= 4096]
     if keep:
-        norms = torch._foreach_norm([delta[i].float() for i in keep])
-        weights = torch._foreach_norm([before[i].float() for i in keep])
-        probe["ratios"] = torch.stack(norms) / torch.stack(weights).clamp_min(1e-30)
+        squares = torch.stack(
+            [
+                torch.stack(torch._foreach_norm([t[i].float() for i in keep])).square()
+                for t in (delta, before)
+            ]
+        )
+        norms, weights = sum_over_shards(squares, group).sqrt()
+        probe["ratios"] = norms / weights.clamp_min(1e-30)
         probe["ratio_index"] = keep
     return probe
 

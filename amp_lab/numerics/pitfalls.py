@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from amp_lab.choices import PitfallName
+from amp_lab.components.fsdp import full_value
 from amp_lab.config import ConfigError, FaultConfig
 from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
 from amp_lab.step import TrainStep
@@ -130,7 +131,7 @@ class HalfModel(LabStep):
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
         if self.clip_grad > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
-        return norm.float()
+        return full_value(norm).float()  # FSDP: the total over the gradient shards
 
     def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
         assert grad_norm is not None  # this variant's unscale_and_clip always measures it

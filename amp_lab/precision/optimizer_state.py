@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from amp_lab.config import ConfigError, OptimConfig
 from amp_lab.precision.master_weights import stochastic_round_to_bf16
@@ -148,18 +149,21 @@ def build_state_optimizer(
     return optimizer
 
 
-def _tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes a tensor holds; a torchao state subclass counts its codes, scales and code map."""
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds; a torchao state subclass counts its codes, scales and code map, a
+    DTensor (FSDP) its local shard."""
+    if isinstance(t, DTensor):
+        return tensor_bytes(t.to_local())
     if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor:
         names, _ = t.__tensor_flatten__()
-        return sum(_tensor_bytes(getattr(t, name)) for name in names)
+        return sum(tensor_bytes(getattr(t, name)) for name in names)
     return t.numel() * t.element_size()
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the optimizer's per-parameter state (host metadata only: no device sync)."""
     return sum(
-        _tensor_bytes(v)
+        tensor_bytes(v)
         for state in optimizer.state.values()
         for key, v in state.items()
         if torch.is_tensor(v) and key != "step"
@@ -170,7 +174,7 @@ def master_weight_bytes(optimizer: torch.optim.Optimizer, model: torch.nn.Module
     """Bytes of the weights the optimizer steps that are not the model's own (fp32 masters)."""
     own = {id(p) for p in model.parameters()}
     return sum(
-        _tensor_bytes(p) for g in optimizer.param_groups for p in g["params"] if id(p) not in own
+        tensor_bytes(p) for g in optimizer.param_groups for p in g["params"] if id(p) not in own
     )
 
 

@@ -51,18 +51,34 @@ def _task(hydra_file: Path, key: str) -> list[str] | None:
         return None
 
 
+def _launch(run: RunData, hydra_file: Path) -> str:
+    """`python`, or `torchrun --nproc_per_node=N` for a run of N ranks that a launcher on this
+    machine started (torchrun started the ranks; a SLURM launcher starts its tasks itself)."""
+    world = int(run.summary.get("world_size") or 1)
+    try:
+        target = str(yaml.safe_load(hydra_file.read_text())["hydra"]["launcher"]["_target_"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        target = ""
+    return (
+        f"torchrun --nproc_per_node={world}"
+        if world > 1 and "slurm" not in target.lower()
+        else "python"
+    )
+
+
 def commands(runs: list[RunData]) -> list[str]:
     """The commands that made the runs: one per sweep folder (its multirun.yaml holds the last
     launch into it), one per single run."""
     found: list[str] = []
     for run in runs:
         sweep = run.path.parent / "multirun.yaml"
-        if sweep.exists():
-            task, flag = _task(sweep, "task"), "-m "
-        else:
-            task, flag = _task(run.path / HYDRA_DIR / "hydra.yaml", "task"), ""
+        hydra_file, flag = (
+            (sweep, "-m ") if sweep.exists() else (run.path / HYDRA_DIR / "hydra.yaml", "")
+        )
+        task = _task(hydra_file, "task")
         if task is not None:
-            command = f"python -m amp_lab {flag}" + " ".join(shlex.quote(o) for o in task)
+            launch = _launch(run, hydra_file)
+            command = f"{launch} -m amp_lab {flag}" + " ".join(shlex.quote(o) for o in task)
             found.append(command.rstrip())
     return list(dict.fromkeys(found))
 

@@ -132,6 +132,24 @@ def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_p
     assert resumed.state.step == 5
 
 
+def test_a_checkpoint_resumes_only_on_the_world_size_that_wrote_it(tmp_path):
+    """The global batch is batch_size x ranks: a checkpoint of another world would resume
+    another run under the same settings."""
+    _interrupt(tmp_path, RUN, at_step=5)
+    [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
+    payload = torch.load(path, weights_only=True)
+    assert payload["world_size"] == 1
+    torch.save({**payload, "world_size": 2}, path)  # as 2 DDP ranks write it
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError) as refused:
+        Trainer(settings(*RUN), tmp_path)
+    assert str(refused.value) == (
+        f"checkpoint {path} was written by 2 rank(s), this run has 1; resume it on 2, or set "
+        "trainer.resume=false to start fresh"
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.signals"):
         _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)

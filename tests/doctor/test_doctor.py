@@ -168,6 +168,10 @@ def test_the_fp32_search_never_calls_a_crashed_probe_clean(tmp_path, monkeypatch
         (["precision=fp99"], "amp_lab: error: "),
         (["trainer.no_such_key=1"], "amp_lab: error: "),
         (["--steps", "2"], "amp_lab: error: --steps=2 is too short"),
+        (
+            ["trainer.strategy=fsdp", "precision=bf16_pure"],
+            "amp_lab: error: precision=bf16_pure under trainer.strategy=fsdp",
+        ),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, args, message):
@@ -175,6 +179,13 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(message)
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_an_fsdp_config_is_probed_on_one_process(tmp_path):
+    """The doctor needs no distributed launch: its probes run unsharded, as a DDP config's do."""
+    doctor = Doctor([*TINY, "trainer.strategy=fsdp", "precision=fp16"], 4, tmp_path)
+    assert "trainer.strategy=single" in doctor.common
+    assert not any("strategy=fsdp" in o for o in doctor.common)
 
 
 @pytest.mark.slow

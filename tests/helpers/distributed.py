@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -25,3 +26,14 @@ def torchrun_amp_lab(*overrides: str, ranks: int = 2) -> list[str]:
         "amp_lab",
         *overrides,
     ]
+
+
+def as_rank(rank: int, port: int, world_size: int = 2) -> None:
+    """This process (an mp.spawn worker) as `rank` of a local world, in torchrun's variables."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )

@@ -4,6 +4,7 @@ the block between the markers is what the committed report.json renders to, over
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from amp_lab.report.readme import END, START, findings
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted(p.name for p in (ROOT / "experiments").iterdir() if p.is_dir())
+MAKEFILE = (ROOT / "Makefile").read_text()
 
 
 @pytest.mark.parametrize("study", STUDIES)
@@ -25,8 +27,10 @@ def test_study_readme_holds_its_report(study: str) -> None:
     assert data["context"]["report_command"].startswith(
         f"python -m amp_lab.report multirun/studies/{study}"
     )  # as `make study-{study}` runs it
+    ranks = re.search(rf"^LAUNCH_{study} := .*--nproc_per_node=(\d+)", MAKEFILE, flags=re.M)
+    launch = f"torchrun --nproc_per_node={ranks.group(1)}" if ranks else "python"  # as make runs it
     assert data["context"]["commands"] == [
-        f"python -m amp_lab -m +experiment/cpu={study} logger=disabled"
+        f"{launch} -m amp_lab -m +experiment/cpu={study} logger=disabled"
     ]
     for group in data["groups"]:
         assert f"**Verdict:** {group['verdict']}" in block
