@@ -33,6 +33,7 @@ from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
 from amp_lab.components.threads import apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.numerics.counters import DeviceCounters
 from amp_lab.numerics.diagnostics import build_diagnostics
 from amp_lab.numerics.health import RunHealth, Window
 from amp_lab.numerics.pitfalls import prepare_model, step_class
@@ -70,67 +71,6 @@ class LoopState:
     elapsed_s: float = 0.0  # wall time of the loop, carried over a resume
     eval_s: float = 0.0  # of elapsed_s, spent evaluating: outside the training clock
     diverged: bool = False
-
-
-class DeviceCounters:
-    """Running sums kept on the device; `read()` is the one host sync of a log step."""
-
-    NAMES = (
-        "loss_sum",
-        "loss_count",
-        "correct",
-        "samples",
-        "skipped",
-        "window_skipped",
-        "streak",
-        "worst_streak",
-    )
-
-    def __init__(self, device: torch.device) -> None:
-        self.values = torch.zeros(len(self.NAMES), device=device, dtype=torch.float64)
-        # 0-d views into `values`: updating them in place costs one op each, no indexing
-        self.views = dict(zip(self.NAMES, self.values.unbind()))
-        self.sums = [
-            self.views[name]
-            for name in ("loss_sum", "loss_count", "correct", "skipped", "window_skipped")
-        ]
-
-    def add(self, result: StepResult) -> None:
-        """A handful of device ops per step (each op costs host time; a short GPU step feels it)."""
-        finite = torch.isfinite(result.loss)
-        skip = result.found_inf
-        torch._foreach_add_(
-            self.sums,
-            [
-                torch.where(finite, result.loss, 0.0),  # nan counted apart
-                finite,
-                result.correct,
-                skip,
-                skip,
-            ],
-        )
-        self.views["samples"].add_(result.samples)
-        streak = self.views["streak"].add_(1).mul_(skip)  # consecutive bad steps
-        torch.maximum(self.views["worst_streak"], streak, out=self.views["worst_streak"])
-
-    def reduce(self, dist) -> None:
-        """Sum the per-rank counters (the first four). The skip counters are already equal on
-        every rank: gradients are all-reduced before the scaler checks them."""
-        dist.all_reduce(self.values[:4])
-
-    def read_window(self) -> dict[str, float]:
-        """Host copy of all counters; the per-window ones are reset afterwards."""
-        values = dict(zip(self.NAMES, self.values.tolist()))
-        for name in (
-            "loss_sum",
-            "loss_count",
-            "correct",
-            "samples",
-            "window_skipped",
-            "worst_streak",
-        ):
-            self.views[name].zero_()
-        return values
 
 
 class Trainer:
@@ -242,7 +182,7 @@ class Trainer:
             math.log(self.data.spec.num_classes),
         )
         self.state = LoopState()
-        self.counters = DeviceCounters(self.device)
+        self.counters = DeviceCounters(self.device, t.log_every)
         self.checkpointer = Checkpointer(
             settings,
             self.out_dir,
@@ -252,7 +192,7 @@ class Trainer:
                 "optimizer": self.optimizer,
                 "scheduler": self.scheduler,
                 "scaler": self.scaler,
-                "counters": self.counters.values,
+                "counters": self.counters,
                 "diagnostics": self.diagnostics,
                 "health": self.health,
                 **({"ema": self.ema} if self.ema else {}),
