@@ -15,14 +15,21 @@ import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.checkpoint.store import Checkpointer
+from amp_lab.choices import CompileMode
 from amp_lab.components.augment import build_mixup, mix_batches
+from amp_lab.components.compile import (
+    check_backend,
+    compile_model,
+    compile_optimizer_step,
+    optimizer_to_compile,
+)
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.ema import build_ema, update_ema
@@ -123,7 +130,9 @@ class Trainer:
                 self.warmup,
                 self.total_steps,
             )
-        self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
+        self.optimizer = build_optimizer(
+            self.model, optimizer_to_compile(settings.optim, t.compile), self.peak_lr
+        )
         # fp8, 16-bit weights; the pure modes swap fp32 masters into the optimizer's param
         # groups. The step needs the hook it returns, so it is built after and captures those.
         before_unscale = self.policy.prepare(self.model, self.optimizer)
@@ -134,8 +143,9 @@ class Trainer:
         self.ema = build_ema(self.model, t.ema)  # after prepare: a copy of the cast weights
         parallel_model = self.dist.wrap(self.model, self.device)
         forward_model = parallel_model
-        if t.compile:  # torch.compile(module) returns an OptimizedModule; its stubs say Callable
-            forward_model = cast(torch.nn.Module, torch.compile(parallel_model))
+        if t.compile != CompileMode.off:
+            check_backend(t.compile_backend)
+            forward_model = compile_model(parallel_model, t.compile_backend)
         # built once, of the class the pitfall lab picks; it builds its numerics observer from
         # its own view as it is built (nothing is swapped or attached afterwards)
         make_step = step_class(settings.pitfall.name, settings.fault)
@@ -204,6 +214,8 @@ class Trainer:
         self.finished = self.checkpointer.finished() if t.resume else None
         if self.finished is None:
             self.checkpointer.restore()
+        if t.compile == CompileMode.step:  # after the restore, which puts back a saved LR
+            compile_optimizer_step(self.optimizer, t.compile_backend)
 
     # -- reporting ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -47,6 +47,7 @@ BAD_INPUTS = [
     (["trainer.max_steps=-1"], "trainer.max_steps=-1 must be >= 0"),
     (["logger.mode=onlin"], "logger.mode='onlin' is unknown; use one of offline, online, disabled"),
     (["model.name=resnet5"], "model.name='resnet5' is not a timm model"),
+    (["trainer.compile=fast"], "trainer.compile=fast is not one of off, model, step"),
 ]
 
 
@@ -64,6 +65,7 @@ TORCH_CHECKS = {
     "logger.mode=onlin",
     "model.name=resnet5",
     "+scaler.init_scal=1",
+    "trainer.compile=fast",
 }
 
 
