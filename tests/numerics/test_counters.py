@@ -1,14 +1,17 @@
-"""The device counters: one op per step, the sums and skip streaks folded at log steps."""
+"""The device counters and light diagnostics: one op per step each, the sums, skip streaks and
+first non-finite step found at log steps."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from helpers import settings
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from amp_lab.numerics.counters import DeviceCounters
 from amp_lab.step import StepResult
+from amp_lab.trainer import Trainer
 
 
 class OpCount(TorchDispatchMode):
@@ -62,3 +65,22 @@ def test_sums_skip_streaks_and_nan_losses_over_windows_and_checkpoints():
         resumed.add(_result(1.0, 1, 0.0))
     third = resumed.read_window()
     assert third["loss_count"] == 5 and third["samples"] == 40 and third["streak"] == 0
+
+
+def test_light_diagnostics_and_counters_cost_one_op_each_on_a_plain_step(tmp_path):
+    """Between probe steps the step launches what a hand-written loop does, plus the accuracy
+    count, the schedule and one row write each for the counters and the light diagnostics."""
+    trainer = Trainer(settings("precision=fp16", "diagnostics.every=100"), tmp_path)
+    images, labels = trainer.data.train.tensors
+    batch = [(images[:16], labels[:16])]
+    trainer.train_step(batch, measure_norm=False, step=1)  # the first step creates the state
+    diagnostics = trainer.train_step.diagnostics
+    result = trainer.train_step(batch, measure_norm=False, step=2)
+    with OpCount() as count:
+        diagnostics.begin_step(3)
+        diagnostics.before_optimizer_step()
+        diagnostics.end_step(result)
+        trainer.counters.add(result)
+    assert count.ops == ["aten._foreach_copy_.default"] * 2
+    # the window's first non-finite step is found when it is read (none here)
+    assert diagnostics.read(3)["diag/first_nonfinite_step"] is None
