@@ -84,6 +84,26 @@ class ClipMode(Choice):
     value = "value"
 
 
+class CompileMode(Choice):
+    """What `trainer.compile` compiles; true and false (the field's old values) mean model and
+    off (see CompileMode.parse)."""
+
+    off = "off"  # eager
+    model = "model"  # torch.compile(model): its forward and the backward AOTAutograd derives
+    step = "step"  # the model as above, and the optimizer step: torch.compile(optimizer.step)
+
+    @classmethod
+    def parse(cls, value: object) -> CompileMode:
+        """The mode a YAML or command-line value names: off|model|step, or true|false."""
+        text = str(value).lower()
+        text = {"true": "model", "false": "off"}.get(text, text)
+        if text not in cls.__members__:
+            raise ValueError(
+                f"trainer.compile={value} is not one of off, model, step (or true, false)"
+            )
+        return cls(text)
+
+
 class Strategy(Choice):
     single = "single"
     ddp = "ddp"

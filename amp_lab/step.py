@@ -199,11 +199,7 @@ class TrainStep:
         self.diagnostics.begin_step(self.step_number)
         model = self.diagnostics.forward_module(self.model)
         self.optimizer.zero_grad(set_to_none=True)
-        # allocated before the forward: where a step's tensors land in the CPU heap moves its
-        # speed by ~2% (see `held` below)
-        loss_sum = torch.zeros((), device=self.policy.device, dtype=self.loss_dtype)
-        correct = torch.zeros((), device=self.policy.device, dtype=torch.long)
-        samples, count = 0, len(micro_batches)
+        losses, corrects, samples, count = [], [], 0, len(micro_batches)
         for i, (images, labels) in enumerate(micro_batches):
             last = i == count - 1
             with self.micro_batch_context(last):
@@ -215,9 +211,12 @@ class TrainStep:
                 self.held = (logits, loss)
                 self.backward(loss)
             self.after_micro_batch(last)
-            loss_sum += loss.detach()
-            correct += count_correct(logits, labels)
+            losses.append(loss.detach())
+            corrects.append(count_correct(logits, labels))
             samples += labels.shape[0]
+        # one micro-batch (the common case) adds no op: its loss and count are the step's
+        loss_sum = losses[0] if count == 1 else torch.stack(losses).sum()
+        correct = corrects[0] if count == 1 else torch.stack(corrects).sum()
         grad_norm = self.unscale_and_clip(measure_norm)
         self.diagnostics.before_optimizer_step()
         skipped = self.optimizer_step(grad_norm)
@@ -239,8 +238,9 @@ class TrainStep:
         """The autocast forward pass and this micro-batch's share of the loss."""
         with self.policy.autocast():
             logits = model(images)
-        # dividing by the number of micro-batches makes accumulation an average
-        return logits, self.compute_loss(logits, labels) / micro_batches
+        loss = self.compute_loss(logits, labels)
+        # dividing by the number of micro-batches makes accumulation an average (by 1: no op)
+        return logits, loss / micro_batches if micro_batches > 1 else loss
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss(logits, labels)

@@ -15,14 +15,21 @@ import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.checkpoint.store import Checkpointer
+from amp_lab.choices import CompileMode
 from amp_lab.components.augment import build_mixup, mix_batches
+from amp_lab.components.compile import (
+    check_backend,
+    compile_model,
+    compile_optimizer_step,
+    optimizer_to_compile,
+)
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.ema import build_ema, update_ema
@@ -35,6 +42,7 @@ from amp_lab.components.models import build_model, check_input_fits
 from amp_lab.components.optim import build_optimizer
 from amp_lab.components.threads import apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.numerics.counters import DeviceCounters
 from amp_lab.numerics.diagnostics import build_diagnostics
 from amp_lab.numerics.health import RunHealth, Window
 from amp_lab.numerics.pitfalls import prepare_model, step_class
@@ -72,67 +80,6 @@ class LoopState:
     elapsed_s: float = 0.0  # wall time of the loop, carried over a resume
     eval_s: float = 0.0  # of elapsed_s, spent evaluating: outside the training clock
     diverged: bool = False
-
-
-class DeviceCounters:
-    """Running sums kept on the device; `read()` is the one host sync of a log step."""
-
-    NAMES = (
-        "loss_sum",
-        "loss_count",
-        "correct",
-        "samples",
-        "skipped",
-        "window_skipped",
-        "streak",
-        "worst_streak",
-    )
-
-    def __init__(self, device: torch.device) -> None:
-        self.values = torch.zeros(len(self.NAMES), device=device, dtype=torch.float64)
-        # 0-d views into `values`: updating them in place costs one op each, no indexing
-        self.views = dict(zip(self.NAMES, self.values.unbind()))
-        self.sums = [
-            self.views[name]
-            for name in ("loss_sum", "loss_count", "correct", "skipped", "window_skipped")
-        ]
-
-    def add(self, result: StepResult) -> None:
-        """A handful of device ops per step (each op costs host time; a short GPU step feels it)."""
-        finite = torch.isfinite(result.loss)
-        skip = result.found_inf
-        torch._foreach_add_(
-            self.sums,
-            [
-                torch.where(finite, result.loss, 0.0),  # nan counted apart
-                finite,
-                result.correct,
-                skip,
-                skip,
-            ],
-        )
-        self.views["samples"].add_(result.samples)
-        streak = self.views["streak"].add_(1).mul_(skip)  # consecutive bad steps
-        torch.maximum(self.views["worst_streak"], streak, out=self.views["worst_streak"])
-
-    def reduce(self, dist) -> None:
-        """Sum the per-rank counters (the first four). The skip counters are already equal on
-        every rank: gradients are all-reduced before the scaler checks them."""
-        dist.all_reduce(self.values[:4])
-
-    def read_window(self) -> dict[str, float]:
-        """Host copy of all counters; the per-window ones are reset afterwards."""
-        values = dict(zip(self.NAMES, self.values.tolist()))
-        for name in (
-            "loss_sum",
-            "loss_count",
-            "correct",
-            "samples",
-            "window_skipped",
-            "worst_streak",
-        ):
-            self.views[name].zero_()
-        return values
 
 
 class Trainer:
@@ -188,7 +135,9 @@ class Trainer:
                 self.warmup,
                 self.total_steps,
             )
-        self.optimizer = build_optimizer(self.model, settings.optim, self.peak_lr)
+        self.optimizer = build_optimizer(
+            self.model, optimizer_to_compile(settings.optim, t.compile), self.peak_lr
+        )
         # fp8, 16-bit weights; the pure modes swap fp32 masters into the optimizer's param
         # groups. The step needs the hook it returns, so it is built after and captures those.
         before_unscale = self.policy.prepare(self.model, self.optimizer)
@@ -199,8 +148,9 @@ class Trainer:
         self.ema = build_ema(self.model, t.ema)  # after prepare: a copy of the cast weights
         parallel_model = self.dist.wrap(self.model, self.device)
         forward_model = parallel_model
-        if t.compile:  # torch.compile(module) returns an OptimizedModule; its stubs say Callable
-            forward_model = cast(torch.nn.Module, torch.compile(parallel_model))
+        if t.compile != CompileMode.off:
+            check_backend(t.compile_backend)
+            forward_model = compile_model(parallel_model, t.compile_backend)
         # built once, of the class the pitfall lab picks; it builds its numerics observer from
         # its own view as it is built (nothing is swapped or attached afterwards)
         make_step = step_class(settings.pitfall.name, settings.fault)
@@ -247,7 +197,7 @@ class Trainer:
             math.log(self.data.spec.num_classes),
         )
         self.state = LoopState()
-        self.counters = DeviceCounters(self.device)
+        self.counters = DeviceCounters(self.device, t.log_every)
         self.checkpointer = Checkpointer(
             settings,
             self.out_dir,
@@ -257,7 +207,7 @@ class Trainer:
                 "optimizer": self.optimizer,
                 "scheduler": self.scheduler,
                 "scaler": self.scaler,
-                "counters": self.counters.values,
+                "counters": self.counters,
                 "diagnostics": self.diagnostics,
                 "health": self.health,
                 **({"ema": self.ema} if self.ema else {}),
@@ -269,6 +219,8 @@ class Trainer:
         self.finished = self.checkpointer.finished() if t.resume else None
         if self.finished is None:
             self.checkpointer.restore()
+        if t.compile == CompileMode.step:  # after the restore, which puts back a saved LR
+            compile_optimizer_step(self.optimizer, t.compile_backend)
 
     # -- reporting ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

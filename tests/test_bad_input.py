@@ -50,6 +50,7 @@ BAD_INPUTS = [
     (["model.name=resnet5"], "model.name='resnet5' is not a timm model"),
     (["fsdp.reduce_dtype=int8"], "fsdp.reduce_dtype='int8' is unknown; use one of auto, fp32,"),
     (["trainer.strategy=fsdp"], "trainer.strategy=fsdp needs a distributed launch: torchrun"),
+    (["trainer.compile=fast"], "trainer.compile=fast is not one of off, model, step"),
 ]
 
 
@@ -67,6 +68,7 @@ TORCH_CHECKS = {
     "logger.mode=onlin",
     "model.name=resnet5",
     "+scaler.init_scal=1",
+    "trainer.compile=fast",
 }
 
 

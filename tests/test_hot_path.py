@@ -13,7 +13,8 @@ import torch
 from helpers import settings
 from helpers.host_reads import LOOP, watched_fit
 
-from amp_lab.trainer import DeviceCounters, Trainer
+from amp_lab.numerics.counters import DeviceCounters
+from amp_lab.trainer import Trainer
 
 # Loops that cover every branch of the step: each precision, gradient accumulation, both clip
 # modes, in-memory digits and on-device synthetic data, a CNN in channels_last.

@@ -28,6 +28,7 @@ from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
 from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
 from amp_lab.bench.record import environment, write_report
 from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
+from amp_lab.choices import CompileMode
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
 from amp_lab.precision.modes import PRECISION_MODES, resolve_device, resolve_precision
 from amp_lab.trainer import Trainer
@@ -240,7 +241,7 @@ def run_overhead(
                 file=sys.stderr,
             )
             del trainer, sink
-            _release(device, settings.trainer.compile)
+            _release(device, settings.trainer.compile != CompileMode.off)
             report(overhead=results)
     return results
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch.amp import GradScaler
 from torch.utils.data import TensorDataset
 
+from amp_lab.choices import CompileMode
+from amp_lab.components.compile import compile_model, compile_optimizer_step
 from amp_lab.components.metrics import synchronize
 from amp_lab.config import ConfigError
 from amp_lab.parts import BuiltParts
@@ -37,14 +39,18 @@ class BareLoop:
         t, mode = parts.settings.trainer, parts.policy.mode
         self.device = parts.device
         self.model = copy.deepcopy(parts.model)  # same architecture and initial weights
-        self.forward = torch.compile(self.model) if t.compile else self.model
+        compiled = t.compile != CompileMode.off  # compiled as the runner's model and step are
+        self.forward = compile_model(self.model, t.compile_backend) if compiled else self.model
         fused = bool(parts.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=parts.peak_lr,
             weight_decay=parts.settings.optim.weight_decay,
             fused=fused or None,
+            foreach=False if t.compile == CompileMode.step else None,  # as the runner's is built
         )
+        if t.compile == CompileMode.step:
+            compile_optimizer_step(self.optimizer, t.compile_backend)
         self.scaler = GradScaler(
             self.device.type,
             init_scale=parts.settings.scaler.init_scale,

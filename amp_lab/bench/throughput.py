@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from amp_lab.bench.flops import compute_dtype, mfu, peak_flops, train_step_flops
+from amp_lab.choices import CompileMode
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
 from amp_lab.parts import BuiltParts
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
@@ -132,7 +133,7 @@ def measure_throughput(
     return ThroughputRow(
         model=s.model.name,
         precision=mode.name,
-        compile=s.trainer.compile,
+        compile=s.trainer.compile != CompileMode.off,
         channels_last=s.model.channels_last,
         batch_size=parts.global_batch,
         img_size=s.data.img_size,

@@ -1,12 +1,13 @@
 """Numerics telemetry (`diagnostics=off|light|full`): what the loss scale, the activations and the
 gradients do, read back only at log steps.
 
-Every step (light and full) costs a few device ops and no host sync: the scale after the step
-and whether it skipped go into a window buffer, and the first non-finite step is kept on the
-device. Probe steps (every `diagnostics.every` steps) also measure fp16 headroom per module,
-fp16 underflow of the gradients, the gradient norm the optimizer gets and the update-to-weight
-ratio. Module hooks (module_probe.py) run on probe steps, on every step in `full` mode, and in
-`light` mode after a log window that held a non-finite step, until one is attributed.
+Every step (light and full) costs one device op and no host sync: the scale after the step,
+whether it skipped and its loss go into a window buffer; the first non-finite step is found from
+it on the device when the window is read. Probe steps (every `diagnostics.every` steps) also
+measure fp16 headroom per module, fp16 underflow of the gradients, the gradient norm the
+optimizer gets and the update-to-weight ratio. Module hooks (module_probe.py) run on probe
+steps, on every step in `full` mode, and in `light` mode after a log window that held a
+non-finite step, until one is attributed.
 The observer sees a StepView (amp_lab/step.py), not the step: the watched model, the scale, the
 clip settings and the weights that must stay fp32; the loop gives it the step number.
 """
@@ -30,6 +31,7 @@ from amp_lab.numerics.optimizer_state import probe_state, read_state_probe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.precision.optimizer_state import CHOSEN_STATE
+from amp_lab.precision.scaler_internals import scale_tensor
 from amp_lab.records import DIAGNOSTICS_FILE
 from amp_lab.step import StepObserver, StepResult, StepView
 
@@ -83,14 +85,20 @@ class Diagnostics(StepObserver):
             log.warning(
                 "diagnostics=full hooks every module on every step, which a compiled "
                 "model cannot run: every step runs eager. Use diagnostics=light with "
-                "trainer.compile=true, or trainer.compile=false"
+                "trainer.compile=model, or trainer.compile=off"
             )
         self.probe = ModuleProbe(model, self.device)
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
-        self.scales = torch.zeros(log_every, device=self.device)
-        self.skips = torch.zeros(log_every, device=self.device)
+        # per step of the open log window, by (step - 1) % log_every: the scale after the step,
+        # its skip flag and its loss, written by one op (the first non-finite step is found
+        # from them when the window is read)
+        self.rows = torch.zeros(log_every, 3, device=self.device)
+        self.row_views = [list(row.unbind()) for row in self.rows]
+        self.scales, self.skips, self.losses = self.rows.unbind(1)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.no_skip = torch.zeros((), device=self.device)  # no scaler: nothing skips
+        self.one = torch.ones((), device=self.device)  # the scale of a step without a scaler
         # a step without a scaler runs at scale 1 (see _scale), and none of its skips backs off
         self.tracker = ScaleTracker(scaler_cfg, dynamic and view.uses_scaler, view.host_scale())
         # the first step of the open log window; None: the first step this run takes (a resume
@@ -98,6 +106,7 @@ class Diagnostics(StepObserver):
         self.window_first: int | None = 1
         self.armed, self.probing = False, False
         self.step = 0
+        self.done = 0  # the last step whose end_step ran (its row is written)
         self.warnings: list[str] = []
         self.signatures: dict[str, str] = {}
         self.window: dict[str, Any] = {}
@@ -141,10 +150,12 @@ class Diagnostics(StepObserver):
 
     def end_step(self, result: StepResult) -> None:
         k = (self.step - 1) % self.scales.numel()
-        self.scales[k] = self.view.scale()
-        self.skips[k] = result.found_inf
-        bad = (result.found_inf > 0) | ~torch.isfinite(result.loss)
-        self.first_bad.masked_fill_(bad & (self.first_bad < 0), self.step)
+        scale = scale_tensor(self.view.scaler)
+        skip = result.found_inf if torch.is_tensor(result.found_inf) else self.no_skip
+        torch._foreach_copy_(
+            self.row_views[k], [self.one if scale is None else scale, skip, result.loss]
+        )
+        self.done = self.step
         if result.loss.dtype != torch.float32:
             self.signatures.setdefault(
                 PitfallName.loss_in_low_precision.value, f"the loss is {result.loss.dtype}"
@@ -184,14 +195,31 @@ class Diagnostics(StepObserver):
         self.warnings.append(message)
         log.warning(message)
 
+    def _window_rows(self, step: int) -> list[int]:
+        """The rows of the open window's steps, `window_first` to `step`, in step order."""
+        if self.window_first is None:
+            return []
+        size = self.scales.numel()
+        k0 = (self.window_first - 1) % size
+        return [(k0 + i) % size for i in range(step - self.window_first + 1)]
+
+    def _find_first_bad(self, order: list[int]) -> None:
+        """Keep the first step of these rows that skipped or had a non-finite loss, unless an
+        earlier one is kept (device ops, no sync)."""
+        if not order or self.window_first is None:
+            return
+        bad = (self.skips[order] > 0) | ~torch.isfinite(self.losses[order])
+        first = self.window_first + bad.int().argmax()  # the first True, in step order
+        new = bad.any() & (self.first_bad < 0)
+        self.first_bad.copy_(torch.where(new, first, self.first_bad))
+
     # -- log steps (the only reads) -----------------------------------------------------------
     def read(self, step: int) -> dict[str, Any]:
         """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
         if self.window_first is None:  # no step since a resume
             return {}
-        n = step - self.window_first + 1
-        k0 = (self.window_first - 1) % self.scales.numel()
-        order = [(k0 + i) % self.scales.numel() for i in range(n)]
+        order = self._window_rows(step)
+        self._find_first_bad(order)
         scales, skips = self.scales[order].tolist(), self.skips[order].tolist()
         events = self.tracker.feed(self.window_first, scales, skips)
         warning = self.tracker.skip_warning(
@@ -285,10 +313,11 @@ class Diagnostics(StepObserver):
     def state_dict(self) -> dict[str, Any]:
         """The open log window's buffers and probe results, the scale history, the first
         non-finite step and module, and what was already reported (tensors and plain data)."""
+        self._find_first_bad(self._window_rows(self.done))  # the losses are not kept
         t = self.tracker
         return {
-            "scales": self.scales,
-            "skips": self.skips,
+            "scales": self.scales.clone(),  # columns of the window rows, saved on their own
+            "skips": self.skips.clone(),
             "first_bad": self.first_bad,
             "window_first": self.window_first,
             "armed": self.armed,
@@ -334,6 +363,7 @@ class Diagnostics(StepObserver):
 
     def summary(self) -> dict[str, Any]:
         """First non-finite step and module, scale events, signatures and warnings (a sync)."""
+        self._find_first_bad(self._window_rows(self.done))  # a run that stopped mid-window
         first_bad = int(self.first_bad)
         phases = {p: self.probe.first[p].read() for p in ("forward", "backward")}
         at_first = [v for v in phases.values() if v and v["step"] == first_bad]

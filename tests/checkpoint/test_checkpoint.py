@@ -437,6 +437,7 @@ def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(
         "trainer.resume",
         "trainer.device",
         "trainer.compile",
+        "trainer.compile_backend",
         "trainer.eval_every",
         "trainer.target_acc",
         "trainer.max_bad_steps",
