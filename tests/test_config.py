@@ -293,6 +293,7 @@ def test_the_choice_fields_are_enums():
         "data.interpolation",
         "data.re_mode",
         "data.mixup_mode",
+        "data.decode",
     }
 
 
