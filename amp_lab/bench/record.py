@@ -19,6 +19,7 @@ import torch
 from amp_lab.bench.compile_cache import CompileRecord
 from amp_lab.bench.flops import device_name
 from amp_lab.bench.overhead import OverheadResult
+from amp_lab.bench.peer import PeerComparison
 from amp_lab.bench.throughput import ThroughputRow
 
 
@@ -100,6 +101,29 @@ def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) ->
     return "\n".join(lines)
 
 
+def peer_table(comparisons: list[PeerComparison]) -> str:
+    lines = [
+        "| model | precision | batch | image | epochs | rounds | amp_lab samples/s | "
+        "peer samples/s | **ratio** | amp_lab wall s | peer wall s | wall ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        if not any(r.program == "amp_lab" for r in c.runs):
+            continue  # the first round's peer run alone: no ratio yet
+        walls = {
+            p: statistics.median(r.wall_s for r in c.runs if r.program == p)
+            for p in ("amp_lab", "peer")
+        }
+        rounds = sum(r.program == "amp_lab" for r in c.runs)
+        lines.append(
+            f"| {c.model} | {c.precision} | {c.batch_size} | {c.img_size} | {c.epochs} | "
+            f"{rounds} | {c.amp_lab_samples_per_s:.1f} | {c.peer_samples_per_s:.1f} | "
+            f"**{c.ratio:.3f}** | {walls['amp_lab']:.1f} | {walls['peer']:.1f} | "
+            f"{c.wall_ratio:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def write_report(
     out_dir: Path,
     env: dict[str, Any],
@@ -107,6 +131,7 @@ def write_report(
     overhead: list[OverheadResult],
     rows: list[ThroughputRow],
     errors: list[dict[str, Any]],
+    peer: list[PeerComparison],
 ) -> str:
     """Write bench.json and bench.md (atomically, so a reader never sees half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +144,12 @@ def write_report(
         ],
         "throughput": [asdict(r) for r in rows],
         "throughput_errors": errors,
+        "peer": [
+            {**asdict(c), "ratio": c.ratio, "wall_ratio": c.wall_ratio}
+            if any(r.program == "amp_lab" for r in c.runs)
+            else asdict(c)
+            for c in peer
+        ],
     }
     header = [
         f"# amp_lab benchmark — {env['date']}",
@@ -149,6 +180,16 @@ def write_report(
         ]
     if rows or errors:
         parts += ["## Throughput", "", throughput_table(rows, errors), ""]
+    if peer:
+        parts += [
+            "## Peer: amp_lab vs timm's train.py (training samples/s after warm-up, medians "
+            "of rounds; whole-process wall time)",
+            "",
+            peer_table(peer),
+            "",
+            *(f"- data: {c.data}; peer: `{' '.join(c.peer_command[1:])}`" for c in peer),
+            "",
+        ]
     markdown = "\n".join(parts)
     for name, text in [("bench.json", json.dumps(data, indent=2)), ("bench.md", markdown)]:
         tmp = out_dir / f"{name}.tmp"
