@@ -9,7 +9,8 @@ synthetic data, so both programs read, decode and augment the same files). Figur
   trainer.timing_warmup, data loading included, evaluation and checkpoints left out); the
   peer's per-update rates after the same number of warm-up updates (see timm_peer.py);
 - the whole process's wall time (start-up, evaluation and checkpoints included).
-The comparison's figures are the medians over rounds, and their ratios (amp_lab / peer).
+The comparison's figures are the medians over rounds: of each program's figures, and of each
+round's ratios (amp_lab / peer).
 """
 
 from __future__ import annotations
@@ -65,15 +66,28 @@ class PeerComparison:
     def peer_samples_per_s(self) -> float:
         return self._median("peer", "samples_per_s")
 
+    def _round_ratios(self, key: str) -> list[float]:
+        # a round's two runs are neighbours in time: their ratio cancels a machine's slow drift
+        # in load, which a ratio of medians over all rounds would not
+        pairs: dict[int, dict[str, float]] = {}
+        for r in self.runs:
+            pairs.setdefault(r.round, {})[r.program] = getattr(r, key)
+        return [p["amp_lab"] / p["peer"] for p in pairs.values() if len(p) == 2]
+
+    @property
+    def ratios(self) -> list[float]:
+        """Per round: amp_lab's training throughput over the peer's."""
+        return self._round_ratios("samples_per_s")
+
     @property
     def ratio(self) -> float:
-        """amp_lab's training throughput over the peer's (> 1: amp_lab trains faster)."""
-        return self.amp_lab_samples_per_s / self.peer_samples_per_s
+        """The median round's throughput ratio (> 1: amp_lab trains faster)."""
+        return statistics.median(self.ratios)
 
     @property
     def wall_ratio(self) -> float:
-        """amp_lab's whole-process time over the peer's (< 1: amp_lab finishes sooner)."""
-        return self._median("amp_lab", "wall_s") / self._median("peer", "wall_s")
+        """The median round's whole-process time ratio (< 1: amp_lab finishes sooner)."""
+        return statistics.median(self._round_ratios("wall_s"))
 
 
 def check_peer_script(path: Path | None) -> Path:

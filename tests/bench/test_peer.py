@@ -4,34 +4,17 @@ alternated whole runs, against a small fake peer the tests write (CI has no timm
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 import torch
 from helpers import settings
+from helpers.peers import write_fake_peer
 
 from amp_lab.bench import cli as bench
 from amp_lab.bench.image_folder import write_image_folder
 from amp_lab.bench.timm_peer import timm_args, timm_rate
 from amp_lab.components.lr import peak_lr
 from amp_lab.config import ConfigError
-
-# timm's train.py's lines for 4 updates: the first slow (warm-up), then 100, 200 and 100 /s
-FAKE_PEER = textwrap.dedent(
-    """
-    import json, os, sys, time
-    args = sys.argv[1:]
-    with open(os.environ["FAKE_PEER_RECORD"], "a") as record:
-        record.write(json.dumps({"argv": args, "time": time.time()}) + "\\n")
-    if os.environ.get("FAKE_PEER_FAIL"):
-        sys.exit("RuntimeError: out of patience")
-    for epoch in range(int(args[args.index("--epochs") + 1])):
-        for i, rate in enumerate([1.0, 100.0, 200.0, 100.0]):
-            print(f"Train: {epoch} [{i:>4d}/4 ({25 * (i + 1):>3d}%)]  Loss: 2.30 (2.30)  "
-                  f"Time: {8 / rate:.3f}s, {rate:>7.2f}/s  ({8 / rate:.3f}s, {rate:>7.2f}/s)  "
-                  "LR: 1.000e-03  Data: 0.010 (0.010)", file=sys.stderr)
-    """
-)
 
 
 def _arg(args: list[str], flag: str, n: int = 1) -> list[str]:
@@ -95,10 +78,8 @@ TINY = [
 
 @pytest.fixture
 def fake_peer(tmp_path, monkeypatch):
-    script = tmp_path / "train.py"
-    script.write_text(FAKE_PEER)
     monkeypatch.setenv("FAKE_PEER_RECORD", str(tmp_path / "record.jsonl"))
-    return script
+    return write_fake_peer(tmp_path)
 
 
 def test_bad_peer_input_is_one_line_and_exit_2(tmp_path, capsys, fake_peer, monkeypatch):
@@ -169,7 +150,8 @@ def test_the_peer_part_alternates_whole_runs_and_reports_the_ratio(tmp_path, fak
             )
             assert r["samples_per_s"] == summary["mean_samples_per_s"] and r["counted_steps"] == 3
         assert r["wall_s"] > 0
-    amp_lab = sorted(r["samples_per_s"] for r in runs if r["program"] == "amp_lab")
+    amp_lab = [r["samples_per_s"] for r in runs if r["program"] == "amp_lab"]
+    assert peer["ratios"] == pytest.approx([rate / 120.0 for rate in amp_lab])  # per round
     assert peer["ratio"] == pytest.approx(sum(amp_lab) / 2 / 120.0)  # the median of two
     md = (out / "bench.md").read_text()
     assert "## Peer: amp_lab vs timm's train.py" in md and f"**{peer['ratio']:.3f}**" in md
