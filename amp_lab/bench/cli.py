@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
+from amp_lab.bench.feed import measure_feed
 from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
 from amp_lab.bench.peer import PeerComparison, check_peer_script, compare, peer_data
 from amp_lab.bench.record import environment, write_report
@@ -83,13 +84,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--parts",
         nargs="+",
-        choices=["compile_cache", "overhead", "throughput", "peer"],
+        choices=["compile_cache", "overhead", "throughput", "feed", "peer"],
         default=["overhead", "throughput"],
         help="what to run, always in the order "
-        "compile_cache, overhead, throughput, peer (default: overhead throughput); compile_cache "
+        "compile_cache, overhead, throughput, feed, peer (default: overhead throughput); "
+        "compile_cache "
         "compiles every models x precisions configuration once in --jobs parallel processes "
         "and records its first step, so the compiled throughput rows then load their kernels "
-        "from torch's on-disk caches; peer runs --peer-script (timm's train.py) against "
+        "from torch's on-disk caches; feed trains --models' first on synthetic data, then on "
+        "a JPEG ImageFolder (--data-dir or synthetic JPEGs) decoded on the host and on the "
+        "device; peer runs --peer-script (timm's train.py) against "
         "amp_lab per models x precisions (default precision: bf16), --rounds times each",
     )
     add(
@@ -131,14 +135,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--data-dir",
         type=Path,
-        help="peer: an ImageFolder with train/ and val/ (default: synthetic JPEGs of "
+        help="feed, peer: an ImageFolder with train/ and val/ (default: synthetic JPEGs of "
         "--img-size, --steps batches per epoch, written to OUT/peer_images)",
     )
     add("--epochs", type=int, default=3, help="peer: epochs of each run (default 3)")
     add(
         "--workers",
         type=int,
-        help="peer: data loader workers of both programs (default: 0 on CPU, 8 on CUDA)",
+        help="feed, peer: data loader workers (default: 0 on CPU, 8 on CUDA)",
     )
     add(
         "--compile",
@@ -359,6 +363,37 @@ def peer_overrides(args: argparse.Namespace, model: str, precision: str, root: P
     ]
 
 
+def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """Synthetic vs JPEG files decoded on the host vs on the device: --models[0] x
+    --precisions[0], --warmup + --steps steps each."""
+    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
+    steps = args.warmup + args.steps
+    base = [
+        f"model={args.models[0]}",
+        f"precision={args.precisions[0]}",
+        f"data.img_size={args.img_size}",
+        f"data.num_workers={args.workers}",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.max_steps={steps}",
+        f"trainer.timing_warmup={args.warmup}",
+        f"trainer.eval_every={steps + 1}",  # one evaluation, after the last step
+        f"trainer.device={args.device}",
+        f"trainer.threads={args.threads or 0}",
+        "trainer.progress=false",
+        "trainer.resume=false",
+        "checkpoint.enabled=false",
+        *args.override,
+    ]
+    rows = measure_feed(base, root, device, args.out, args.batch_size)
+    report(feed=rows)
+    for row in rows:
+        print(
+            f"feed {row.data}: {row.samples_per_s:.1f} samples/s, data share "
+            f"{row.data_share if row.data_share is not None else float('nan'):.2f}",
+            file=sys.stderr,
+        )
+
+
 def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) -> None:
     """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
     script = check_peer_script(args.peer_script)
@@ -411,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             "overhead": [],
             "rows": [],
             "errors": [],
+            "feed": [],
             "peer": [],
         }
 
@@ -424,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             run_overhead(args, device, report)
         if "throughput" in args.parts:
             run_throughput(args, device, report)
+        if "feed" in args.parts:
+            run_feed(args, device, report)
         if "peer" in args.parts:
             run_peer(args, peer_precisions, report)
     except ConfigError as err:
