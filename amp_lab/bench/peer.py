@@ -25,11 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from amp_lab.bench.image_folder import write_image_folder
 from amp_lab.bench.timm_peer import timm_args, timm_rate
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
+from amp_lab.precision.modes import resolve_device
 from amp_lab.records import SUMMARY_FILE
 
 
@@ -153,9 +152,7 @@ def compare(
     """`rounds` x (the peer, then amp_lab), each a whole run of `overrides`' settings;
     `on_run` sees the comparison after every run."""
     settings = compose_settings(overrides)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(settings.trainer.device) != "auto":
-        device = torch.device(str(settings.trainer.device))
+    device = resolve_device(str(settings.trainer.device))
     classes = len([p for p in (data_dir / "train").iterdir() if p.is_dir()])
     name = f"{settings.model.name}_{settings.precision.name}"
     folder = out / "peer" / name

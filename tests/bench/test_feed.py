@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.peers import FILE_BENCH
 
 from amp_lab.bench import cli as bench
 
@@ -17,22 +18,11 @@ def test_feed_compares_synthetic_and_both_decode_paths_on_jpeg_files(tmp_path):
         [
             "--parts",
             "feed",
-            "--models",
-            "test_vit",
+            *FILE_BENCH,
             "--precisions",
             "bf16",
-            "--img-size",
-            "16",
-            "--batch-size",
-            "8",
-            "--steps",
-            "4",
             "--warmup",
             "2",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
             "--out",
             str(out),
             "--override",

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from helpers import settings
-from helpers.peers import write_fake_peer
+from helpers.peers import FILE_BENCH, write_fake_peer
 
 from amp_lab.bench import cli as bench
 from amp_lab.bench.image_folder import write_image_folder
@@ -56,24 +56,7 @@ def test_timms_rate_is_the_harmonic_mean_of_the_updates_after_warmup():
         timm_rate("Epoch 1 done", warmup=1)
 
 
-TINY = [
-    "--parts",
-    "peer",
-    "--models",
-    "test_vit",
-    "--img-size",
-    "16",
-    "--batch-size",
-    "8",
-    "--steps",
-    "4",
-    "--epochs",
-    "1",
-    "--device",
-    "cpu",
-    "--threads",
-    "1",
-]
+TINY = ["--parts", "peer", *FILE_BENCH, "--epochs", "1"]
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer
 
-# one uint8 step in normalised units is 1 / 255 / std (ImageNet's smallest std, 0.224): the
+# one uint8 step in normalised units is 1 / 255 / std (test_vit's pretrained std is 0.5): the
 # PIL and torchvision JPEG decoders and resizers may round a pixel one step apart
-ONE_STEP = 1 / 255 / 0.224
+ONE_STEP = 1 / 255 / 0.5
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_device_decode_gives_the_pil_paths_images(jpegs, crop_pct):
     (a, labels_a), (b, labels_b) = next(pil.val_batches(12)), next(device.val_batches(12))
     assert a.shape == b.shape == (12, 3, 16, 16) and b.dtype == torch.float32
     assert torch.equal(labels_a, labels_b)
-    assert (a - b).abs().max() <= 2 * ONE_STEP  # within the decoders' rounding
+    assert (a - b).abs().max() <= ONE_STEP * 1.0001  # within the decoders' rounding
     assert (a - b).abs().mean() < 0.05 * ONE_STEP  # and almost every pixel identical
 
 
@@ -140,4 +140,4 @@ def test_gpu_decode_gives_the_pil_paths_images(jpegs):
     gpu = _data(jpegs, "data.decode=gpu", device="cuda")
     (a, _), (b, _) = next(pil.val_batches(12)), next(gpu.val_batches(12))
     assert b.device.type == "cuda"
-    assert (a - b).abs().max() <= 4 * ONE_STEP  # nvJPEG rounds its own way
+    assert (a - b).abs().max() <= 8 * ONE_STEP  # nvJPEG rounds its own way

@@ -1,4 +1,5 @@
-"""A stand-in for timm's train.py: CI has no timm checkout, and its script is never copied here.
+"""The bench's file-reading parts (feed, peer) on a tiny ViT, and a stand-in for timm's
+train.py: CI has no timm checkout, and its script is never copied here.
 
 It takes train.py's arguments, records them (and when it started) in $FAKE_PEER_RECORD, prints
 timm's per-update `Train:` lines with known rates, or fails as told by $FAKE_PEER_FAIL.
@@ -9,6 +10,21 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+# the feed and peer parts on a tiny ViT: 4 batches of 8 16-px images per epoch, one CPU thread
+FILE_BENCH = [
+    "--models",
+    "test_vit",
+    "--img-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "4",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+]
 # per epoch, 4 updates: the first slow (warm-up), then 100, 200 and 100 samples/s
 FAKE_RATES = [1.0, 100.0, 200.0, 100.0]
 FAKE_PEER = textwrap.dedent(
