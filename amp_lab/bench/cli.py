@@ -32,7 +32,13 @@ import torch
 from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
 from amp_lab.bench.feed import measure_feed
 from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
-from amp_lab.bench.peer import PeerComparison, check_peer_script, compare, peer_data
+from amp_lab.bench.peer import (
+    PeerComparison,
+    check_data_dir,
+    check_peer_script,
+    compare,
+    peer_data,
+)
 from amp_lab.bench.record import environment, write_report
 from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
@@ -396,7 +402,6 @@ def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> 
 
 def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) -> None:
     """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
-    script = check_peer_script(args.peer_script)
     root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
     done: list[PeerComparison] = []
     for model in args.models:
@@ -404,7 +409,7 @@ def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) ->
             overrides = peer_overrides(args, model, precision, root)
             comparison = compare(
                 overrides,
-                script,
+                args.peer_script,
                 root,
                 args.out,
                 args.rounds,
@@ -440,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:  # a bad model or mode fails now, not after minutes of rows
             for precision in args.precisions:
                 compose_settings(_overrides(args, model, precision))
+        if "peer" in args.parts:  # a bad file fails now, not after the other parts
+            args.peer_script = check_peer_script(args.peer_script)
+        if args.data_dir is not None and {"feed", "peer"} & set(args.parts):
+            args.data_dir = check_data_dir(args.data_dir)
         env = environment(device, sys.argv[1:] if argv is None else argv)
         state: dict[str, Any] = {
             "compile_cache": [],

@@ -98,15 +98,19 @@ def check_peer_script(path: Path | None) -> Path:
     return path.resolve()
 
 
+def check_data_dir(data_dir: Path) -> Path:
+    if not ((data_dir / "train").is_dir() and (data_dir / "val").is_dir()):
+        raise ConfigError(
+            f"--data-dir {data_dir} needs train/<class>/ and val/<class>/ inside (timm's "
+            "train.py reads those splits)"
+        )
+    return data_dir.resolve()
+
+
 def peer_data(data_dir: Path | None, out: Path, batch_size: int, steps: int, size: int) -> Path:
     """The ImageFolder both programs read: the user's, or synthetic JPEGs written once."""
     if data_dir is not None:
-        if not ((data_dir / "train").is_dir() and (data_dir / "val").is_dir()):
-            raise ConfigError(
-                f"--data-dir {data_dir} needs train/<class>/ and val/<class>/ inside (timm's "
-                "train.py reads those splits)"
-            )
-        return data_dir.resolve()
+        return check_data_dir(data_dir)
     root = out / "peer_images"
     if not (root / "val").is_dir():  # train/ is written first: val/ means complete
         write_image_folder(root, size, train=steps * batch_size, val=batch_size)

@@ -73,6 +73,9 @@ def test_bad_peer_input_is_one_line_and_exit_2(tmp_path, capsys, fake_peer, monk
         return last
 
     assert "needs --peer-script path/to/timm/train.py" in error()
+    # checked before any other part measures anything
+    assert "needs --peer-script" in error("--parts", "overhead", "peer")
+    assert not (tmp_path / "out" / "bench.json").exists()
     assert "needs --peer-script" in error("--peer-script", str(tmp_path / "missing.py"))
     flat = write_image_folder(tmp_path / "flat", 16, train=2, val=1)
     assert "needs train/<class>/ and val/<class>/ inside" in error(
