@@ -48,11 +48,16 @@ def encoded_folder(root: Path, decode: str) -> datasets.ImageFolder:
     return folder
 
 
-def collate_encoded(
-    samples: list[tuple[torch.Tensor, int]],
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The encoded files stay a list (their lengths differ); the labels become one tensor."""
-    return [data for data, _ in samples], torch.tensor([label for _, label in samples])
+Encoded = tuple[torch.Tensor, torch.Tensor]  # a batch's files end to end, and their lengths
+
+
+def collate_encoded(samples: list[tuple[torch.Tensor, int]]) -> tuple[Encoded, torch.Tensor]:
+    """The batch's files as one flat uint8 tensor plus their lengths: a worker hands one tensor
+    (one shared-memory block) to the main process, not one per file, which would exhaust the
+    file descriptors that carry them; and the labels as one tensor."""
+    files = [data for data, _ in samples]
+    lengths = torch.tensor([len(data) for data in files])
+    return (torch.cat(files), lengths), torch.tensor([label for _, label in samples])
 
 
 class DeviceDecoder:
@@ -89,8 +94,10 @@ class DeviceDecoder:
         self.mean = torch.tensor(norm.mean, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(norm.std, device=device).view(1, 3, 1, 1)
 
-    def __call__(self, encoded: list[torch.Tensor]) -> torch.Tensor:
-        decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+    def __call__(self, encoded: Encoded) -> torch.Tensor:
+        flat, lengths = encoded
+        files = list(torch.split(flat, lengths.tolist()))  # views: no copy
+        decoded = decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
         batch = torch.stack([self.per_image(image) for image in decoded])
         return (batch.float() / 255.0 - self.mean) / self.std  # ToTensor's scale, then Normalize
 
