@@ -246,7 +246,7 @@ def _imagefolder(
         if (root / "train").is_dir() and (root / "val").is_dir():
             train = image_set(root / "train", True)
             val = image_set(root / "val", False)
-            classes = datasets.ImageFolder(str(root / "train")).classes
+            classes, _ = datasets.folder.find_classes(str(root / "train"))  # folders only
         else:
             full = datasets.ImageFolder(str(root))
             train_idx, val_idx = _split(len(full), cfg.val_fraction, seed)
