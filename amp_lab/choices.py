@@ -26,6 +26,12 @@ class DatasetName(Choice):
     imagefolder = "imagefolder"
 
 
+class Decode(Choice):  # where data=imagefolder's JPEG files are decoded and augmented
+    cpu = "cpu"  # PIL and timm's transforms in the loader workers (the default)
+    device = "device"  # workers read the bytes; one batched decode_jpeg on the training device
+    gpu = "gpu"  # `device`, refused unless the training device is CUDA
+
+
 class PrecisionName(Choice):  # one member per row of precision/modes.py's PRECISION_MODES
     fp32 = "fp32"
     tf32 = "tf32"

@@ -28,6 +28,7 @@ from amp_lab.choices import (
     ClipMode,
     CompileMode,
     DatasetName,
+    Decode,
     Device,
     DiagnosticsMode,
     EraseMode,
@@ -115,6 +116,10 @@ class DataConfig:
     channels: int = 3  # synthetic only: input channels
     num_samples: int = 2048  # synthetic only: samples kept on the device
     num_workers: int = 0  # DataLoader workers for on-disk data sets
+    # imagefolder: where JPEGs are decoded; device/gpu: the workers only read the files, the
+    # batch is decoded (torchvision.io.decode_jpeg) and cropped, flipped, jittered, normalised on
+    # the training device (gpu: CUDA only)
+    decode: Decode = Decode.cpu
     persistent_workers: bool = True  # keep workers alive across epochs (when num_workers > 0)
     # batches each worker loads ahead (when num_workers > 0)
     prefetch_factor: int = field(default=2, metadata=FREE_ON_RESUME)
@@ -169,6 +174,15 @@ class DataConfig:
             f"cifar100, imagefolder); data={self.name} keeps its tensor path (mixup and "
             "label smoothing work there)",
         )
+        if self.decode != Decode.cpu:  # the device path has no PIL policies or erasing
+            unsupported = [f"data={self.name}"] if self.name != "imagefolder" else []
+            unsupported += [f"data.{k}" for k in image_keys]
+            _require(
+                not unsupported,
+                f"data.decode={self.decode} decodes data=imagefolder's JPEGs with crop, flip "
+                f"and colour jitter only, not {unsupported[0] if unsupported else ''}; use "
+                "data.decode=cpu for it",
+            )
 
 
 @dataclass

@@ -1,30 +1,51 @@
 #!/usr/bin/env bash
-# The performance check for one H100/H200-class GPU, in at most 8 minutes:
-#   1. compile_cache, in the background: every compiled throughput row's configuration compiled
-#      once, in parallel processes, so the timed compiled rows load their kernels from torch's
-#      on-disk caches (cold, resnet50 took about 100 s per precision to compile on an H200);
-#   2. the no-sync check, meanwhile: pytest -m gpu (a real Trainer loop under
-#      torch.cuda.set_sync_debug_mode("error") between log steps, fp32/fp16/bf16);
-#   3. the overhead check: amp_lab step / bare loop, resnet50, every GPU mode with the default
-#      telemetry;
-#   4. the throughput table: resnet50 and vit_base_patch16_224 x bf16, fp32, fp16, tf32,
-#      torch.compile off, then on (one model per part, so both get their turn);
-#   5. the overhead of diagnostics=full (bf16), in the time that is left.
-# Each part has a time limit, cut to what is left of the 8 minutes (BUDGET_S, default 470 s);
-# the benchmark rewrites its bench.json/bench.md after every measurement, so a part cut short
+# The performance check for one H100/H200-class GPU, in at most 8 minutes (BUDGET_S), the parts
+# in the order of what the figures are for (issue 21's table), each cut to the time that is left:
+#   1. in the background, compile_cache: every compiled row's configuration of MODELS x MODES
+#      compiled once in parallel processes, so the timed compiled rows load their kernels from
+#      torch's on-disk caches (cold, resnet50 took about 100 s per precision on an H200);
+#      meanwhile the no-sync check (pytest -m gpu: the
+#      Trainer loop under torch.cuda.set_sync_debug_mode("error"), the GPU decode test) and the
+#      synthetic JPEG ImageFolder the feed and peer parts read (IMG_SIZE px, 20 batches);
+#   2. overhead: amp_lab step / bare loop, MODELS[0] (resnet50), every mode of MODES;
+#   3. throughput_compiled_<model>: torch.compile on, every mode (resnet50 is channels_last);
+#   4. compile_step: vit_base_patch16_224 bf16 with trainer.compile=step, when this checkout has
+#      that option (else recorded as skipped);
+#   5. feed: MODELS[0] bf16 on synthetic data, then on the JPEG folder decoded by PIL in
+#      FEED_WORKERS loader workers (data.decode=cpu), then on the GPU (data.decode=gpu):
+#      samples/s and throughput/data_share, i.e. which one bounds the run;
+#   6. peer: timm's own train.py (PEER_SCRIPT) against amp_lab, MODELS[0] bf16, on the JPEG
+#      folder, PEER_EPOCHS epochs, whole runs; skipped when PEER_SCRIPT is not set;
+#   7. fp8: FP8_MODELS x bf16 and fp8 (torchao tensorwise), then fp8 rowwise, compiled (cold:
+#      the first step is the compilation), batch FP8_BATCH_SIZE, with how many Linear layers
+#      torchao converted;
+#   8. throughput_eager and overhead_full (diagnostics=full), in the time that is left.
+# The limits add up to about 12 minutes; with the default 8-minute budget the last parts are cut or
+# skipped (status.txt says which, each one command away); BUDGET_S=590 fits a 10-minute slot.
+# The benchmark rewrites its bench.json/bench.md after every measurement, so a part cut short
 # keeps what it measured. Everything lands in OUT_DIR: status.txt (exit code and elapsed time
-# per part), one .log per part, one folder per benchmark and gpu_check.md (all tables, with date
-# and device) at the end.
+# per part, or why it was skipped), one .log per part, one folder per benchmark and gpu_check.md
+# (all tables, with date and device) at the end.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (default: $OUT, else outputs/gpu_check/DATE_TIME)
 # Settings from the environment (defaults in brackets):
 #   PYTHON      the interpreter [.venv/bin/python, else python3]
-#   MODELS      timm models; the overhead check uses the first [resnet50 vit_base_patch16_224]
-#   MODES       precision modes, the key ones first [bf16 fp32 fp16 tf32]
+#   MODELS      timm models; overhead, feed and peer use the first [resnet50 vit_base_patch16_224]
+#   MODES       precision modes, the key ones first [bf16 fp16 fp32]
+#   FP8_MODELS  [vit_base_patch16_224 vit_large_patch16_224 vit_huge_patch14_224]
+#   FP8_BATCH_SIZE  the fp8 table's batch [64]
 #   BATCH_SIZE, IMG_SIZE   [128, 224]: smaller for a smaller GPU
+#   PEER_SCRIPT timm's train.py from a checkout of timm (pip's timm wheel does not ship it, so
+#               carry the file to the GPU machine and name it here) [unset: peer skipped]
+#   PEER_EPOCHS [2]
+#   FEED_WORKERS  loader workers of the feed and peer parts [the CPUs, at most 16]
+#   IMAGES_DIR  where the synthetic JPEG folder is written [a temporary folder, removed at the end]
 #   BUDGET_S    seconds for all parts [470]
+#   LIMIT_SCALE each part's time limit multiplied by it [1; 3 with DEVICE=cpu]
 #   DEVICE      [cuda]; cpu runs the same parts on the CPU, to try the flow before GPU time is
-#               spent, e.g. DEVICE=cpu MODELS=test_vit MODES="fp32 bf16" BATCH_SIZE=4 IMG_SIZE=16
+#               spent (fp8 emulated and eager there), e.g. DEVICE=cpu MODELS=test_vit
+#               MODES="fp32 bf16" FP8_MODELS=test_vit FP8_BATCH_SIZE=4 BATCH_SIZE=4 IMG_SIZE=16
+#               BUDGET_S=1200
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then
@@ -37,7 +58,7 @@ START=$SECONDS
 BUDGET=${BUDGET_S:-470}  # seconds for all parts: 8 minutes, less the summary at the end
 
 part() {  # part NAME LIMIT_S COMMAND...: run with a time limit, log it, record the exit code
-  local name=$1 limit=$2
+  local name=$1 limit=$(($2 * LIMIT_SCALE))
   shift 2
   local left=$((BUDGET - (SECONDS - START)))
   [ "$left" -lt "$limit" ] && limit=$left
@@ -54,8 +75,10 @@ part() {  # part NAME LIMIT_S COMMAND...: run with a time limit, log it, record 
 }
 
 DEVICE=${DEVICE:-cuda}
+# the limits are a GPU's; a CPU dry run compiles and trains the tiny models more slowly
+LIMIT_SCALE=${LIMIT_SCALE:-$([ "$DEVICE" = cpu ] && echo 3 || echo 1)}
 read -ra MODELS <<< "${MODELS:-resnet50 vit_base_patch16_224}"
-read -ra MODES <<< "${MODES:-bf16 fp32 fp16 tf32}"  # key modes first: a part cut short has them
+read -ra MODES <<< "${MODES:-bf16 fp16 fp32}"  # key modes first: a part cut short has them
 BATCH_SIZE=${BATCH_SIZE:-128}
 IMG_SIZE=${IMG_SIZE:-224}
 if [ "$DEVICE" != cuda ] && [ "$DEVICE" != cpu ]; then
@@ -73,16 +96,32 @@ if ! "$PYTHON" -c "import amp_lab.bench" 2> "$OUT_DIR/import.log"; then  # fail 
     "install the project with 'pip install -e .' first" >&2
   exit 2
 fi
+if [ -n "${PEER_SCRIPT:-}" ] && [ ! -f "$PEER_SCRIPT" ]; then
+  echo "gpu_check: error: PEER_SCRIPT=$PEER_SCRIPT is not a file; name timm's train.py from a" \
+    "checkout of timm (carried to this machine), or unset PEER_SCRIPT to skip the peer part" >&2
+  exit 2
+fi
 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
 rm -f "$OUT_DIR/status.txt"
 
 BENCH=("$PYTHON" -m amp_lab.bench --device "$DEVICE" --batch-size "$BATCH_SIZE"
   --img-size "$IMG_SIZE")
+OVR=(trainer.progress=false)  # every part's --override list starts with these
 NOTE=""
 if ! "$PYTHON" -c "import wandb" 2> /dev/null; then  # the default telemetry logs to W&B offline
-  BENCH+=(--override logger.mode=disabled)
+  OVR+=(logger.mode=disabled)
   NOTE="wandb is not installed here: every run used logger.mode=disabled"
 fi
+FP8_DEFAULT="vit_base_patch16_224 vit_large_patch16_224 vit_huge_patch14_224"
+read -ra FP8_MODELS <<< "${FP8_MODELS:-$FP8_DEFAULT}"
+FP8_OVR=()
+FP8_COMPILE=on
+if [ "$DEVICE" = cpu ]; then  # no float8 matmuls on a CPU: torchao's emulation, uncompiled
+  FP8_OVR=(precision.fp8_emulate=true)
+  FP8_COMPILE=off
+fi
+FEED_WORKERS=${FEED_WORKERS:-$("$PYTHON" -c "import os; print(min(16, os.cpu_count() or 1))")}
+PEER_EPOCHS=${PEER_EPOCHS:-2}
 # One compile process per 16 GiB of GPU memory (per core on the CPU), at most one per
 # configuration: each runs its configuration's steps at batch 128 (peaks of 7-17 GB on the H200).
 JOBS=$("$PYTHON" -c "import os, torch
@@ -90,24 +129,64 @@ n = (torch.cuda.get_device_properties(0).total_memory // (16 << 30) if '$DEVICE'
      else os.cpu_count())
 print(max(1, min(n, ${#MODELS[@]} * ${#MODES[@]})))")
 TIMED=(--steps 20 --warmup 5)  # the same in compile_cache and the compiled rows: same graphs
-# Limits from the H200 run of 2026-11-30 (docs/gpu_check), where the compiled rows still
-# compiled cold and the whole table needed about 15 minutes.
-part compile_cache 180 "${BENCH[@]}" --parts compile_cache --models "${MODELS[@]}" \
-  --precisions "${MODES[@]}" "${TIMED[@]}" --jobs "$JOBS" --out "$OUT_DIR/compile_cache" &
-part no_sync 120 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py -q -p no:cacheprovider
+FP8_TIMED=(--steps 10 --warmup 3 --batch-size "${FP8_BATCH_SIZE:-64}")  # vit_huge: ~60 GB at 64
+FP8_SETS=("bf16 fp8|precision.fp8_recipe=tensorwise" "fp8|precision.fp8_recipe=rowwise")
+if [ -z "${IMAGES_DIR:-}" ]; then
+  IMAGES_DIR=$(mktemp -d)
+  trap 'rm -rf "$IMAGES_DIR"' EXIT
+fi
+# Limits from the H200 run of 2026-11-30 (docs/gpu_check) where they exist; the feed, peer,
+# compile_step and fp8 parts had not run on a GPU when these were set.
+part compile_cache 150 "${BENCH[@]}" --parts compile_cache --models "${MODELS[@]}" \
+  --precisions "${MODES[@]}" "${TIMED[@]}" --jobs "$JOBS" --override "${OVR[@]}" \
+  --out "$OUT_DIR/compile_cache" &
+part no_sync 120 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py \
+  tests/components/test_device_decode.py -q -p no:cacheprovider
+part images 60 "$PYTHON" -m amp_lab.bench.image_folder "$IMAGES_DIR" --size "$IMG_SIZE" \
+  --train $((20 * BATCH_SIZE)) --val "$BATCH_SIZE"
 wait  # nothing timed runs next to the compile processes
-part overhead 110 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" --variants default \
-  --precisions "${MODES[@]}" --steps 10 --rounds 4 --out "$OUT_DIR/overhead"
-part throughput_eager 80 "${BENCH[@]}" --parts throughput --models "${MODELS[@]}" \
-  --precisions "${MODES[@]}" --compile off "${TIMED[@]}" --out "$OUT_DIR/throughput_eager"
+part overhead 80 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" --variants default \
+  --precisions "${MODES[@]}" --steps 10 --rounds 3 --override "${OVR[@]}" \
+  --out "$OUT_DIR/overhead"
 for model in "${MODELS[@]}"; do
-  part "throughput_compiled_$model" 60 "${BENCH[@]}" --parts throughput --models "$model" \
-    --precisions "${MODES[@]}" --compile on "${TIMED[@]}" \
+  part "throughput_compiled_$model" 45 "${BENCH[@]}" --parts throughput --models "$model" \
+    --precisions "${MODES[@]}" --compile on "${TIMED[@]}" --override "${OVR[@]}" \
     --out "$OUT_DIR/throughput_compiled_$model"
 done
-part overhead_full 40 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" \
-  --variants diagnostics=full --precisions "${MODES[0]}" --steps 10 --rounds 4 \
-  --out "$OUT_DIR/overhead_full"
+if "$PYTHON" -c "from amp_lab.config import compose_settings as c; c(['trainer.compile=step'])" \
+    2> /dev/null; then
+  part compile_step 60 "${BENCH[@]}" --parts throughput --models vit_base_patch16_224 \
+    --precisions bf16 --compile on "${TIMED[@]}" --override "${OVR[@]}" trainer.compile=step \
+    --out "$OUT_DIR/compile_step"
+else
+  echo "compile_step: skipped, this checkout has no trainer.compile=step" \
+    | tee -a "$OUT_DIR/status.txt"
+fi
+part feed 50 "${BENCH[@]}" --parts feed --models "${MODELS[0]}" --precisions bf16 \
+  "${TIMED[@]}" --data-dir "$IMAGES_DIR" --workers "$FEED_WORKERS" --override "${OVR[@]}" \
+  --out "$OUT_DIR/feed"
+if [ -n "${PEER_SCRIPT:-}" ]; then
+  part peer 100 "${BENCH[@]}" --parts peer --peer-script "$PEER_SCRIPT" --models "${MODELS[0]}" \
+    --precisions bf16 --epochs "$PEER_EPOCHS" --rounds 1 --data-dir "$IMAGES_DIR" \
+    --workers "$FEED_WORKERS" --override "${OVR[@]}" --out "$OUT_DIR/peer"
+else
+  echo "peer: skipped, PEER_SCRIPT is not set (PEER_SCRIPT=path/to/timm/train.py)" \
+    | tee -a "$OUT_DIR/status.txt"
+fi
+i=0
+for set in "${FP8_SETS[@]}"; do
+  read -ra modes <<< "${set%%|*}"
+  part "fp8_$i" $((90 - 30 * i)) "${BENCH[@]}" --parts throughput --models "${FP8_MODELS[@]}" \
+    --precisions "${modes[@]}" --compile "$FP8_COMPILE" "${FP8_TIMED[@]}" \
+    --override "${OVR[@]}" "${FP8_OVR[@]}" "${set##*|}" --out "$OUT_DIR/fp8_$i"
+  i=$((i + 1))
+done
+part throughput_eager 40 "${BENCH[@]}" --parts throughput --models "${MODELS[@]}" \
+  --precisions "${MODES[@]}" --compile off "${TIMED[@]}" --override "${OVR[@]}" \
+  --out "$OUT_DIR/throughput_eager"
+part overhead_full 30 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" \
+  --variants diagnostics=full --precisions "${MODES[0]}" --steps 10 --rounds 3 \
+  --override "${OVR[@]}" --out "$OUT_DIR/overhead_full"
 
 {
   echo "# amp_lab GPU check — $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -116,15 +195,18 @@ part overhead_full 40 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" \
 print(torch.cuda.get_device_name() if '$DEVICE' == 'cuda' else f'CPU ({platform.machine()})')")"
   echo "- command: \`scripts/gpu_check.sh $*\` ($((SECONDS - START))s)"
   echo "- settings: DEVICE=$DEVICE MODELS=\"${MODELS[*]}\" MODES=\"${MODES[*]}\"" \
-    "BATCH_SIZE=$BATCH_SIZE IMG_SIZE=$IMG_SIZE BUDGET_S=$BUDGET, $JOBS compile jobs"
+    "FP8_MODELS=\"${FP8_MODELS[*]}\" BATCH_SIZE=$BATCH_SIZE IMG_SIZE=$IMG_SIZE" \
+    "BUDGET_S=$BUDGET FEED_WORKERS=$FEED_WORKERS PEER_SCRIPT=${PEER_SCRIPT:-unset}," \
+    "$JOBS compile jobs"
   [ -n "$NOTE" ] && echo "- note: $NOTE"
   echo
   echo '```'
   cat "$OUT_DIR/status.txt"
   echo '```'
   grep -E "passed|failed|error|skipped" "$OUT_DIR/no_sync.log" | tail -n 1 | sed 's/^/no-sync check: /'
-  for name in compile_cache overhead throughput_eager "${MODELS[@]/#/throughput_compiled_}" \
-      overhead_full; do  # in the order they ran
+  for name in compile_cache overhead \
+      "${MODELS[@]/#/throughput_compiled_}" compile_step feed peer fp8_0 fp8_1 \
+      throughput_eager overhead_full; do  # in the order they ran
     md="$OUT_DIR/$name/bench.md"
     [ -f "$md" ] && { echo; sed 's/^#/##/' "$md"; }  # each heading one level down
   done

@@ -295,6 +295,7 @@ def test_the_choice_fields_are_enums():
         "data.mixup_mode",
         "fsdp.param_dtype",
         "fsdp.reduce_dtype",
+        "data.decode",
     }
 
 

@@ -9,6 +9,11 @@ measurement so an interrupted benchmark keeps what it measured.
   python -m amp_lab.bench --variants default diagnostics=light diagnostics=full
   python -m amp_lab.bench --models resnet50 vit_base_patch16_224 --compile both
   python -m amp_lab.bench --parts compile_cache throughput --compile on --jobs 8   # GPU
+  python -m amp_lab.bench --parts peer --peer-script path/to/timm/train.py --models test_vit \
+      --precisions bf16 --data-dir DIR --epochs 3 --rounds 3 --threads 1
+
+`--parts peer` runs timm's own train.py against amp_lab, whole runs alternated (see
+amp_lab/bench/peer.py for what each figure counts).
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from typing import Any
 import torch
 
 from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
+from amp_lab.bench.feed import measure_feed
 from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
+from amp_lab.bench.peer import (
+    PeerComparison,
+    check_data_dir,
+    check_peer_script,
+    compare,
+    peer_data,
+)
 from amp_lab.bench.record import environment, write_report
 from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
 from amp_lab.choices import CompileMode
@@ -40,12 +53,14 @@ DEFAULTS = {
         "batch_size": 32,
         "img_size": 32,
         "compile": "off",
+        "workers": 0,
     },  # torch.compile on a small CPU costs minutes per model
     "cuda": {
         "models": ["resnet50", "vit_base_patch16_224"],
         "batch_size": 128,
         "img_size": 224,
         "compile": "both",
+        "workers": 8,
     },
 }
 WARMUP_ROUNDS = 1  # overhead rounds left out: allocator growth, autotuning, compilation
@@ -76,13 +91,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--parts",
         nargs="+",
-        choices=["compile_cache", "overhead", "throughput"],
+        choices=["compile_cache", "overhead", "throughput", "feed", "peer"],
         default=["overhead", "throughput"],
         help="what to run, always in the order "
-        "compile_cache, overhead, throughput (default: overhead throughput); compile_cache "
+        "compile_cache, overhead, throughput, feed, peer (default: overhead throughput); "
+        "compile_cache "
         "compiles every models x precisions configuration once in --jobs parallel processes "
         "and records its first step, so the compiled throughput rows then load their kernels "
-        "from torch's on-disk caches",
+        "from torch's on-disk caches; feed trains --models' first on synthetic data, then on "
+        "a JPEG ImageFolder (--data-dir or synthetic JPEGs) decoded on the host and on the "
+        "device; peer runs --peer-script (timm's train.py) against "
+        "amp_lab per models x precisions (default precision: bf16), --rounds times each",
     )
     add(
         "--models",
@@ -113,7 +132,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "round (a multiple of trainer.log_every; default 20)",
     )
     add("--warmup", type=int, default=5, help="throughput warm-up steps (default 5)")
-    add("--rounds", type=int, default=5, help="timed overhead rounds, after one warm-up round")
+    add(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timed overhead rounds, after one warm-up round; peer: rounds of (peer, amp_lab)",
+    )
+    add("--peer-script", type=Path, help="peer: timm's train.py, from a checkout of timm")
+    add(
+        "--data-dir",
+        type=Path,
+        help="feed, peer: an ImageFolder with train/ and val/ (default: synthetic JPEGs of "
+        "--img-size, --steps batches per epoch, written to OUT/peer_images)",
+    )
+    add("--epochs", type=int, default=3, help="peer: epochs of each run (default 3)")
+    add(
+        "--workers",
+        type=int,
+        help="feed, peer: data loader workers (default: 0 on CPU, 8 on CUDA)",
+    )
     add(
         "--compile",
         choices=["off", "on", "both"],
@@ -143,8 +180,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
     args = parser.parse_args(argv)
-    if min(args.steps, args.rounds, args.jobs) < 1 or args.warmup < 0:
-        parser.error("--steps, --rounds and --jobs must be >= 1, --warmup >= 0")
+    if min(args.steps, args.rounds, args.jobs, args.epochs) < 1 or args.warmup < 0:
+        parser.error("--steps, --rounds, --jobs and --epochs must be >= 1, --warmup >= 0")
     return args
 
 
@@ -314,6 +351,80 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
                 )
 
 
+def peer_overrides(args: argparse.Namespace, model: str, precision: str, root: Path) -> list[str]:
+    """amp_lab's side of one peer comparison; timm's arguments are derived from its settings."""
+    return [
+        f"model={model}",
+        f"precision={precision}",
+        "data=imagefolder",
+        f"data.root={root}",
+        f"data.img_size={args.img_size}",
+        f"data.num_workers={args.workers}",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.epochs={args.epochs}",
+        f"trainer.device={args.device}",
+        f"trainer.threads={args.threads or 0}",
+        "trainer.progress=false",
+        "trainer.resume=false",
+        *args.override,
+    ]
+
+
+def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """Synthetic vs JPEG files decoded on the host vs on the device: --models[0] x
+    --precisions[0], --warmup + --steps steps each."""
+    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
+    steps = args.warmup + args.steps
+    base = [
+        f"model={args.models[0]}",
+        f"precision={args.precisions[0]}",
+        f"data.img_size={args.img_size}",
+        f"data.num_workers={args.workers}",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.max_steps={steps}",
+        f"trainer.timing_warmup={args.warmup}",
+        f"trainer.eval_every={steps + 1}",  # one evaluation, after the last step
+        f"trainer.device={args.device}",
+        f"trainer.threads={args.threads or 0}",
+        "trainer.progress=false",
+        "trainer.resume=false",
+        "checkpoint.enabled=false",
+        *args.override,
+    ]
+    rows = measure_feed(base, root, device, args.out, args.batch_size)
+    report(feed=rows)
+    for row in rows:
+        print(
+            f"feed {row.data}: {row.samples_per_s:.1f} samples/s, data share "
+            f"{row.data_share if row.data_share is not None else float('nan'):.2f}",
+            file=sys.stderr,
+        )
+
+
+def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) -> None:
+    """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
+    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
+    done: list[PeerComparison] = []
+    for model in args.models:
+        for precision in precisions:
+            overrides = peer_overrides(args, model, precision, root)
+            comparison = compare(
+                overrides,
+                args.peer_script,
+                root,
+                args.out,
+                args.rounds,
+                args.threads,
+                lambda current: report(peer=[*done, current]),
+            )
+            done.append(comparison)
+            print(
+                f"peer {model} {precision}: amp_lab {comparison.amp_lab_samples_per_s:.1f} vs "
+                f"peer {comparison.peer_samples_per_s:.1f} samples/s ({comparison.ratio:.3f}x)",
+                file=sys.stderr,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -325,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in DEFAULTS[device.type].items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
+        peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
         args.precisions = args.precisions or runnable_precisions(device)
         args.variants = args.variants or default_variants()
         args.out = args.out or Path("outputs/bench") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -334,8 +446,19 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:  # a bad model or mode fails now, not after minutes of rows
             for precision in args.precisions:
                 compose_settings(_overrides(args, model, precision))
+        if "peer" in args.parts:  # a bad file fails now, not after the other parts
+            args.peer_script = check_peer_script(args.peer_script)
+        if args.data_dir is not None and {"feed", "peer"} & set(args.parts):
+            args.data_dir = check_data_dir(args.data_dir)
         env = environment(device, sys.argv[1:] if argv is None else argv)
-        state: dict[str, Any] = {"compile_cache": [], "overhead": [], "rows": [], "errors": []}
+        state: dict[str, Any] = {
+            "compile_cache": [],
+            "overhead": [],
+            "rows": [],
+            "errors": [],
+            "feed": [],
+            "peer": [],
+        }
 
         def report(**update: Any) -> None:
             state.update(update)
@@ -347,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             run_overhead(args, device, report)
         if "throughput" in args.parts:
             run_throughput(args, device, report)
+        if "feed" in args.parts:
+            run_feed(args, device, report)
+        if "peer" in args.parts:
+            run_peer(args, peer_precisions, report)
     except ConfigError as err:
         print(f"amp_lab.bench: error: {err}", file=sys.stderr)
         return 2

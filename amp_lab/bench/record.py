@@ -17,8 +17,10 @@ import timm
 import torch
 
 from amp_lab.bench.compile_cache import CompileRecord
+from amp_lab.bench.feed import FeedRow
 from amp_lab.bench.flops import device_name
 from amp_lab.bench.overhead import OverheadResult
+from amp_lab.bench.peer import PeerComparison
 from amp_lab.bench.throughput import ThroughputRow
 
 
@@ -78,8 +80,8 @@ def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) ->
     lines = [
         "| model | precision | compile | channels_last | batch | first step s | samples/s | "
         "step ms | fwd ms | bwd ms | opt ms | peak MB | state | state MB | TFLOP/s | MFU | "
-        "vs fp32 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "vs fp32 | fp8 Linears |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"
@@ -90,12 +92,50 @@ def throughput_table(rows: list[ThroughputRow], errors: list[dict[str, Any]]) ->
             f"{r.step_ms:.2f} | {r.forward_ms:.2f} | {r.backward_ms:.2f} | "
             f"{r.optimizer_ms:.2f} | {r.peak_memory_mb:.0f} | {r.state_dtype} | "
             f"{r.state_mb:.2f} | "
-            f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} |"
+            f"{_fmt(r.achieved_tflops)} | {mfu} | {speedup} | "
+            f"{f'{r.fp8_linears} ({r.fp8_recipe})' if r.fp8_recipe else '—'} |"
         )
     for e in errors:
         lines.append(
             f"| {e['model']} | {e['precision']} | {_fmt(e['compile'])} | "
-            f"failed: {e['error']} |" + " |" * 13
+            f"failed: {e['error']} |" + " |" * 14
+        )
+    return "\n".join(lines)
+
+
+def feed_table(rows: list[FeedRow]) -> str:
+    lines = [
+        "| model | precision | data | workers | samples/s | data share | vs synthetic |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.model} | {r.precision} | {r.data} | {r.workers} | {r.samples_per_s:.1f} | "
+            f"{_fmt(r.data_share, 2)} | {_fmt(r.vs_synthetic)} |"
+        )
+    return "\n".join(lines)
+
+
+def peer_table(comparisons: list[PeerComparison]) -> str:
+    lines = [
+        "| model | precision | batch | image | epochs | rounds | amp_lab samples/s | "
+        "peer samples/s | **ratio** (rounds' range) | amp_lab wall s | peer wall s | "
+        "wall ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        if not any(r.program == "amp_lab" for r in c.runs):
+            continue  # the first round's peer run alone: no ratio yet
+        walls = {
+            p: statistics.median(r.wall_s for r in c.runs if r.program == p)
+            for p in ("amp_lab", "peer")
+        }
+        rounds = sum(r.program == "amp_lab" for r in c.runs)
+        lines.append(
+            f"| {c.model} | {c.precision} | {c.batch_size} | {c.img_size} | {c.epochs} | "
+            f"{rounds} | {c.amp_lab_samples_per_s:.1f} | {c.peer_samples_per_s:.1f} | "
+            f"**{c.ratio:.3f}** ({min(c.ratios):.2f}–{max(c.ratios):.2f}) | "
+            f"{walls['amp_lab']:.1f} | {walls['peer']:.1f} | {c.wall_ratio:.3f} |"
         )
     return "\n".join(lines)
 
@@ -107,6 +147,8 @@ def write_report(
     overhead: list[OverheadResult],
     rows: list[ThroughputRow],
     errors: list[dict[str, Any]],
+    feed: list[FeedRow],
+    peer: list[PeerComparison],
 ) -> str:
     """Write bench.json and bench.md (atomically, so a reader never sees half a file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +161,13 @@ def write_report(
         ],
         "throughput": [asdict(r) for r in rows],
         "throughput_errors": errors,
+        "feed": [asdict(r) for r in feed],
+        "peer": [
+            {**asdict(c), "ratios": c.ratios, "ratio": c.ratio, "wall_ratio": c.wall_ratio}
+            if any(r.program == "amp_lab" for r in c.runs)
+            else asdict(c)
+            for c in peer
+        ],
     }
     header = [
         f"# amp_lab benchmark — {env['date']}",
@@ -149,6 +198,25 @@ def write_report(
         ]
     if rows or errors:
         parts += ["## Throughput", "", throughput_table(rows, errors), ""]
+    if feed:
+        parts += [
+            "## Feed: synthetic data vs JPEG files decoded on the host and on the device "
+            "(samples/s after warm-up; data share: time waiting for batches)",
+            "",
+            feed_table(feed),
+            "",
+        ]
+    if peer:
+        parts += [
+            "## Peer: amp_lab vs timm's train.py (training samples/s after warm-up and "
+            "whole-process wall time, medians of rounds; ratios amp_lab / peer, the median "
+            "round's)",
+            "",
+            peer_table(peer),
+            "",
+            *(f"- data: {c.data}; peer: `{' '.join(c.peer_command[1:])}`" for c in peer),
+            "",
+        ]
     markdown = "\n".join(parts)
     for name, text in [("bench.json", json.dumps(data, indent=2)), ("bench.md", markdown)]:
         tmp = out_dir / f"{name}.tmp"

@@ -44,6 +44,8 @@ class ThroughputRow:
     mfu: float | None  # None on a CPU or a GPU missing from amp_lab.flops.PEAK_TFLOPS
     state_dtype: str  # optim.state_dtype
     state_mb: float  # optimizer state + fp32 master weights, from the tensors' sizes
+    fp8_linears: int = 0  # nn.Linear layers torchao converted to Float8Linear
+    fp8_recipe: str | None = None  # precision.fp8_recipe of an fp8 row
     speedup_vs_fp32: float | None = None  # filled in once the fp32 row of the same group exists
 
 
@@ -150,6 +152,9 @@ def measure_throughput(
         state_dtype=s.optim.state_dtype,
         state_mb=(state_bytes(parts.optimizer) + master_weight_bytes(parts.optimizer, parts.model))
         / 2**20,
+        # by class name: torchao is an optional extra, imported only by fp8 runs
+        fp8_linears=sum(type(m).__name__ == "Float8Linear" for m in parts.model.modules()),
+        fp8_recipe=str(s.precision.fp8_recipe) if getattr(mode, "fp8", False) else None,
     )
 
 

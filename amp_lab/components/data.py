@@ -3,7 +3,8 @@
 Every data set yields (images, labels) batches. The order of an epoch is a permutation drawn from
 (seed, epoch) alone, so a run can be repeated, and resumed from any batch of any epoch.
 In-memory data (digits, synthetic) is sliced straight from tensors; on-disk data goes through a
-DataLoader with workers, pinned memory and prefetching.
+DataLoader with workers, pinned memory and prefetching. With `data.decode=device|gpu` the
+workers only read JPEG files and each batch is decoded on the device (device_decode.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
+from amp_lab.choices import Decode
 from amp_lab.components.augment import build_transforms, resolve_normalisation
+from amp_lab.components.device_decode import (
+    DeviceDecoder,
+    EncodedImages,
+    collate_encoded,
+    encoded_folder,
+)
 from amp_lab.config import ConfigError, DataConfig
 
 if TYPE_CHECKING:
@@ -24,7 +32,7 @@ if TYPE_CHECKING:
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # The data sets built here: map-style, each with a length (torch's Dataset promises no len()).
-MapData: TypeAlias = "TensorDataset | Subset | VisionDataset"
+MapData: TypeAlias = "TensorDataset | Subset | VisionDataset | EncodedImages"
 
 
 @dataclass(frozen=True)
@@ -104,9 +112,12 @@ class DataSource:
                 dataset,
                 batch_sampler=batch_order,
                 generator=torch.Generator().manual_seed(len(self._loaders)),
+                collate_fn=collate_encoded if isinstance(dataset, EncodedImages) else None,
                 **self._loader_options(),
             )
         for images, labels in self._loaders[key]:
+            if isinstance(dataset, EncodedImages):  # counted in the step's data time
+                images = dataset.decoder(images)
             yield self._to_device(images, labels)
 
     def _loader_options(self) -> dict:
@@ -204,26 +215,43 @@ def _cifar(cfg: DataConfig, model_name: str | None) -> tuple[MapData, MapData, D
 
 
 def _imagefolder(
-    cfg: DataConfig, seed: int, model_name: str | None
+    cfg: DataConfig, seed: int, model_name: str | None, device: torch.device
 ) -> tuple[MapData, MapData, DataSpec]:
     from torchvision import datasets
 
     how = "point it at a folder of class sub-folders (or with train/ and val/ inside)"
     root = _require_root(cfg, how)
+    if cfg.decode == Decode.gpu and device.type != "cuda":
+        raise ConfigError(
+            f"data.decode=gpu needs a CUDA training device, not {device.type}; use "
+            "data.decode=device (decode on this device) or data.decode=cpu"
+        )
     norm = resolve_normalisation(
         cfg, model_name, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     )  # ImageNet channel stats
-    train_tf, val_tf = build_transforms(cfg, norm)
+    transforms = build_transforms(cfg, norm) if cfg.decode == Decode.cpu else None
+
+    def image_set(path: Path, train: bool, indices: list[int] | None = None) -> MapData:
+        files: MapData
+        if transforms is None:  # the device decodes: the workers only read the files
+            files = encoded_folder(path, str(cfg.decode))
+        else:
+            files = datasets.ImageFolder(str(path), transform=transforms[0 if train else 1])
+        files = files if indices is None else Subset(files, indices)
+        if transforms is None:
+            return EncodedImages(files, DeviceDecoder(cfg, norm, device, train))
+        return files
+
     try:
         if (root / "train").is_dir() and (root / "val").is_dir():
-            train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
-            val = datasets.ImageFolder(str(root / "val"), transform=val_tf)
-            classes = train.classes
+            train = image_set(root / "train", True)
+            val = image_set(root / "val", False)
+            classes, _ = datasets.folder.find_classes(str(root / "train"))  # folders only
         else:
             full = datasets.ImageFolder(str(root))
             train_idx, val_idx = _split(len(full), cfg.val_fraction, seed)
-            train = Subset(datasets.ImageFolder(str(root), transform=train_tf), train_idx)
-            val = Subset(datasets.ImageFolder(str(root), transform=val_tf), val_idx)
+            train = image_set(root, True, train_idx)
+            val = image_set(root, False, val_idx)
             classes = full.classes
     except (FileNotFoundError, RuntimeError) as err:
         raise ConfigError(f"data.root={root}: {err}; {how}") from err
@@ -248,7 +276,7 @@ def build_data(
     elif cfg.name in ("cifar10", "cifar100"):
         train, val, spec = _cifar(cfg, model_name)
     else:
-        train, val, spec = _imagefolder(cfg, seed, model_name)
+        train, val, spec = _imagefolder(cfg, seed, model_name, device)
     # in memory (both sets, or neither): put them on the device once, not per batch
     if isinstance(train, TensorDataset) and isinstance(val, TensorDataset):
         train, val = (TensorDataset(*(t.to(device) for t in ds.tensors)) for ds in (train, val))

@@ -12,8 +12,10 @@ import subprocess
 import sys
 
 import pytest
+import timm
 import torch
 from helpers import ROOT
+from helpers.peers import write_fake_peer
 
 from amp_lab.bench import cli as bench
 from amp_lab.bench import flops
@@ -124,8 +126,9 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
 @pytest.mark.slow
 def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     """DEVICE=cpu runs scripts/gpu_check.sh's own commands on a tiny ViT, as a dry run before
-    GPU time is spent: every part finishes, the compiled rows load what compile_cache built,
-    and gpu_check.md gathers every table."""
+    GPU time is spent: every part finishes (trainer.compile=step only where the checkout has
+    it), the compiled rows load what compile_cache built, and gpu_check.md gathers every
+    table."""
     out = tmp_path / "check"
     env = {
         **os.environ,
@@ -133,8 +136,15 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         "DEVICE": "cpu",
         "MODELS": "test_vit",
         "MODES": "fp32 bf16",
+        "FP8_MODELS": "test_vit",
+        "FP8_BATCH_SIZE": "4",
         "BATCH_SIZE": "4",
         "IMG_SIZE": "16",
+        "BUDGET_S": "1200",  # a busy 2-core CPU needs more than a GPU's 8 minutes
+        "FEED_WORKERS": "0",
+        "PEER_EPOCHS": "1",
+        "PEER_SCRIPT": str(write_fake_peer(tmp_path)),
+        "FAKE_PEER_RECORD": str(tmp_path / "peer_record.jsonl"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
     }
     done = subprocess.run(
@@ -143,19 +153,28 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     parts = [
         "compile_cache",
         "no_sync",
+        "images",
         "overhead",
-        "throughput_eager",
         "throughput_compiled_test_vit",
+        "compile_step",
+        "feed",
+        "peer",
+        "fp8_0",
+        "fp8_1",
+        "throughput_eager",
         "overhead_full",
     ]
     status = dict(line.split(": ", 1) for line in (out / "status.txt").read_text().splitlines())
     assert sorted(status) == sorted(parts)
+    if status["compile_step"].startswith("skipped"):  # a checkout without the option
+        assert status.pop("compile_step") == "skipped, this checkout has no trainer.compile=step"
+        parts.remove("compile_step")
     failed = {part: outcome for part, outcome in status.items() if not outcome.startswith("rc=0 ")}
     assert not failed, f"{failed}; see the part's .log in {out}"
 
@@ -179,10 +198,24 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
             ("fp32", compiled, 4),
             ("bf16", compiled, 4),
         ]
+    fp8 = table("fp8_0", "throughput") + table("fp8_1", "throughput")
+    assert [(r["precision"], r["fp8_recipe"], r["fp8_linears"] > 0) for r in fp8] == [
+        ("bf16", None, False),
+        ("fp8", "tensorwise", True),
+        ("fp8", "rowwise", True),
+    ]
+    feed = table("feed", "feed")
+    assert [r["data"] for r in feed] == [
+        "synthetic",
+        "imagefolder decode=cpu",
+        "imagefolder decode=device",
+    ]
+    (peer,) = table("peer", "peer")
+    assert [r["program"] for r in peer["runs"]] == ["peer", "amp_lab"] and peer["ratio"] > 0
     md = (out / "gpu_check.md").read_text()
     assert "- device: CPU" in md and 'MODES="fp32 bf16"' in md
-    assert "no-sync check: 3 skipped" in md  # the CUDA-only tests, on this CPU
-    benchmarks = [part for part in parts if part != "no_sync"]
+    assert "no-sync check: 4 skipped" in md  # the CUDA-only tests, on this CPU
+    benchmarks = [part for part in parts if part not in ("no_sync", "images")]
     positions = [md.index(f"--out {out / part}`") for part in benchmarks]
     assert positions == sorted(positions)  # each benchmark's own markdown, in the order it ran
     # the compiled rows loaded what compile_cache built: inductor wrote no graph after it ended
@@ -190,7 +223,11 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         p.stat().st_mtime for p in (tmp_path / "inductor").glob("fxgraph/**/*") if p.is_file()
     ]
     assert len(graphs) >= 4  # a forward and a backward graph per configuration
-    assert max(graphs) < (out / "compile_cache" / "bench.json").stat().st_mtime
+    compiled_end = (out / "throughput_compiled_test_vit" / "bench.json").stat().st_mtime
+    assert (
+        max(g for g in graphs if g < compiled_end)
+        < (out / "compile_cache" / "bench.json").stat().st_mtime
+    )
 
 
 @pytest.mark.slow
@@ -236,6 +273,34 @@ def test_a_pure_16_bit_row_first_for_its_model_counts_its_flops(tmp_path):
     assert (
         first["precision"] == "bf16_pure" and first["flops_per_step"] == fp32["flops_per_step"] > 0
     )
+
+
+@pytest.mark.slow
+def test_an_fp8_row_counts_the_linear_layers_torchao_converted(tmp_path):
+    """test_vit's blocks hold 4 Linears each (qkv, proj, fc1, fc2), all 16-divisible; the head
+    stays bf16. Emulated float8 on the CPU."""
+    code = bench.main(
+        [
+            *TINY,
+            "--parts",
+            "throughput",
+            "--precisions",
+            "bf16",
+            "fp8",
+            "--override",
+            "trainer.log_every=2",
+            "data.num_classes=10",
+            "precision.fp8_emulate=true",
+            "precision.fp8_recipe=rowwise",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    bf16, fp8 = json.loads((tmp_path / "bench.json").read_text())["throughput"]
+    blocks = len(timm.create_model("test_vit", pretrained=False).blocks)
+    assert code == 0 and (bf16["fp8_linears"], bf16["fp8_recipe"]) == (0, None)
+    assert (fp8["fp8_linears"], fp8["fp8_recipe"]) == (4 * blocks, "rowwise")
+    assert f"| {4 * blocks} (rowwise) |" in (tmp_path / "bench.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,134 @@
+"""timm's own `train.py` as a peer: amp_lab's settings as its arguments, and its log read back.
+
+The arguments are derived from the composed amp_lab settings, so both programs train the same
+model (its kwargs and image size), batch, precision, optimizer, LR schedule, augmentation and
+normalisation on the same ImageFolder; whatever `--override` changes in amp_lab's settings
+changes timm's arguments with it. timm's train.py logs every update (`--log-interval 1`) with its
+own rate, `Train: E [ i/N (..)]  ...  Time: 0.123s,  520.10/s  (...)`: the seconds from the end
+of the previous update to the end of this one (its data loading included, evaluation not),
+which is what amp_lab's throughput meter counts per step.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import timm
+import torch
+
+from amp_lab.components.augment import resolve_normalisation
+from amp_lab.components.lr import peak_lr
+from amp_lab.config import AmpLabConfig, ConfigError
+
+# amp_lab precision mode -> timm train.py's autocast flags (it has no other modes)
+AMP_FLAGS = {
+    "fp32": [],
+    "bf16": ["--amp", "--amp-dtype", "bfloat16"],
+    "fp16": ["--amp", "--amp-dtype", "float16"],
+}
+# one logged update: its epoch, index, and the samples per second of that update alone
+TRAIN_LINE = re.compile(r"Train: (\d+) \[\s*(\d+)/\d+ .*?Time: [\d.]+s,\s+([\d.]+)/s")
+
+
+def _takes_img_size(name: str, kwargs: dict) -> bool:
+    """Whether timm's model accepts img_size (transformers do, CNNs reject it), as amp_lab's
+    build_model finds out; built on the meta device, so no memory or time is spent."""
+    try:
+        with torch.device("meta"):
+            timm.create_model(name, pretrained=False, img_size=224, **kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _model_args(settings: AmpLabConfig) -> list[str]:
+    model = settings.model
+    kwargs = dict(model.kwargs)
+    if _takes_img_size(model.name, kwargs):
+        kwargs["img_size"] = settings.data.img_size
+    args = ["--model", model.name]
+    if kwargs:
+        args += ["--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items())]
+    if model.drop_path_rate > 0:
+        args += ["--drop-path", str(model.drop_path_rate)]
+    if model.drop_rate > 0:
+        args += ["--drop", str(model.drop_rate)]
+    return args + (["--channels-last"] if model.channels_last else [])
+
+
+def _schedule_args(settings: AmpLabConfig) -> list[str]:
+    lr, optim, trainer = settings.lr, settings.optim, settings.trainer
+    if lr.warmup_steps or lr.warmup_epochs != int(lr.warmup_epochs) or lr.schedule != "cosine":
+        raise ConfigError(
+            "--parts peer maps a cosine schedule with whole warmup epochs to timm's train.py; "
+            "use lr.schedule=cosine and an integer lr.warmup_epochs (lr.warmup_steps=0)"
+        )
+    global_batch = trainer.batch_size * trainer.grad_accum
+    args = ["--opt", optim.name, "--lr", repr(peak_lr(lr, global_batch))]
+    args += ["--weight-decay", str(optim.weight_decay), "--momentum", str(optim.momentum)]
+    args += ["--sched", "cosine", "--sched-on-updates", "--warmup-epochs"]
+    args += [
+        str(int(lr.warmup_epochs)),
+        "--min-lr",
+        repr(lr.min_factor * peak_lr(lr, global_batch)),
+    ]
+    args += ["--grad-accum-steps", str(trainer.grad_accum), "--seed", str(trainer.seed)]
+    return args + (["--clip-grad", str(trainer.clip_grad)] if trainer.clip_grad > 0 else [])
+
+
+def _data_args(settings: AmpLabConfig, data_dir: Path, device: torch.device) -> list[str]:
+    data = settings.data
+    norm = resolve_normalisation(
+        data, settings.model.name, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    )  # the ImageNet statistics amp_lab's imagefolder falls back to
+    args = ["--data-dir", str(data_dir), "--train-split", "train", "--val-split", "val"]
+    args += ["--input-size", "3", str(data.img_size), str(data.img_size)]
+    args += ["--mean", *map(str, norm.mean), "--std", *map(str, norm.std)]
+    args += ["--crop-pct", str(norm.crop_pct), "--interpolation", norm.interpolation]
+    args += ["--smoothing", str(data.label_smoothing), "-j", str(data.num_workers)]
+    args += ["--mixup", str(data.mixup_alpha), "--cutmix", str(data.cutmix_alpha)]
+    if not data.augment:
+        args.append("--no-aug")
+    else:
+        args += ["--scale", *map(str, data.scale), "--hflip", str(data.hflip)]
+        args += ["--color-jitter", str(data.color_jitter), "--reprob", str(data.re_prob)]
+        args += ["--aa", data.auto_augment] if data.auto_augment else []
+    # timm's prefetcher (normalisation on the GPU, pinned memory) is its fast CUDA path
+    return args + (["--pin-mem"] if device.type == "cuda" else ["--no-prefetcher"])
+
+
+def timm_args(
+    settings: AmpLabConfig, data_dir: Path, num_classes: int, device: torch.device, output: Path
+) -> list[str]:
+    """timm train.py's arguments for the run amp_lab's `settings` describe."""
+    precision = str(settings.precision.name)
+    if precision not in AMP_FLAGS:
+        raise ConfigError(
+            f"--parts peer: timm's train.py has no precision={precision}; use one of "
+            f"{list(AMP_FLAGS)}"
+        )
+    t = settings.trainer
+    args = [*_model_args(settings), "--num-classes", str(num_classes), "-b", str(t.batch_size)]
+    args += ["--epochs", str(t.epochs), *AMP_FLAGS[precision], "--device", device.type]
+    args += _schedule_args(settings) + _data_args(settings, data_dir, device)
+    args += ["--torchcompile"] if t.compile else []
+    return args + ["--log-interval", "1", "--output", str(output)]
+
+
+def timm_rate(log: str, warmup: int) -> tuple[float, int]:
+    """(samples/s over the logged updates after the first `warmup`, how many were counted).
+    Each update's time is batch / its rate, so the whole rate is their harmonic mean."""
+    rates = [float(m.group(3)) for m in TRAIN_LINE.finditer(log)]
+    counted = rates[warmup:]
+    if not rates:
+        raise ConfigError(
+            "the peer's log has no 'Train: E [i/N] ... Time: Xs, R/s' line; is --peer-script "
+            "timm's train.py?"
+        )
+    if not counted or min(counted) <= 0:
+        raise ConfigError(
+            f"the peer logged {len(rates)} updates, none after the {warmup} warm-up ones; raise "
+            "trainer.epochs or the data set's size"
+        )
+    return len(counted) / sum(1 / r for r in counted), len(counted)

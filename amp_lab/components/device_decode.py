@@ -1,0 +1,115 @@
+"""`data.decode=device|gpu`: JPEG files decoded and augmented on the training device.
+
+PIL on the host's cores cannot decode and crop thousands of images a second; a GPU can. Here the
+loader workers only read each file's bytes (`torchvision.io.read_file`), the batch of encoded
+JPEGs is decoded in one `torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG's batched
+decoder on CUDA, libjpeg-turbo on the CPU), and torchvision's v2 transforms crop, flip and jitter
+each decoded image where it lies; the stacked batch is normalised there. The geometry is timm's
+(`create_transform`): random-resized crop and flip for training, shortest-edge resize and centre
+crop for evaluation, so the device path feeds the images the PIL path would, within the JPEG
+decoders' rounding and the resampling kernels' differences.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from torchvision import datasets
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
+from torchvision.transforms import v2
+
+from amp_lab.components.augment import Normalisation
+from amp_lab.config import ConfigError, DataConfig
+
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+# timm's `random` interpolation draws bilinear or bicubic per image; the device path resizes
+# with one kernel, and bilinear is timm's fallback
+INTERPOLATION = {
+    "bilinear": v2.InterpolationMode.BILINEAR,
+    "bicubic": v2.InterpolationMode.BICUBIC,
+    "nearest": v2.InterpolationMode.NEAREST,
+    "random": v2.InterpolationMode.BILINEAR,
+}
+
+
+def encoded_folder(root: Path, decode: str) -> datasets.ImageFolder:
+    """An ImageFolder whose samples are (the file's bytes as a uint8 tensor, class index);
+    a file that is not a JPEG is a ConfigError naming it."""
+    folder = datasets.ImageFolder(str(root), loader=read_file)
+    others = [path for path, _ in folder.samples if not path.lower().endswith(JPEG_SUFFIXES)]
+    if others:
+        raise ConfigError(
+            f"data.decode={decode} decodes JPEG files only, and {root} holds {len(others)} "
+            f"others (e.g. {others[0]}); convert them to JPEG or use data.decode=cpu"
+        )
+    return folder
+
+
+Encoded = tuple[torch.Tensor, torch.Tensor]  # a batch's files end to end, and their lengths
+
+
+def collate_encoded(samples: list[tuple[torch.Tensor, int]]) -> tuple[Encoded, torch.Tensor]:
+    """The batch's files as one flat uint8 tensor plus their lengths: a worker hands one tensor
+    (one shared-memory block) to the main process, not one per file, which would exhaust the
+    file descriptors that carry them; and the labels as one tensor."""
+    files = [data for data, _ in samples]
+    lengths = torch.tensor([len(data) for data in files])
+    return (torch.cat(files), lengths), torch.tensor([label for _, label in samples])
+
+
+class DeviceDecoder:
+    """Encoded JPEGs -> a normalised float32 (N, 3, S, S) batch on `device`."""
+
+    def __init__(
+        self, cfg: DataConfig, norm: Normalisation, device: torch.device, train: bool
+    ) -> None:
+        self.device = device
+        interpolation = INTERPOLATION[norm.interpolation]
+        size = cfg.img_size
+        if train and cfg.augment:
+            steps: list[torch.nn.Module] = [
+                v2.RandomResizedCrop(
+                    size,
+                    scale=(cfg.scale[0], cfg.scale[1]),
+                    ratio=(3 / 4, 4 / 3),  # timm's default aspect-ratio range
+                    interpolation=interpolation,
+                    antialias=True,
+                ),
+                v2.RandomHorizontalFlip(cfg.hflip),
+            ]
+            if cfg.color_jitter > 0:
+                jitter = cfg.color_jitter
+                steps.append(v2.ColorJitter(jitter, jitter, jitter))  # timm: same for all three
+        else:  # timm's evaluation transform: shortest edge to size / crop_pct, then centre crop
+            steps = [
+                v2.Resize(
+                    math.floor(size / norm.crop_pct), interpolation=interpolation, antialias=True
+                ),
+                v2.CenterCrop(size),
+            ]
+        self.per_image = v2.Compose(steps)
+        self.mean = torch.tensor(norm.mean, device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(norm.std, device=device).view(1, 3, 1, 1)
+
+    def __call__(self, encoded: Encoded) -> torch.Tensor:
+        flat, lengths = encoded
+        files = list(torch.split(flat, lengths.tolist()))  # views: no copy
+        decoded = decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
+        batch = torch.stack([self.per_image(image) for image in decoded])
+        return (batch.float() / 255.0 - self.mean) / self.std  # ToTensor's scale, then Normalize
+
+
+class EncodedImages(Dataset):
+    """A data set of encoded JPEGs and the decoder its batches go through on the device."""
+
+    def __init__(self, files: Dataset, decoder: DeviceDecoder) -> None:
+        self.files, self.decoder = files, decoder
+
+    def __len__(self) -> int:
+        return len(self.files)  # type: ignore[arg-type]  # ImageFolder/Subset have a length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.files[index]
