@@ -5,9 +5,15 @@ README's prose fails here, and the prose is then rewritten with the new figures.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import pytest
+from helpers.compose import settings
 from helpers.reports import cells
+
+from amp_lab.components.data import DataSpec
+from amp_lab.components.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,3 +177,50 @@ def test_precision_modes_the_cnn_predicts_alike_the_vit_matches_within_a_small_n
     assert _mean(vit["fp32"], "final_val_acc") > 0.75  # 79.1%: the ViT learns in 60 steps
     assert _mean(vit["fp16"], "skipped_steps") == 0
     assert _mean(vit["fp16"], "final_loss_scale") == 2**16
+
+
+def _rank0_state_bytes() -> int:
+    """AdamW's two fp32 moments over rank 0's FSDP2 shards of the study's model on 2 ranks: each
+    parameter split along its first dimension, rank 0 holding the larger half."""
+    cfg = settings("+experiment/cpu=fsdp_precision", "+parallel=fsdp", fast=False)
+    model = build_model(cfg.model, DataSpec(1, 10, cfg.data.img_size))  # digits: grey, 10 classes
+    return sum(8 * math.ceil(p.shape[0] / 2) * p[0].numel() for p in model.parameters())
+
+
+def test_fsdp_precision_every_policy_matches_ddp_and_the_state_per_rank_halves():
+    groups = _groups("fsdp_precision")
+    fp32, bf16 = (cells(groups[f"precision.name={m}"]) for m in ("fp32", "bf16"))
+    ddp = "ddp param_dtype=auto reduce_dtype=auto"
+    gathered = "fsdp param_dtype=auto reduce_dtype=auto"  # under bf16: bf16-gathered weights
+    reduced = "fsdp param_dtype=auto reduce_dtype=bf16"
+    masters = "fsdp param_dtype=fp32 reduce_dtype=auto"
+    shard_bytes = _rank0_state_bytes()
+    assert shard_bytes == 8 * 255_690 // 2 + 1_536  # cls_token, pos_embed stay whole on rank 0
+    for mode, grid, acc, std in (("fp32", fp32, 0.822, 0.030), ("bf16", bf16, 0.818, 0.036)):
+        assert grid[ddp]["reference"] and grid[ddp]["figures"]["final_val_acc"] == {
+            "mean": pytest.approx(acc, abs=5e-4),
+            "std": pytest.approx(std, abs=5e-4),
+            "n": 3,
+            "paired": True,
+        }  # the runs learn: 82%
+        verdict = groups[f"precision.name={mode}"]["verdict"]
+        for policy in (gathered, reduced, masters):
+            assert f"{policy} matches {ddp} " in verdict, (mode, policy)
+            assert _mean(grid[policy], "skipped_steps") == 0 and not grid[policy]["health"]
+            assert _mean(grid[policy], "optimizer_state_bytes") == shard_bytes
+        assert _mean(grid[ddp], "optimizer_state_bytes") == 8 * 255_690  # 2 fp32 moments each
+    for policy in (gathered, masters):  # fp32: FSDP2 computes what DDP computes
+        assert fp32[policy]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
+        assert 0 <= fp32[policy]["delta"]["loss_rel"] < 2e-7
+    assert bf16[masters]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
+    assert bf16[masters]["delta"]["loss"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
+    for grid, policy, acc, std, loss_rel in (
+        (bf16, gathered, 0.007, 0.007, -0.011),
+        (fp32, reduced, -0.001, 0.002, -0.0002),
+        (bf16, reduced, 0.006, 0.003, -0.012),
+    ):
+        delta = grid[policy]["delta"]
+        assert delta["acc"]["mean"] == pytest.approx(acc, abs=5e-4), policy
+        assert delta["acc"]["std"] == pytest.approx(std, abs=5e-4), policy
+        assert delta["loss_rel"] == pytest.approx(loss_rel, rel=0.05)  # the val loss, relative
+        assert delta["loss"]["std"] > 0  # the arithmetic moved: the seeds' losses differ
