@@ -39,11 +39,32 @@ COLUMNS = [
     "samples/s",
     "speed-up",
     "peak MB",
+    "params MB",
+    "grads MB",
     "state MB",
     "skipped",
     "loss scale",
     "status",
 ]
+
+
+# this rank's bytes of parameters, gradients and optimizer state (FSDP: its shards; summary.json)
+PER_RANK_BYTES = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+
+
+def shown_columns(data: dict[str, Any]) -> list[int]:
+    """Indexes of COLUMNS to show: a per-rank memory column only when some run reports it
+    (runs written before amp_lab recorded it leave it unknown everywhere)."""
+    known = {
+        key
+        for group in data["groups"]
+        for cell in group["cells"]
+        for key in PER_RANK_BYTES
+        if cell["figures"].get(key, UNKNOWN)["mean"] is not None
+    }
+    first = COLUMNS.index("params MB")
+    hidden = {first + i for i, key in enumerate(PER_RANK_BYTES) if key not in known}
+    return [i for i in range(len(COLUMNS)) if i not in hidden]
 
 
 def _num(stat: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
@@ -88,11 +109,16 @@ def cell_row(cell: dict[str, Any]) -> list[str]:
         _num(f["mean_samples_per_s"], ".1f"),
         _ratio(d["speedup"]),
         _num(f["peak_memory_mb"], ".0f"),
-        _num(f.get("optimizer_state_bytes", UNKNOWN), ".2f", 1e-6),  # bytes -> MB
+        *(_num(f.get(key, UNKNOWN), ".2f", 1e-6) for key in PER_RANK_BYTES),  # bytes -> MB
         _num(f["skipped_steps"], ".0f"),
         _scale(f["final_loss_scale"]),
         status if status == "completed" else f"**{status}**",
     ]
+
+
+def _pick(row: list[str], shown: list[int]) -> list[str]:
+    """The axis cell, then the shown COLUMNS of a cell_row."""
+    return [row[0], *(row[1 + i] for i in shown)]
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -102,14 +128,17 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def group_sections(data: dict[str, Any], level: str = "##") -> list[str]:
     """Per group: a heading, its verdict and its table (markdown lines)."""
-    parts = []
+    parts, shown = [], shown_columns(data)
     for group in data["groups"]:
         parts += [
             f"{level} Group {group['id']}: {group['name']}",
             "",
             f"**Verdict:** {group['verdict']}",
             "",
-            markdown_table([data["axis"], *COLUMNS], [cell_row(c) for c in group["cells"]]),
+            markdown_table(
+                [data["axis"], *(COLUMNS[i] for i in shown)],
+                [_pick(cell_row(c), shown) for c in group["cells"]],
+            ),
             "",
         ]
     return parts
@@ -143,12 +172,13 @@ def write_markdown(out: Path, data: dict[str, Any], plots: list[Path]) -> Path:
 
 def print_tables(console: Console, data: dict[str, Any]) -> None:
     """The groups as rich tables, each with its verdict under it."""
+    shown = shown_columns(data)
     for group in data["groups"]:
         table = Table(title=f"group {group['id']}: {group['name']}")
-        for name in [data["axis"], *COLUMNS]:
+        for name in [data["axis"], *(COLUMNS[i] for i in shown)]:
             table.add_column(name, overflow="fold")
         for cell in group["cells"]:
-            row = cell_row(cell)
+            row = _pick(cell_row(cell), shown)
             table.add_row(
                 *[c.replace("**", "") for c in row],
                 style=None if "**" not in row[-1] else "bold red",

@@ -25,6 +25,8 @@ FIGURES = (
     "time_to_target_s",
     "mean_samples_per_s",
     "peak_memory_mb",
+    "param_bytes",
+    "grad_bytes",
     "optimizer_state_bytes",
     "skipped_steps",
     "final_loss_scale",

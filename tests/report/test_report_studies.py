@@ -34,3 +34,32 @@ def test_study_readme_holds_its_report(study: str) -> None:
     ]
     for group in data["groups"]:
         assert f"**Verdict:** {group['verdict']}" in block
+
+
+def test_per_rank_memory_columns_show_when_the_runs_report_them() -> None:
+    """fsdp_precision's runs record per-rank parameter and gradient bytes: FSDP's halves show
+    beside DDP's; runs of a study made before amp_lab recorded them show no empty column."""
+    fsdp = json.loads((ROOT / "experiments/fsdp_precision/report/report.json").read_text())
+    table = findings(fsdp, "overview.png").splitlines()
+    header = next(line for line in table if line.startswith("| trainer.strategy"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[columns.index("peak MB") + 1 : columns.index("skipped")] == [
+        "params MB",
+        "grads MB",
+        "state MB",
+    ]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table}
+    at = columns.index("params MB")
+    assert rows["ddp param_dtype=auto reduce_dtype=auto (ref)"][at : at + 3] == [
+        "1.02 ± 0.00",
+        "1.02 ± 0.00",
+        "2.05 ± 0.00",
+    ]
+    assert rows["fsdp param_dtype=auto reduce_dtype=auto"][at : at + 3] == [
+        "0.51 ± 0.00",
+        "0.51 ± 0.00",
+        "1.02 ± 0.00",
+    ]
+    older = json.loads((ROOT / "experiments/scaler_grid/report/report.json").read_text())
+    text = findings(older, "overview.png")
+    assert "state MB" in text and "params MB" not in text and "grads MB" not in text

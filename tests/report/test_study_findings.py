@@ -208,7 +208,10 @@ def test_fsdp_precision_every_policy_matches_ddp_and_the_state_per_rank_halves()
             assert f"{policy} matches {ddp} " in verdict, (mode, policy)
             assert _mean(grid[policy], "skipped_steps") == 0 and not grid[policy]["health"]
             assert _mean(grid[policy], "optimizer_state_bytes") == shard_bytes
+            for key in ("param_bytes", "grad_bytes"):  # fp32 shards and their gradients
+                assert _mean(grid[policy], key) == shard_bytes // 2, (mode, policy, key)
         assert _mean(grid[ddp], "optimizer_state_bytes") == 8 * 255_690  # 2 fp32 moments each
+        assert _mean(grid[ddp], "param_bytes") == _mean(grid[ddp], "grad_bytes") == 4 * 255_690
     for policy in (gathered, masters):  # fp32: FSDP2 computes what DDP computes
         assert fp32[policy]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
         assert 0 <= fp32[policy]["delta"]["loss_rel"] < 2e-7
