@@ -9,8 +9,8 @@
 #      synthetic JPEG ImageFolder the feed and peer parts read (IMG_SIZE px, 20 batches);
 #   2. overhead: amp_lab step / bare loop, MODELS[0] (resnet50), every mode of MODES;
 #   3. throughput_compiled_<model>: torch.compile on, every mode (resnet50 is channels_last);
-#   4. compile_step: vit_base_patch16_224 bf16 with trainer.compile=step, when this checkout has
-#      that option (else recorded as skipped);
+#   4. compile_step: STEP_MODEL bf16 with trainer.compile=step, when this checkout has that
+#      option (else recorded as skipped);
 #   5. feed: MODELS[0] bf16 on synthetic data, then on the JPEG folder decoded by PIL in
 #      FEED_WORKERS loader workers (data.decode=cpu), then on the GPU (data.decode=gpu):
 #      samples/s and throughput/data_share, i.e. which one bounds the run;
@@ -32,6 +32,7 @@
 #   PYTHON      the interpreter [.venv/bin/python, else python3]
 #   MODELS      timm models; overhead, feed and peer use the first [resnet50 vit_base_patch16_224]
 #   MODES       precision modes, the key ones first [bf16 fp16 fp32]
+#   STEP_MODEL  the compile_step part's model [vit_base_patch16_224]
 #   FP8_MODELS  [vit_base_patch16_224 vit_large_patch16_224 vit_huge_patch14_224]
 #   FP8_BATCH_SIZE  the fp8 table's batch [64]
 #   BATCH_SIZE, IMG_SIZE   [128, 224]: smaller for a smaller GPU
@@ -44,7 +45,7 @@
 #   LIMIT_SCALE each part's time limit multiplied by it [1; 3 with DEVICE=cpu]
 #   DEVICE      [cuda]; cpu runs the same parts on the CPU, to try the flow before GPU time is
 #               spent (fp8 emulated and eager there), e.g. DEVICE=cpu MODELS=test_vit
-#               MODES="fp32 bf16" FP8_MODELS=test_vit FP8_BATCH_SIZE=4 BATCH_SIZE=4 IMG_SIZE=16
+#               MODES="fp32 bf16" STEP_MODEL=test_vit FP8_MODELS=test_vit FP8_BATCH_SIZE=4 BATCH_SIZE=4 IMG_SIZE=16
 #               BUDGET_S=1200
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +80,7 @@ DEVICE=${DEVICE:-cuda}
 LIMIT_SCALE=${LIMIT_SCALE:-$([ "$DEVICE" = cpu ] && echo 3 || echo 1)}
 read -ra MODELS <<< "${MODELS:-resnet50 vit_base_patch16_224}"
 read -ra MODES <<< "${MODES:-bf16 fp16 fp32}"  # key modes first: a part cut short has them
+STEP_MODEL=${STEP_MODEL:-vit_base_patch16_224}
 BATCH_SIZE=${BATCH_SIZE:-128}
 IMG_SIZE=${IMG_SIZE:-224}
 if [ "$DEVICE" != cuda ] && [ "$DEVICE" != cpu ]; then
@@ -155,7 +157,7 @@ for model in "${MODELS[@]}"; do
 done
 if "$PYTHON" -c "from amp_lab.config import compose_settings as c; c(['trainer.compile=step'])" \
     2> /dev/null; then
-  part compile_step 60 "${BENCH[@]}" --parts throughput --models vit_base_patch16_224 \
+  part compile_step 60 "${BENCH[@]}" --parts throughput --models "$STEP_MODEL" \
     --precisions bf16 --compile on "${TIMED[@]}" --override "${OVR[@]}" trainer.compile=step \
     --out "$OUT_DIR/compile_step"
 else

@@ -136,6 +136,7 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         "DEVICE": "cpu",
         "MODELS": "test_vit",
         "MODES": "fp32 bf16",
+        "STEP_MODEL": "test_vit",
         "FP8_MODELS": "test_vit",
         "FP8_BATCH_SIZE": "4",
         "BATCH_SIZE": "4",
