@@ -38,7 +38,7 @@ from amp_lab.components.loss import build_loss
 from amp_lab.components.lr import build_scheduler, lr_factor, peak_lr, warmup_length
 from amp_lab.components.memory import grad_bytes, param_bytes
 from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
-from amp_lab.components.models import build_model, check_input_fits
+from amp_lab.components.models import build_model, check_input_fits, place
 from amp_lab.components.optim import build_optimizer
 from amp_lab.components.threads import apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
@@ -108,7 +108,7 @@ class Trainer:
             settings.data, t.seed, self.device, settings.model.name, settings.model.channels_last
         )
         self.mixup = build_mixup(settings.data, self.data.spec.num_classes, t.batch_size)
-        self.model = build_model(settings.model, self.data.spec).to(self.device)
+        self.model = place(build_model(settings.model, self.data.spec), self.device)
         check_input_fits(self.model, settings.model.name, self.data.spec, self.device)
         keep_in_fp32(self.model, settings.precision.fp32_modules, self.device)
         prepare_model(self.model, settings.fault, settings.pitfall.name)  # pitfall lab faults
