@@ -47,7 +47,7 @@ REPORT_fsdp_precision := --by trainer.strategy,fsdp.param_dtype,fsdp.reduce_dtyp
 # a study of N-rank jobs runs its sweep under torchrun (each rank runs every job, one group each)
 LAUNCH_fsdp_precision := -m torch.distributed.run --nproc_per_node=2
 
-studies: $(addprefix study-,$(STUDIES))  ## every study's CPU variant and its report (CPU: 21 min, 138 jobs)
+studies: $(addprefix study-,$(STUDIES))  ## every study's CPU variant and its report (CPU: ~24 min, 162 jobs)
 
 study-%: $(VENV)/.installed
 	rm -rf multirun/studies/$*
