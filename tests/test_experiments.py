@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
-from helpers.distributed import as_rank, free_port, torchrun_amp_lab
+from helpers.distributed import as_rank, free_port, torchrun
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -190,26 +188,18 @@ def test_the_cpu_studies_vit_learns_digits_in_60_steps_where_4x4_patches_stay_ne
 def test_the_fsdp_study_sweeps_under_torchrun_one_group_per_job(tmp_path):
     """Each rank runs every job of the sweep and joins one process group per job; FSDP's fp32
     policy trains as DDP does, step by step (the study's first finding)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        torchrun_amp_lab(
-            "-m",
-            "+experiment/cpu=fsdp_precision",
-            "precision=fp32",
-            "+parallel=ddp,fsdp,fsdp_reduce_bf16",
-            "trainer.seed=0",
-            "trainer.max_steps=10",
-            "trainer.log_every=2",
-            "trainer.eval_every=0",
-            "logger=disabled",
-            "hydra.sweep.dir=sweep",
-        ),
+    result = torchrun(
+        "-m",
+        "+experiment/cpu=fsdp_precision",
+        "precision=fp32",
+        "+parallel=ddp,fsdp,fsdp_reduce_bf16",
+        "trainer.seed=0",
+        "trainer.max_steps=10",
+        "trainer.log_every=2",
+        "trainer.eval_every=0",
+        "logger=disabled",
+        "hydra.sweep.dir=sweep",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     losses = {}

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import ROOT, run_cli, settings
-from helpers.distributed import free_port, torchrun_amp_lab
+from helpers.distributed import as_rank, free_port, torchrun
 from helpers.slurm import JOB, ON_TEST_CLUSTER
 
 from amp_lab.components.distributed import world_from_environment
@@ -55,16 +55,8 @@ def test_world_from_torchrun_and_slurm_environments(monkeypatch):
 @pytest.mark.slow
 def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run(
-        torchrun_amp_lab(
-            *COMMON, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp"
-        ),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    ddp = torchrun(
+        *COMMON, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp", cwd=tmp_path
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     single = subprocess.run(
@@ -89,13 +81,7 @@ def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path
 
 
 def _rank_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    as_rank(rank, port)
     torch.set_num_threads(1)
     trainer = Trainer(
         settings(
@@ -176,13 +162,7 @@ def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
 
 
 def _resume_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    as_rank(rank, port)
     trainer = Trainer(
         settings(
             "precision=fp16",

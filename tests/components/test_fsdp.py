@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import timm
 import torch
 import torch.multiprocessing as mp
-from helpers import ROOT, settings
-from helpers.distributed import free_port, torchrun_amp_lab
+from helpers import settings
+from helpers.distributed import as_rank, free_port, torchrun
 
 from amp_lab.components.fsdp import resolve_plan, wrap_units
 from amp_lab.config import ConfigError
@@ -121,16 +120,7 @@ RUN = [
 
 
 def _torchrun(tmp_path: Path, name: str, *overrides: str) -> Path:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        torchrun_amp_lab(*RUN, *overrides, f"hydra.run.dir={name}"),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = torchrun(*RUN, *overrides, f"hydra.run.dir={name}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path / name
 
@@ -181,13 +171,7 @@ def test_fsdp_fp32_matches_ddp_fp32_step_by_step_on_a_sharded_memory_budget(tmp_
 
 
 def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    as_rank(rank, port)
     torch.set_num_threads(1)
     trainer = Trainer(
         settings(

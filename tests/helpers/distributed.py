@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+from pathlib import Path
+
+from helpers.compose import ROOT
 
 
 def free_port() -> int:
@@ -26,6 +30,20 @@ def torchrun_amp_lab(*overrides: str, ranks: int = 2) -> list[str]:
         "amp_lab",
         *overrides,
     ]
+
+
+def torchrun(*overrides: str, cwd: Path, ranks: int = 2) -> subprocess.CompletedProcess[str]:
+    """Run `torchrun_amp_lab(OVERRIDES)` in `cwd` with this checkout's package, one thread."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        torchrun_amp_lab(*overrides, ranks=ranks),
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def as_rank(rank: int, port: int, world_size: int = 2) -> None:
