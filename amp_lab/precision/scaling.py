@@ -5,25 +5,39 @@ Every mode runs through a GradScaler so the training step reads the same for all
 fused), and `update()` adjusts the scale. Modes without dynamic scaling use a StaticGradScaler
 pinned at 1.0: nothing is scaled, but a non-finite step is still skipped and counted instead of
 being written into the weights. `scaler.kind=static` uses the same class at a chosen fixed
-scale; `scaler.kind=hysteresis` is the Megatron/DeepSpeed scaler of hysteresis.py.
+scale; `scaler.kind=hysteresis` is the Megatron/DeepSpeed scaler of hysteresis.py. All of them
+unscale and step through LeanGradScaler, torch's GradScaler without its per-parameter Python.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch.amp import GradScaler
 
 from amp_lab.config import ScalerConfig
 from amp_lab.precision.hysteresis import HysteresisGradScaler
+from amp_lab.precision.lean import LeanGradScaler
 from amp_lab.precision.modes import PrecisionPolicy
+from amp_lab.precision.scaler_internals import scale_tensor
 
 
-class StaticGradScaler(GradScaler):
+class StaticGradScaler(LeanGradScaler):
     """A GradScaler whose scale never moves: skipping works, backoff and growth do not."""
 
     def __init__(self, device: str, scale: float) -> None:
         super().__init__(device, init_scale=scale)
         self._fixed_scale = scale
+
+    def scale(self, outputs: Any) -> Any:
+        """At a fixed scale of 1 the outputs themselves: multiplying by 1 changes no bit and
+        costs an op in the forward and one in the backward."""
+        if self._fixed_scale != 1.0 or not self.is_enabled():
+            return super().scale(outputs)
+        if scale_tensor(self) is None:
+            super().scale(outputs)  # creates the scale on the outputs' device
+        return outputs
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         super().update(self._fixed_scale if new_scale is None else new_scale)
@@ -54,7 +68,7 @@ def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
             cfg.min_scale,
             cfg.max_scale,
         )
-    return GradScaler(
+    return LeanGradScaler(
         device,
         init_scale=cfg.init_scale,
         growth_factor=cfg.growth_factor,
