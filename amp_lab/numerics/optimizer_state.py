@@ -35,6 +35,21 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([zero, ((magnitude > 0) & (magnitude < tiny)).sum()])
 
 
+def _moment_counts(moments: list[torch.Tensor]) -> torch.Tensor:
+    """[zero, subnormal] totals over the second moments: plain tensors in one flat pass per
+    dtype (one by one, ~8 ops each, a probe of test_convnext's 101 moments took ~3 ms on a
+    CPU), torchao's block-scaled states one by one."""
+    flat: dict[torch.dtype, list[torch.Tensor]] = {}
+    rows = []
+    for v in moments:
+        if getattr(v, "codes", None) is None:
+            flat.setdefault(v.dtype, []).append(v.reshape(-1))
+        else:
+            rows.append(_zero_and_subnormal(v))
+    rows += [_zero_and_subnormal(torch.cat(parts)) for parts in flat.values()]
+    return torch.stack(rows).sum(0)
+
+
 def probe_state(
     optimizer: torch.optim.Optimizer,
     params: Sequence[torch.Tensor],
@@ -48,7 +63,7 @@ def probe_state(
     moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     probe: dict[str, Any] = {}
     if moments:
-        counts = torch.stack([_zero_and_subnormal(local(v)) for v in moments]).sum(0)
+        counts = _moment_counts([local(v) for v in moments])
         probe["v_counts"] = sum_over_shards(counts, group)
         probe["v_size"] = sum(v.numel() for v in moments)  # a DTensor's: the whole tensor's
     # matrices of 4096+ values (those torchao quantises): the layers that carry the model; a
