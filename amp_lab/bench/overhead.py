@@ -3,9 +3,12 @@
 The amp_lab side is `Trainer.fit()` itself, with its default sinks and telemetry, built from the
 real config. One extra sink, called at the end of every round of amp_lab steps, times that round
 and then runs one round of the bare loop — autocast, GradScaler, AdamW, nothing else — on a copy
-of the same model, the same on-device data, batch size and precision. So the two alternate in one
-process, under the same machine load, and whatever the runner does per step (counters, meters,
-log records, sinks, diagnostics hooks) is inside the amp_lab rounds.
+of the same model, the same on-device data, batch size and precision, and the same optimizer:
+AdamW over the runner's parameter groups (weight decay on the weights, none on norms and biases,
+as timm builds them), so both loops train the same thing. The two alternate in one process, under
+the same machine load, and whatever the runner does per step (counters, meters, log records,
+sinks, diagnostics hooks, the inf/nan check of modes without loss scaling) is inside the amp_lab
+rounds.
 """
 
 from __future__ import annotations
@@ -43,9 +46,8 @@ class BareLoop:
         self.forward = compile_model(self.model, t.compile_backend) if compiled else self.model
         fused = bool(parts.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            _same_groups(parts, self.model),
             lr=parts.peak_lr,
-            weight_decay=parts.settings.optim.weight_decay,
             fused=fused or None,
             foreach=False if t.compile == CompileMode.step else None,  # as the runner's is built
         )
@@ -86,6 +88,23 @@ class BareLoop:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+
+
+def _same_groups(parts: BuiltParts, copy_of_model: torch.nn.Module) -> list[dict[str, Any]]:
+    """The runner's optimizer parameter groups and their weight decay, over the copy's params."""
+    position = {id(p): i for i, p in enumerate(parts.model.parameters())}
+    copies = list(copy_of_model.parameters())
+    groups = []
+    for group in parts.optimizer.param_groups:
+        if any(id(p) not in position for p in group["params"]):
+            raise ConfigError("the overhead bench needs an optimizer over the model's own weights")
+        groups.append(
+            {
+                "params": [copies[position[id(p)]] for p in group["params"]],
+                "weight_decay": group["weight_decay"],
+            }
+        )
+    return groups
 
 
 def _clocks(device: torch.device) -> tuple[float, float]:

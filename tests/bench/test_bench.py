@@ -405,3 +405,22 @@ def test_mfu_and_compute_dtype_of_each_mode():
         "fp16_noscale": "fp16",
         "bf16": "bf16",
     }
+
+
+def test_the_bare_loop_trains_the_runners_parameter_groups_on_its_own_copy(tmp_path):
+    """Same optimizer both sides: the ratio measures the runner's machinery, not a second
+    weight-decay group the bare loop would not have."""
+    from amp_lab.bench.overhead import BareLoop
+    from amp_lab.trainer import Trainer
+
+    trainer = Trainer(bench.compose_settings(["model=test_convnext", "logger=disabled"]), tmp_path)
+    runner_groups = trainer.parts.optimizer.param_groups
+    bare = BareLoop(trainer.parts)
+    groups = bare.optimizer.param_groups
+    assert len(runner_groups) == len(groups) == 2  # timm: decay on weights, none on the rest
+    copies = {id(p) for p in bare.model.parameters()}
+    for runner, own in zip(runner_groups, groups, strict=True):
+        assert own["weight_decay"] == runner["weight_decay"]
+        assert [p.shape for p in own["params"]] == [p.shape for p in runner["params"]]
+        assert all(id(p) in copies for p in own["params"])
+    assert {g["weight_decay"] for g in groups} == {0.0, trainer.settings.optim.weight_decay}

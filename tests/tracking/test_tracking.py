@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -159,6 +160,40 @@ def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog)
     assert [r.message for r in caplog.records if "W&B" in r.message] == [
         "W&B summary failed (Connection lost)",
         "W&B finish failed (Connection lost)",
+    ]
+
+
+def test_records_reach_wandb_in_order_off_the_training_thread_and_a_failure_stops_only_wandb(
+    tmp_path, caplog
+):
+    """W&B encodes records on its writer thread; a record that fails there is one warning, the
+    later records are dropped for W&B only, and the summary still waits for the writer."""
+
+    class RecordingRun:
+        def __init__(self):
+            self.calls: list[tuple[str, dict]] = []
+            self.summary: dict = {}
+
+        def log(self, values):
+            self.calls.append((threading.current_thread().name, values))
+            if values["step"] == 2:
+                raise ConnectionResetError("Connection lost")
+
+        def finish(self, exit_code):
+            self.exit_code = exit_code
+
+    run = RecordingRun()
+    sink = WandbSink(settings(), tmp_path, "offline")
+    sink.run, sink.writer = run, ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-log")
+    for step in range(1, 5):
+        sink.log({"kind": "train", "step": step, "train/loss": 1.0 / step})
+    sink.finish({"status": "completed"})
+    assert [values["step"] for _, values in run.calls] == [1, 2]  # in order; none after the failure
+    assert all(name.startswith("wandb-log") for name, _ in run.calls)
+    assert all("kind" not in values for _, values in run.calls)
+    assert sink.run is None and run.summary == {}
+    assert [r.message for r in caplog.records if "W&B" in r.message] == [
+        "W&B log failed (Connection lost); W&B logging stops, metrics.jsonl goes on"
     ]
 
 
