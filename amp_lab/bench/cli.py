@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -107,7 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--models",
         nargs="+",
         help="conf/model presets (default: test_vit test_convnext on "
-        "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead uses the first",
+        "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead runs each, feed uses the first",
     )
     add(
         "--precisions",
@@ -230,56 +231,55 @@ def _release(device: torch.device, compiled: bool) -> None:
 def run_overhead(
     args: argparse.Namespace, device: torch.device, report: Report
 ) -> list[OverheadResult]:
-    """The amp_lab loop against the bare loop, per variant and precision."""
+    """The amp_lab loop against the bare loop, per model, variant and precision."""
     results: list[OverheadResult] = []
     total = (WARMUP_ROUNDS + args.rounds) * args.steps
-    for variant in args.variants:
-        for precision in args.precisions:
-            if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
-                print(
-                    f"overhead {variant} {precision}: skipped, the bare recipe (autocast over "
-                    "fp32 weights) has no pure 16-bit weights",
-                    file=sys.stderr,
-                )
-                continue
-            extra = [] if variant == "default" else variant.split()
-            # evaluation only after the end; a constant LR, as the bare loop has (the schedule
-            # still steps every step), so both loops take the same optimizer steps
-            settings = compose_settings(
-                _overrides(
-                    args,
-                    args.models[0],
-                    precision,
-                    f"trainer.max_steps={total}",
-                    f"trainer.eval_every={total + 1}",
-                    "lr.schedule=constant",
-                    *extra,
-                )
-            )
-            if args.steps % settings.trainer.log_every:
-                every = settings.trainer.log_every
-                raise ConfigError(
-                    f"--steps {args.steps} must be a multiple of "
-                    f"trainer.log_every={every}; use --steps {every} (or a "
-                    f"multiple), or add --override trainer.log_every={args.steps}"
-                )
-            run_dir = args.out / "runs" / f"overhead_{variant.replace(' ', '_')}_{precision}"
-            trainer = Trainer(settings, run_dir)
-            sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
-            trainer.extra_sinks.append(sink)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-                results.append(
-                    measure_overhead(trainer, sink, variant_label(variant, settings), WARMUP_ROUNDS)
-                )
+    for model, variant, precision in itertools.product(args.models, args.variants, args.precisions):
+        if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
             print(
-                f"overhead {results[-1].variant} {precision}: median ratio "
-                f"{results[-1].median_ratio:.3f}",
+                f"overhead {model} {variant} {precision}: skipped, the bare recipe (autocast over "
+                "fp32 weights) has no pure 16-bit weights",
                 file=sys.stderr,
             )
-            del trainer, sink
-            _release(device, settings.trainer.compile != CompileMode.off)
-            report(overhead=results)
+            continue
+        extra = [] if variant == "default" else variant.split()
+        # evaluation only after the end; a constant LR, as the bare loop has (the schedule
+        # still steps every step), so both loops take the same optimizer steps
+        settings = compose_settings(
+            _overrides(
+                args,
+                model,
+                precision,
+                f"trainer.max_steps={total}",
+                f"trainer.eval_every={total + 1}",
+                "lr.schedule=constant",
+                *extra,
+            )
+        )
+        if args.steps % settings.trainer.log_every:
+            every = settings.trainer.log_every
+            raise ConfigError(
+                f"--steps {args.steps} must be a multiple of "
+                f"trainer.log_every={every}; use --steps {every} (or a "
+                f"multiple), or add --override trainer.log_every={args.steps}"
+            )
+        run_dir = args.out / "runs" / f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
+        trainer = Trainer(settings, run_dir)
+        sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
+        trainer.extra_sinks.append(sink)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
+            results.append(
+                measure_overhead(trainer, sink, variant_label(variant, settings), WARMUP_ROUNDS)
+            )
+        print(
+            f"overhead {model} {results[-1].variant} {precision}: median ratio "
+            f"{results[-1].median_ratio:.3f}",
+            file=sys.stderr,
+        )
+        del trainer, sink
+        _release(device, settings.trainer.compile != CompileMode.off)
+        report(overhead=results)
     return results
 
 

@@ -152,6 +152,7 @@ class AlternatingSink(Sink):
 class OverheadResult:
     """Per-round times of both loops and the medians of their ratios."""
 
+    model: str
     variant: str
     precision: str
     steps_per_round: int
@@ -174,7 +175,9 @@ def measure_overhead(
 ) -> OverheadResult:
     """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
     trainer.fit()
-    result = OverheadResult(variant, trainer.parts.policy.mode.name, sink.steps)
+    result = OverheadResult(
+        trainer.settings.model.name, variant, trainer.parts.policy.mode.name, sink.steps
+    )
     around = [
         ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
         for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])

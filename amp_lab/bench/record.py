@@ -62,13 +62,13 @@ def compile_cache_table(records: list[CompileRecord]) -> str:
 
 def overhead_table(results: list[OverheadResult]) -> str:
     lines = [
-        "| variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
+        "| model | variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
         "min | max | CPU-time ratio | rounds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
+            f"| {r.model} | {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
             f"{statistics.median(r.bare_ms):.2f} | **{r.median_ratio:.3f}** | "
             f"{min(r.ratios):.3f} | {max(r.ratios):.3f} | {r.median_cpu_ratio:.3f} | "
             f"{len(r.ratios)} |"

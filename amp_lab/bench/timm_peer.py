@@ -17,6 +17,7 @@ from pathlib import Path
 import timm
 import torch
 
+from amp_lab.choices import CompileMode
 from amp_lab.components.augment import resolve_normalisation
 from amp_lab.components.lr import peak_lr
 from amp_lab.config import AmpLabConfig, ConfigError
@@ -112,7 +113,15 @@ def timm_args(
     args = [*_model_args(settings), "--num-classes", str(num_classes), "-b", str(t.batch_size)]
     args += ["--epochs", str(t.epochs), *AMP_FLAGS[precision], "--device", device.type]
     args += _schedule_args(settings) + _data_args(settings, data_dir, device)
-    args += ["--torchcompile"] if t.compile else []
+    # timm compiles the model only (forward and its backward), which is amp_lab's compile=model;
+    # compile=step also compiles the optimizer step, which timm cannot, and is refused
+    if t.compile == CompileMode.step:
+        raise ConfigError(
+            "--parts peer: timm's train.py compiles the model only; use trainer.compile=model "
+            "(or off) to compare like with like"
+        )
+    if t.compile == CompileMode.model:
+        args += [f"--torchcompile={t.compile_backend}"]
     return args + ["--log-interval", "1", "--output", str(output)]
 
 

@@ -67,7 +67,8 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
     assert env["device_type"] == "cpu" and env["torch"] == torch.__version__
     assert env["command"].startswith("python -m amp_lab.bench --models test_vit")
     assert env["date"] and env["device"]
-    overhead = data["overhead"]  # one row per variant x precision, in order
+    overhead = data["overhead"]  # one row per model x variant x precision, in order
+    assert {o["model"] for o in overhead} == {"test_vit"}
     assert [(o["variant"], o["precision"]) for o in overhead] == [
         (DEFAULT, "fp32"),
         (DEFAULT, "bf16"),
@@ -111,16 +112,16 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     env = json.loads((out / "bench.json").read_text())["environment"]
     assert env["date"] in md and env["device"] in md and f"`{env['command']}`" in md
     assert (
-        "| variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | max "
-        "| CPU-time ratio | rounds |"
+        "| model | variant | precision | amp_lab ms/step | bare ms/step | median ratio | min "
+        "| max | CPU-time ratio | rounds |"
     ) in md
-    assert "| trainer.clip_grad=1.0 | bf16 |" in md
+    assert "| test_vit | trainer.clip_grad=1.0 | bf16 |" in md
     assert (
         "| model | precision | compile | channels_last | batch | first step s | samples/s |"
     ) in md
     assert "| test_vit | bf16 | off | off | 8 |" in md
     # the real runs behind the overhead rows are ordinary run directories
-    assert (out / "runs" / "overhead_default_fp32" / "summary.json").is_file()
+    assert (out / "runs" / "overhead_test_vit_default_fp32" / "summary.json").is_file()
 
 
 @pytest.mark.slow
@@ -424,3 +425,32 @@ def test_the_bare_loop_trains_the_runners_parameter_groups_on_its_own_copy(tmp_p
         assert [p.shape for p in own["params"]] == [p.shape for p in runner["params"]]
         assert all(id(p) in copies for p in own["params"])
     assert {g["weight_decay"] for g in groups} == {0.0, trainer.settings.optim.weight_decay}
+
+
+@pytest.mark.slow
+def test_the_overhead_measures_every_model_it_is_given(tmp_path):
+    args = [a if a != "test_vit" else "test_convnext" for a in TINY]
+    models = args.index("test_convnext")
+    args[models:models] = ["test_vit"]  # --models test_vit test_convnext
+    code = bench.main(
+        [
+            *args,
+            "--parts",
+            "overhead",
+            "--precisions",
+            "bf16",
+            "--variants",
+            "default",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["overhead"]
+    assert [(r["model"], r["precision"]) for r in rows] == [
+        ("test_vit", "bf16"),
+        ("test_convnext", "bf16"),
+    ]
+    assert all(_positive(r["median_ratio"]) for r in rows)
+    md = (tmp_path / "bench.md").read_text()
+    assert f"| test_convnext | {DEFAULT} | bf16 |" in md

@@ -32,10 +32,23 @@ def test_timms_arguments_follow_amp_labs_settings(tmp_path):
     assert _arg(args, "--opt") == ["adamw"] and _arg(args, "--weight-decay") == ["0.05"]
     assert "--no-aug" in args and "--no-prefetcher" in args and _arg(args, "-j") == ["8"]
     assert _arg(args, "--log-interval") == ["1"] and _arg(args, "--smoothing") == ["0.0"]
+    assert not any(a.startswith("--torchcompile") for a in args)  # trainer.compile=off: eager
     # a CNN takes no img_size; a channels_last preset asks timm for NHWC too
     cnn = timm_args(settings("model=resnet18"), tmp_path, 10, torch.device("cpu"), tmp_path)
     assert "--model-kwargs" not in cnn and "--channels-last" in cnn
     assert "--amp" not in cnn  # fp32
+
+
+def test_timm_compiles_exactly_when_amp_lab_compiles_its_model(tmp_path):
+    def args(*overrides):
+        return timm_args(settings(*overrides), tmp_path, 10, torch.device("cpu"), tmp_path)
+
+    assert not any(a.startswith("--torchcompile") for a in args("trainer.compile=off"))
+    assert "--torchcompile=inductor" in args("trainer.compile=model")
+    compiled = args("trainer.compile=model", "trainer.compile_backend=aot_eager")
+    assert "--torchcompile=aot_eager" in compiled
+    with pytest.raises(ConfigError, match="use trainer.compile=model"):
+        args("trainer.compile=step")
 
 
 def test_a_mode_timm_has_not_is_refused(tmp_path):
