@@ -110,9 +110,6 @@ def timm_args(
             f"{list(AMP_FLAGS)}"
         )
     t = settings.trainer
-    args = [*_model_args(settings), "--num-classes", str(num_classes), "-b", str(t.batch_size)]
-    args += ["--epochs", str(t.epochs), *AMP_FLAGS[precision], "--device", device.type]
-    args += _schedule_args(settings) + _data_args(settings, data_dir, device)
     # timm compiles the model only (forward and its backward), which is amp_lab's compile=model;
     # compile=step also compiles the optimizer step, which timm cannot, and is refused
     if t.compile == CompileMode.step:
@@ -120,6 +117,9 @@ def timm_args(
             "--parts peer: timm's train.py compiles the model only; use trainer.compile=model "
             "(or off) to compare like with like"
         )
+    args = [*_model_args(settings), "--num-classes", str(num_classes), "-b", str(t.batch_size)]
+    args += ["--epochs", str(t.epochs), *AMP_FLAGS[precision], "--device", device.type]
+    args += _schedule_args(settings) + _data_args(settings, data_dir, device)
     if t.compile == CompileMode.model:
         args += [f"--torchcompile={t.compile_backend}"]
     return args + ["--log-interval", "1", "--output", str(output)]

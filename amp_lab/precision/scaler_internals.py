@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.amp import GradScaler
@@ -89,21 +89,28 @@ def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
     )
 
 
-# per optimizer: (parameter count, one unscale call fits, the step skips itself on the flag)
-_FAST_PATHS: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool, bool]] = (
+class FastPaths(NamedTuple):
+    """What an optimizer allows, found once for its parameter count."""
+
+    params: int  # the parameter count it was checked with
+    one_call: bool  # one kernel call can unscale all its gradients
+    fused_step: bool  # its step skips itself on the device flag
+
+
+_FAST_PATHS: weakref.WeakKeyDictionary[torch.optim.Optimizer, FastPaths] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _fast_paths(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> tuple[bool, bool]:
-    """(one kernel call can unscale the gradients, the optimizer skips itself on the device flag),
-    checked once per optimizer and parameter count. One call needs what torch's grouping would
-    find: every parameter with a dense gradient, all on one device in one dtype other than fp16.
+def _fast_paths(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> FastPaths:
+    """The optimizer's FastPaths, checked once per optimizer and parameter count. One call
+    needs what torch's grouping would find: every parameter with a dense gradient, all on one
+    device in one dtype other than fp16.
     The device-side skip needs a fused optimizer (`_step_supports_amp_scaling`) that does not
     take the deprecated `grad_scaler` argument."""
     count = sum(len(group["params"]) for group in optimizer.param_groups)
     known = _FAST_PATHS.get(optimizer)
-    if known is None or known[0] != count:
+    if known is None or known.params != count:
         kinds = {(g.device, g.dtype) for g in grads}
         one_call = (
             len(grads) == count
@@ -114,8 +121,8 @@ def _fast_paths(optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> 
         fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and (
             "grad_scaler" not in inspect.signature(optimizer.step).parameters
         )
-        known = _FAST_PATHS[optimizer] = (count, one_call, fused)
-    return known[1], known[2]
+        known = _FAST_PATHS[optimizer] = FastPaths(count, one_call, fused)
+    return known
 
 
 def unscale_in_one_call(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> bool:
@@ -127,7 +134,7 @@ def unscale_in_one_call(scaler: GradScaler, optimizer: torch.optim.Optimizer) ->
     if not scaler.is_enabled():
         return False
     grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    if not grads or not _fast_paths(optimizer, grads)[0]:
+    if not grads or not _fast_paths(optimizer, grads).one_call:
         return False
     scaler._check_scale_growth_tracker("unscale_")
     state = scaler._per_optimizer_states[id(optimizer)]
@@ -152,7 +159,7 @@ def step_fused_unscaled(scaler: GradScaler, optimizer: torch.optim.Optimizer) ->
     if state["stage"] is not OptState.UNSCALED or len(flags) != 1:
         return False, None
     known = _FAST_PATHS.get(optimizer)
-    if known is None or not known[2]:
+    if known is None or not known.fused_step:
         return False, None
     scaler._check_scale_growth_tracker("step")
     optimizer.grad_scale = getattr(optimizer, "grad_scale", None)  # type: ignore[attr-defined]
