@@ -12,6 +12,7 @@ import torch
 
 from amp_lab.components.data import EpochBatchSampler
 from amp_lab.components.metrics import ThroughputMeter
+from amp_lab.precision import scaler_internals
 from amp_lab.trainer import Trainer
 
 HOST_READS = ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"]
@@ -86,8 +87,11 @@ def _paused(watch: HostReadWatch, original):
 
 
 def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
-    """Run trainer.fit() with host reads counted (and, on CUDA, syncs raising) between logs."""
+    """Run trainer.fit() with host reads counted (and, on CUDA, syncs raising) between logs.
+    On a CPU the scaler would read its skip flag on the host (it waits for nothing there); here
+    it takes the GPU's path, the flag handed to the fused optimizer on the device."""
     watch = HostReadWatch(trainer.device.type == "cuda")
+    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, _wrap(watch, name, getattr(torch.Tensor, name)))
     for cls, name in [

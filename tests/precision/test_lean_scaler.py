@@ -18,6 +18,7 @@ import torch
 from timm.optim import create_optimizer_v2
 from torch.amp import GradScaler
 
+from amp_lab.precision import scaler_internals
 from amp_lab.precision.hysteresis import HysteresisGradScaler
 from amp_lab.precision.lean import LeanGradScaler
 from amp_lab.precision.scaler_internals import found_inf
@@ -102,8 +103,14 @@ SCALERS = {
 }
 
 
+@pytest.mark.parametrize("flag_on", ["host", "device"])
 @pytest.mark.parametrize("kind", SCALERS)
-def test_the_lean_scaler_trains_bit_for_bit_as_torchs_and_skips_the_inf_step(kind, monkeypatch):
+def test_the_lean_scaler_trains_bit_for_bit_as_torchs_and_skips_the_inf_step(
+    kind, flag_on, monkeypatch
+):
+    """Both ways of skipping: the flag read on the host (a CPU) or handed to the fused kernel
+    on the device (a GPU; forced here)."""
+    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: flag_on == "host")
     torch_scaler, lean_scaler = (make() for make in SCALERS[kind])
     reference = _model()
     lean = copy.deepcopy(reference)
@@ -115,6 +122,23 @@ def test_the_lean_scaler_trains_bit_for_bit_as_torchs_and_skips_the_inf_step(kin
     _assert_same_state(reference, reference_opt, torch_scaler, lean, lean_opt, lean_scaler)
     steps = {float(s["step"]) for s in lean_opt.state.values()}
     assert steps == {3.0}, "the skipped step is not counted"
+
+
+def test_on_a_cpu_a_step_runs_no_per_parameter_step_count_fix_up(monkeypatch):
+    """Handed the flag, torch's fused AdamW counts every step and then subtracts the flag from
+    each parameter's step count (_foreach_sub_); read on the host, a clean step needs neither."""
+    subtractions = []
+    foreach_sub = torch._foreach_sub_
+    monkeypatch.setattr(
+        torch, "_foreach_sub_", lambda *a, **k: subtractions.append(1) or foreach_sub(*a, **k)
+    )
+    model = _model()
+    optimizer = _optimizer(model, fused=True)
+    assert _train(model, optimizer, StaticGradScaler("cpu", 1.0)) == [0.0, 0.0, 1.0, 0.0]
+    assert subtractions == []
+    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
+    _train(model, optimizer, StaticGradScaler("cpu", 1.0), steps=1)
+    assert subtractions, "the check can fail: the device hand-over does subtract"
 
 
 def test_the_hysteresis_scaler_takes_the_lean_path(monkeypatch):
@@ -133,8 +157,8 @@ def test_a_fixed_scale_of_one_hands_back_the_loss_itself():
     assert scaled is not loss and scaled.item() == 16.0
 
 
-def test_an_optimizer_without_a_fused_kernel_goes_through_torchs_step():
-    """foreach AdamW reads the flag on the host: torch's step() decides the skip."""
+def test_an_optimizer_without_a_fused_kernel_skips_on_the_host_flag_as_torchs_step_does():
+    """foreach AdamW: torch's step() reads the flag on the host; so does the lean step on a CPU."""
     reference = _model()
     lean = copy.deepcopy(reference)
     reference_opt, lean_opt = _optimizer(reference), _optimizer(lean)
