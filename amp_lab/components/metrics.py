@@ -8,6 +8,8 @@ boundaries of a log window: steps in between never wait for the device. The firs
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import resource
 import time
 from pathlib import Path
@@ -35,10 +37,18 @@ def peak_memory_mb(device: torch.device) -> float:
     the last reset (Linux; elsewhere since the process started)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    with contextlib.suppress(OSError, StopIteration):
-        status = Path("/proc/self/status").read_text().splitlines()
-        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) / 1024
+    with contextlib.suppress(OSError, ValueError):
+        status = os.pread(_status_file(os.getpid()), 1 << 16, 0)
+        start = status.index(b"VmHWM:") + len(b"VmHWM:")
+        return int(status[start : status.index(b"kB", start)]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+@functools.cache
+def _status_file(pid: int) -> int:
+    """/proc/PID/status, kept open: each read is then one system call. Opening, reading and
+    decoding it at every log step took ~0.2 ms of a CPU run's log step."""
+    return os.open(f"/proc/{pid}/status", os.O_RDONLY)
 
 
 class ThroughputMeter:

@@ -91,12 +91,12 @@ class Diagnostics(StepObserver):
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
         # per step of the open log window, by (step - 1) % log_every: the scale after the step,
-        # its skip flag and its loss, written by one op (the first non-finite step is found
-        # from them when the window is read)
+        # its skip flag and its loss, written by one op (read to the host when the window is,
+        # where the first non-finite step is found)
         self.rows = torch.zeros(log_every, 3, device=self.device)
         self.row_views = [list(row.unbind()) for row in self.rows]
-        self.scales, self.skips, self.losses = self.rows.unbind(1)
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        self.scales, self.skips, _ = self.rows.unbind(1)
+        self.first_bad = -1  # the first step that skipped or had a non-finite loss; -1: none
         self.no_skip = torch.zeros((), device=self.device)  # no scaler: nothing skips
         self.one = torch.ones((), device=self.device)  # the scale of a step without a scaler
         # a step without a scaler runs at scale 1 (see _scale), and none of its skips backs off
@@ -203,24 +203,25 @@ class Diagnostics(StepObserver):
         k0 = (self.window_first - 1) % size
         return [(k0 + i) % size for i in range(step - self.window_first + 1)]
 
-    def _find_first_bad(self, order: list[int]) -> None:
-        """Keep the first step of these rows that skipped or had a non-finite loss, unless an
-        earlier one is kept (device ops, no sync)."""
-        if not order or self.window_first is None:
-            return
-        bad = (self.skips[order] > 0) | ~torch.isfinite(self.losses[order])
-        first = self.window_first + bad.int().argmax()  # the first True, in step order
-        new = bad.any() & (self.first_bad < 0)
-        self.first_bad.copy_(torch.where(new, first, self.first_bad))
+    def _read_rows(self, step: int) -> tuple[list[float], list[float]]:
+        """The open window's scales and skip flags up to `step`, in step order (one copy to the
+        host); its first step that skipped or had a non-finite loss is kept, unless an earlier
+        one is."""
+        order = self._window_rows(step)
+        if not order:
+            return [], []
+        scales, skips, losses = zip(*self.rows[order].tolist())
+        if self.first_bad < 0 and self.window_first is not None:
+            bad = [skip > 0 or not math.isfinite(loss) for skip, loss in zip(skips, losses)]
+            self.first_bad = self.window_first + bad.index(True) if any(bad) else -1
+        return list(scales), list(skips)
 
     # -- log steps (the only reads) -----------------------------------------------------------
     def read(self, step: int) -> dict[str, Any]:
         """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
         if self.window_first is None:  # no step since a resume
             return {}
-        order = self._window_rows(step)
-        self._find_first_bad(order)
-        scales, skips = self.scales[order].tolist(), self.skips[order].tolist()
+        scales, skips = self._read_rows(step)
         events = self.tracker.feed(self.window_first, scales, skips)
         warning = self.tracker.skip_warning(
             self.window_first, skips, events, self.cfg.skip_warn_rate
@@ -229,7 +230,7 @@ class Diagnostics(StepObserver):
             self._warn(warning)
         for name, evidence in self.tracker.signatures.items():
             self._signature(name, evidence)
-        first_bad = int(self.first_bad)
+        first_bad = self.first_bad
         attributed = [self.probe.first[p].read() for p in ("forward", "backward")]
         for phase, found in zip(("forward", "backward"), attributed):
             if found and phase not in self.reported:
@@ -313,12 +314,12 @@ class Diagnostics(StepObserver):
     def state_dict(self) -> dict[str, Any]:
         """The open log window's buffers and probe results, the scale history, the first
         non-finite step and module, and what was already reported (tensors and plain data)."""
-        self._find_first_bad(self._window_rows(self.done))  # the losses are not kept
+        self._read_rows(self.done)  # the losses are not kept
         t = self.tracker
         return {
             "scales": self.scales.clone(),  # columns of the window rows, saved on their own
             "skips": self.skips.clone(),
-            "first_bad": self.first_bad,
+            "first_bad": torch.tensor(self.first_bad),
             "window_first": self.window_first,
             "armed": self.armed,
             "state_checked": self.state_checked,
@@ -345,7 +346,7 @@ class Diagnostics(StepObserver):
             return
         self.scales.copy_(state["scales"])
         self.skips.copy_(state["skips"])
-        self.first_bad.copy_(state["first_bad"])
+        self.first_bad = int(state["first_bad"])
         self.window_first, self.armed = state["window_first"], state["armed"]
         self.state_checked = state["state_checked"]
         self.window = {
@@ -363,8 +364,8 @@ class Diagnostics(StepObserver):
 
     def summary(self) -> dict[str, Any]:
         """First non-finite step and module, scale events, signatures and warnings (a sync)."""
-        self._find_first_bad(self._window_rows(self.done))  # a run that stopped mid-window
-        first_bad = int(self.first_bad)
+        self._read_rows(self.done)  # a run that stopped mid-window
+        first_bad = self.first_bad
         phases = {p: self.probe.first[p].read() for p in ("forward", "backward")}
         at_first = [v for v in phases.values() if v and v["step"] == first_bad]
         culprit = at_first[0] if at_first else next((v for v in phases.values() if v), None)
