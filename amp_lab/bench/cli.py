@@ -139,6 +139,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=5,
         help="timed overhead rounds, after one warm-up round; peer: rounds of (peer, amp_lab)",
     )
+    add(
+        "--repeats",
+        type=int,
+        default=1,
+        help="overhead: runs per row, each with a freshly built model and bare copy, their "
+        "rounds pooled (where a run's tensors land in memory moves its ratio by about 1.5%% "
+        "on a CPU; default 1)",
+    )
     add("--peer-script", type=Path, help="peer: timm's train.py, from a checkout of timm")
     add(
         "--data-dir",
@@ -181,8 +189,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
     args = parser.parse_args(argv)
-    if min(args.steps, args.rounds, args.jobs, args.epochs) < 1 or args.warmup < 0:
-        parser.error("--steps, --rounds, --jobs and --epochs must be >= 1, --warmup >= 0")
+    if min(args.steps, args.rounds, args.repeats, args.jobs, args.epochs) < 1 or args.warmup < 0:
+        parser.error(
+            "--steps, --rounds, --repeats, --jobs and --epochs must be >= 1, --warmup >= 0"
+        )
     return args
 
 
@@ -263,22 +273,28 @@ def run_overhead(
                 f"trainer.log_every={every}; use --steps {every} (or a "
                 f"multiple), or add --override trainer.log_every={args.steps}"
             )
-        run_dir = args.out / "runs" / f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
-        trainer = Trainer(settings, run_dir)
-        sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
-        trainer.extra_sinks.append(sink)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-            results.append(
-                measure_overhead(trainer, sink, variant_label(variant, settings), WARMUP_ROUNDS)
-            )
+        row = f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
+        result = None
+        for run in range(1, args.repeats + 1):
+            run_dir = args.out / "runs" / (row if run == 1 else f"{row}_run{run}")
+            trainer = Trainer(settings, run_dir)  # a freshly built model, and its bare copy
+            sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
+            trainer.extra_sinks.append(sink)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
+                result = measure_overhead(
+                    trainer, sink, variant_label(variant, settings), WARMUP_ROUNDS, into=result
+                )
+            del trainer, sink
+            _release(device, settings.trainer.compile != CompileMode.off)
+        assert result is not None
+        results.append(result)
+        runs = ", ".join(f"{m:.3f}" for m in result.run_medians)
         print(
-            f"overhead {model} {results[-1].variant} {precision}: median ratio "
-            f"{results[-1].median_ratio:.3f}",
+            f"overhead {model} {result.variant} {precision}: median ratio "
+            f"{result.median_ratio:.3f}" + (f" (runs: {runs})" if args.repeats > 1 else ""),
             file=sys.stderr,
         )
-        del trainer, sink
-        _release(device, settings.trainer.compile != CompileMode.off)
         report(overhead=results)
     return results
 

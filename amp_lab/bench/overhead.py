@@ -160,6 +160,7 @@ class OverheadResult:
     bare_ms: list[float] = field(default_factory=list)  # mean of the two bare rounds around it
     ratios: list[float] = field(default_factory=list)  # amp_lab / bare wall time, per round
     cpu_ratios: list[float] = field(default_factory=list)  # the same in process CPU time
+    run_medians: list[float] = field(default_factory=list)  # each run's median ratio
 
     @property
     def median_ratio(self) -> float:
@@ -171,22 +172,29 @@ class OverheadResult:
 
 
 def measure_overhead(
-    trainer: Trainer, sink: AlternatingSink, variant: str, warmup_rounds: int
+    trainer: Trainer,
+    sink: AlternatingSink,
+    variant: str,
+    warmup_rounds: int,
+    into: OverheadResult | None = None,
 ) -> OverheadResult:
-    """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out."""
+    """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out.
+    `into`: a result of earlier runs of the same row, to which this run's rounds are added."""
     trainer.fit()
-    result = OverheadResult(
+    result = into or OverheadResult(
         trainer.settings.model.name, variant, trainer.parts.policy.mode.name, sink.steps
     )
     around = [
         ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
         for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])
     ]
-    for (amp_s, amp_cpu), (bare_s, bare_cpu) in list(zip(sink.amp, around))[warmup_rounds:]:
+    timed = list(zip(sink.amp, around))[warmup_rounds:]
+    if not timed:
+        raise RuntimeError(f"overhead run {variant}/{result.precision} timed no round")
+    for (amp_s, amp_cpu), (bare_s, bare_cpu) in timed:
         result.amp_lab_ms.append(1000 * amp_s / sink.steps)
         result.bare_ms.append(1000 * bare_s / sink.steps)
         result.ratios.append(amp_s / bare_s)
         result.cpu_ratios.append(amp_cpu / bare_cpu)
-    if not result.ratios:
-        raise RuntimeError(f"overhead run {variant}/{result.precision} timed no round")
+    result.run_medians.append(statistics.median(result.ratios[-len(timed) :]))
     return result

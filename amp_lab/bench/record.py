@@ -63,15 +63,15 @@ def compile_cache_table(records: list[CompileRecord]) -> str:
 def overhead_table(results: list[OverheadResult]) -> str:
     lines = [
         "| model | variant | precision | amp_lab ms/step | bare ms/step | median ratio | "
-        "min | max | CPU-time ratio | rounds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "min | max | CPU-time ratio | rounds | runs' median ratios |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.model} | {r.variant} | {r.precision} | {statistics.median(r.amp_lab_ms):.2f} | "
             f"{statistics.median(r.bare_ms):.2f} | **{r.median_ratio:.3f}** | "
             f"{min(r.ratios):.3f} | {max(r.ratios):.3f} | {r.median_cpu_ratio:.3f} | "
-            f"{len(r.ratios)} |"
+            f"{len(r.ratios)} | {', '.join(f'{m:.3f}' for m in r.run_medians)} |"
         )
     return "\n".join(lines)
 

@@ -54,7 +54,8 @@ def _positive(value) -> bool:
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    code = bench.main([*TINY, "--variants", "default", "trainer.clip_grad=1.0", "--out", str(out)])
+    variants = ["--variants", "default", "trainer.clip_grad=1.0"]
+    code = bench.main([*TINY, *variants, "--repeats", "2", "--out", str(out)])
     return code, out
 
 
@@ -75,10 +76,11 @@ def test_bench_writes_json_with_environment_overhead_and_throughput(tiny_bench):
         ("trainer.clip_grad=1.0", "fp32"),
         ("trainer.clip_grad=1.0", "bf16"),
     ]
-    for row in overhead:
-        assert len(row["ratios"]) == 1 and all(map(_positive, row["ratios"]))
+    for row in overhead:  # --repeats 2: two runs of one timed round each, pooled
+        assert len(row["ratios"]) == 2 and all(map(_positive, row["ratios"]))
+        assert row["run_medians"] == row["ratios"]  # each run's median of its one round
         assert all(map(_positive, row["amp_lab_ms"] + row["bare_ms"]))
-        assert all(map(_positive, row["cpu_ratios"])) and len(row["cpu_ratios"]) == 1
+        assert all(map(_positive, row["cpu_ratios"])) and len(row["cpu_ratios"]) == 2
         assert _positive(row["median_ratio"]) and _positive(row["median_cpu_ratio"])
     rows = data["throughput"]
     assert [(r["model"], r["precision"], r["compile"]) for r in rows] == [
@@ -113,7 +115,7 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     assert env["date"] in md and env["device"] in md and f"`{env['command']}`" in md
     assert (
         "| model | variant | precision | amp_lab ms/step | bare ms/step | median ratio | min "
-        "| max | CPU-time ratio | rounds |"
+        "| max | CPU-time ratio | rounds | runs' median ratios |"
     ) in md
     assert "| test_vit | trainer.clip_grad=1.0 | bf16 |" in md
     assert (
@@ -121,7 +123,8 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
     ) in md
     assert "| test_vit | bf16 | off | off | 8 |" in md
     # the real runs behind the overhead rows are ordinary run directories
-    assert (out / "runs" / "overhead_test_vit_default_fp32" / "summary.json").is_file()
+    for run in ("overhead_test_vit_default_fp32", "overhead_test_vit_default_fp32_run2"):
+        assert (out / "runs" / run / "summary.json").is_file()
 
 
 @pytest.mark.slow
@@ -350,6 +353,15 @@ def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("amp_lab.bench: error:") and message in err[-1]
     assert not (tmp_path / "bench.json").exists()  # failed before measuring anything
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--repeats"])
+def test_a_count_below_one_is_refused_in_one_line(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([*TINY, "--parts", "overhead", flag, "0", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and "error:" in err[-1] and flag in err[-1]
+    assert not (tmp_path / "bench.json").exists()
 
 
 def test_default_variants_add_the_diagnostics_modes_the_default_is_not():
