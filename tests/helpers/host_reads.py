@@ -86,12 +86,18 @@ def _paused(watch: HostReadWatch, original):
     return paused
 
 
+def skip_on_the_device(monkeypatch) -> None:
+    """Have the scaler hand its skip flag to the fused optimizer on the device, as on a GPU,
+    instead of reading it on the host, as it does on a CPU."""
+    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
+
+
 def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
     """Run trainer.fit() with host reads counted (and, on CUDA, syncs raising) between logs.
     On a CPU the scaler would read its skip flag on the host (it waits for nothing there); here
     it takes the GPU's path, the flag handed to the fused optimizer on the device."""
     watch = HostReadWatch(trainer.device.type == "cuda")
-    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
+    skip_on_the_device(monkeypatch)
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, _wrap(watch, name, getattr(torch.Tensor, name)))
     for cls, name in [

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from helpers import run_cli, settings
+from helpers.host_reads import skip_on_the_device
 
 from amp_lab.config import ConfigError
-from amp_lab.precision import scaler_internals
 from amp_lab.trainer import Trainer
 
 # smaller than FAST: CPU fp16 is slow, and these tests run many short trainings
@@ -41,8 +41,7 @@ def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatc
         tmp_path,
     )
     assert trainer.settings.diagnostics.mode == "light"  # the default
-    # the GPU's path: the skip flag handed to the fused optimizer, not read on the host
-    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
+    skip_on_the_device(monkeypatch)  # the GPU's path: no read of the skip flag
     current, calls = {"step": 0}, {}
     for name in SYNCS:
         original = getattr(torch.Tensor, name)

@@ -15,6 +15,7 @@ import math
 import pytest
 import timm
 import torch
+from helpers.host_reads import skip_on_the_device
 from timm.optim import create_optimizer_v2
 from torch.amp import GradScaler
 
@@ -136,7 +137,7 @@ def test_on_a_cpu_a_step_runs_no_per_parameter_step_count_fix_up(monkeypatch):
     optimizer = _optimizer(model, fused=True)
     assert _train(model, optimizer, StaticGradScaler("cpu", 1.0)) == [0.0, 0.0, 1.0, 0.0]
     assert subtractions == []
-    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
+    skip_on_the_device(monkeypatch)
     _train(model, optimizer, StaticGradScaler("cpu", 1.0), steps=1)
     assert subtractions, "the check can fail: the device hand-over does subtract"
 
