@@ -54,7 +54,7 @@ from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dyn
 from amp_lab.records import METRICS_FILE, SUMMARY_FILE
 from amp_lab.step import StepResult, TrainStep, evaluate, take
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink, Sinks
-from amp_lab.tracking.wandb_sink import build_tracking_sinks
+from amp_lab.tracking.wandb_process import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +302,7 @@ class Trainer:
             with self.checkpointer.active():  # RNG states restored; stop signals caught
                 self._loop(sinks, started)
             self._finish_health()
+            self.tracking = sinks.describe()  # a W&B that stopped during the run says so
             summary = self.summary(time.perf_counter() - started, status=None)
             sinks.finish(summary)
         except BaseException as err:  # a stop signal's clean stop is resumable, not a crash
@@ -310,6 +311,7 @@ class Trainer:
                 if isinstance(err, Interrupted)
                 else f"crashed: {type(err).__name__}: {err}"
             )
+            self.tracking = sinks.describe() or self.tracking
             self.write_summary(self.summary(time.perf_counter() - started, status=status))
             raise
         finally:

@@ -9,9 +9,8 @@ the W&B config (`logger.mode`, `tracking`). The W&B files live in the run direct
 (`<run dir>/wandb/`), and the run id is kept in `<run dir>/wandb_run_id`, so a resumed job
 continues the same W&B run.
 
-Records reach W&B from one writer thread, in order: W&B encodes a record in Python (~0.9 ms a
-log step on a CPU), and on that thread the encoding overlaps the next steps' kernels instead of
-holding up the training loop. The summary and the end of the run wait for every record before.
+This sink runs in a child process of its own (`wandb_process`): the training process runs no W&B
+code, and here every call is simply made in the order it arrives.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import os
 import secrets
 import shutil
 import string
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,7 @@ def resolve_mode(cfg: LoggerConfig) -> str:
     return env if env in ("offline", "online", "disabled") else cfg.mode
 
 
-def _init_timeout() -> float:
+def init_timeout() -> float:
     return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
 
 
@@ -113,7 +111,6 @@ class WandbSink(Sink):
         self.requested, self.reason = mode, ""  # self.mode becomes the mode really used
         self.run: Any = None
         self.summary_logged = False
-        self.writer: ThreadPoolExecutor | None = None  # W&B's calls, in order (module docstring)
 
     def describe(self) -> Record:
         """The W&B mode asked for, the one used and why they differ (summary.json's `tracking`)."""
@@ -144,7 +141,7 @@ class WandbSink(Sink):
             id=run_id(self.out_dir),
             resume="allow",
             settings=wandb.Settings(
-                init_timeout=_init_timeout(),
+                init_timeout=init_timeout(),
                 console="off",
                 quiet=True,
                 disable_git=True,
@@ -158,7 +155,6 @@ class WandbSink(Sink):
         self.run.define_metric("time_s", step_metric="step")
         for prefix in METRIC_PREFIXES:
             self.run.define_metric(f"{prefix}/*", step_metric="step")
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-log")
 
     def _fall_back(self, reason: str) -> None:
         log.warning(
@@ -191,31 +187,17 @@ class WandbSink(Sink):
             return self._init(wandb, kwargs)
 
     def log(self, record: Record) -> None:
-        if self.run is None or self.writer is None:
-            return
-        self.writer.submit(self._log, {k: v for k, v in record.items() if k != "kind"})
-
-    def _log(self, values: Record) -> None:
-        """On the writer thread."""
-        run = self.run
-        if run is None:  # an earlier record failed
+        if self.run is None:  # never started, or an earlier record failed
             return
         try:
-            run.log(values)
+            self.run.log({k: v for k, v in record.items() if k != "kind"})
         except Exception as err:  # noqa: BLE001 - metrics.jsonl keeps the record anyway
             log.warning(
                 "W&B log failed (%s); W&B logging stops, metrics.jsonl goes on", redact(str(err))
             )
             self.run = None
 
-    def _drain(self) -> None:
-        """Wait until the writer has handed every record to W&B, and stop it."""
-        if self.writer is not None:
-            self.writer.shutdown(wait=True)
-            self.writer = None
-
     def finish(self, summary: Record) -> None:
-        self._drain()
         if self.run is None:
             return
         try:
@@ -226,7 +208,6 @@ class WandbSink(Sink):
 
     def close(self) -> None:
         """Finish the W&B run; after a crash, the crashed summary.json is its summary."""
-        self._drain()
         if self.run is None:
             return
         run, self.run = self.run, None
@@ -240,9 +221,3 @@ class WandbSink(Sink):
             wandb.teardown()  # waits until the W&B service has written every record to disk
         except Exception as err:  # noqa: BLE001 - a failing finish must not break the sweep
             log.warning("W&B finish failed (%s)", redact(str(err)))
-
-
-def build_tracking_sinks(settings: AmpLabConfig, out_dir: Path) -> list[Sink]:
-    """The W&B sink for this run, or none when W&B is disabled."""
-    mode = resolve_mode(settings.logger)
-    return [] if mode == "disabled" else [WandbSink(settings, out_dir, mode)]

@@ -6,11 +6,11 @@ import json
 import logging
 import os
 import pty
+import signal
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,7 +21,9 @@ from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.config import ConfigError
 from amp_lab.records import WANDB_ID_FILE
-from amp_lab.tracking.wandb_sink import WandbSink, build_tracking_sinks, resolve_mode
+from amp_lab.tracking.sinks import Sink
+from amp_lab.tracking.wandb_process import build_tracking_sinks
+from amp_lab.tracking.wandb_sink import WandbSink, resolve_mode
 from amp_lab.trainer import Trainer
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, like a real key
@@ -163,38 +165,146 @@ def test_a_dead_wandb_service_never_replaces_the_runs_own_exit(tmp_path, caplog)
     ]
 
 
-def test_records_reach_wandb_in_order_off_the_training_thread_and_a_failure_stops_only_wandb(
-    tmp_path, caplog
-):
-    """W&B encodes records on its writer thread; a record that fails there is one warning, the
-    later records are dropped for W&B only, and the summary still waits for the writer."""
+def test_records_reach_wandb_in_order_and_a_failure_stops_only_wandb(tmp_path, caplog):
+    """A record that fails in W&B is one warning; the later records are dropped for W&B only."""
 
     class RecordingRun:
         def __init__(self):
-            self.calls: list[tuple[str, dict]] = []
+            self.calls: list[dict] = []
             self.summary: dict = {}
 
         def log(self, values):
-            self.calls.append((threading.current_thread().name, values))
+            self.calls.append(values)
             if values["step"] == 2:
                 raise ConnectionResetError("Connection lost")
 
-        def finish(self, exit_code):
-            self.exit_code = exit_code
-
     run = RecordingRun()
     sink = WandbSink(settings(), tmp_path, "offline")
-    sink.run, sink.writer = run, ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-log")
+    sink.run = run
     for step in range(1, 5):
         sink.log({"kind": "train", "step": step, "train/loss": 1.0 / step})
     sink.finish({"status": "completed"})
-    assert [values["step"] for _, values in run.calls] == [1, 2]  # in order; none after the failure
-    assert all(name.startswith("wandb-log") for name, _ in run.calls)
-    assert all("kind" not in values for _, values in run.calls)
+    assert [values["step"] for values in run.calls] == [1, 2]  # in order; none after the failure
+    assert all("kind" not in values for values in run.calls)
     assert sink.run is None and run.summary == {}
     assert [r.message for r in caplog.records if "W&B" in r.message] == [
         "W&B log failed (Connection lost); W&B logging stops, metrics.jsonl goes on"
     ]
+
+
+@pytest.mark.slow
+def test_the_training_process_runs_no_wandb_code(tmp_path, monkeypatch):
+    """W&B lives in a child process: with wandb unimportable here, the run is still logged."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` here raises ImportError
+    summary = Trainer(settings("logger.mode=offline"), tmp_path).fit()
+    run = read_run(offline_runs(tmp_path)[0])
+    assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4, 6]
+    assert run.summary["status"] == "completed" and run.exit_code == 0
+    assert summary["tracking"] == {
+        "wandb_requested": "offline",
+        "wandb_mode": "offline",
+        "wandb_fallback": None,
+        "wandb_stopped": None,
+    }
+
+
+def _wandb_children() -> list[int]:
+    """The pids of this process's W&B child processes."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):  # a process that just ended
+            continue
+        if ppid == os.getpid() and b"amp_lab.tracking.wandb_process" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_dead_wandb_process_is_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    class KillWandb(Sink):
+        def log(self, record):
+            if record["step"] == 4:
+                [pid] = _wandb_children()
+                os.kill(pid, signal.SIGKILL)
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with caplog.at_level(logging.WARNING, logger="amp_lab.tracking.wandb_process"):
+        summary = Trainer(settings("logger.mode=offline"), tmp_path, sinks=[KillWandb()]).fit()
+    assert summary["status"] == "completed"
+    assert [r["step"] for r in _jsonl(tmp_path, "train")] == [2, 4, 6]  # metrics.jsonl goes on
+    stopped = "W&B process ended (exit code -9)"
+    assert [r.message for r in caplog.records if "W&B" in r.message] == [
+        f"{stopped}; W&B logging stops, metrics.jsonl goes on"
+    ]
+    assert summary["tracking"]["wandb_stopped"] == stopped
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["tracking"]["wandb_stopped"] == stopped
+    assert not _wandb_children()
+
+
+STOPPED_RUN = """
+import os, signal, sys
+from helpers import settings
+from amp_lab.tracking.sinks import Sink
+from amp_lab.trainer import Trainer
+
+class Stop(Sink):
+    def log(self, record):
+        if record["step"] == 4:
+            {action}
+
+Trainer(settings("logger.mode=offline", "trainer.max_steps=8"), sys.argv[1], sinks=[Stop()]).fit()
+"""
+
+
+def _finished_run(run_dir: Path):
+    """The W&B run once its exit record is on disk, else None (W&B may still be writing)."""
+    try:
+        run = read_run(offline_runs(run_dir)[0])
+    except Exception:  # noqa: BLE001 - a record half written
+        return None
+    return run if run.exit_code is not None else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("action", "code", "steps", "status"),
+    [
+        # Ctrl-C reaches the whole process group: W&B waits for the run to close it
+        ("os.killpg(0, signal.SIGINT)", 130, [2, 4], "interrupted: SIGINT at step 4"),
+        # no close at all: the W&B process finishes the run when the socket closes
+        ("os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL, [2], None),
+    ],
+    ids=["ctrl-c", "sigkill"],
+)
+def test_a_stopped_run_still_finishes_its_wandb_run(tmp_path, action, code, steps, status):
+    script = tmp_path / "run.py"
+    script.write_text(STOPPED_RUN.format(action=action))
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env.update(PYTHONPATH=path, OMP_NUM_THREADS="1")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        env=env,
+        start_new_session=True,  # its own process group, for the Ctrl-C
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    deadline = time.monotonic() + 120  # after a SIGKILL the W&B process finishes on its own
+    while (run := _finished_run(out)) is None:
+        assert time.monotonic() < deadline, "the W&B run was never finished"
+        time.sleep(0.5)
+    assert run.exit_code == 1
+    assert [row["step"] for row in run.history if "train/loss" in row] == steps
+    if status:
+        assert run.summary["status"].startswith(status)
 
 
 # -- online W&B as a new user meets it: on a terminal, no key / a bad key / no network ---------
