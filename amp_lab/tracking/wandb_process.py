@@ -205,12 +205,16 @@ def serve(conn: Connection) -> None:
         else:  # close
             if sink is not None:
                 sink.close()
-            try:
-                conn.send(("close", None))
-            except OSError:
-                pass
+            _answer(conn, "close", None)
             return
+        _answer(conn, verb, answer)
+
+
+def _answer(conn: Connection, verb: str, answer: Any) -> None:
+    try:
         conn.send((verb, answer))
+    except OSError:  # the training process has gone: the next recv sees it, and W&B is closed
+        pass
 
 
 if __name__ == "__main__":
