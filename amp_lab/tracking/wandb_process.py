@@ -80,7 +80,7 @@ class WandbProcessSink(Sink):
     def log(self, record: Record) -> None:
         if self.conn is None:
             return
-        self._send(("log", {k: v for k, v in record.items() if k != "kind"}))
+        self._send(("log", record))  # WandbSink.log leaves out the record's kind
         if self.readable.poll(0):  # a warning the child sent meanwhile (or its end), at no wait
             self._relay(timeout=0)
 
