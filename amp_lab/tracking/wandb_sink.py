@@ -171,6 +171,9 @@ class WandbSink(Sink):
         kwargs["config"]["tracking"] = self.describe()
         before = set((self.out_dir / "wandb").glob("run-*"))
         try:
+            # W&B's own analytics (a histogram per log call, posted to the W&B server every 60 s
+            # and at exit) follow the process's setup mode, not the run's: offline sends nothing
+            wandb.setup(settings=wandb.Settings(mode=self.mode))
             return wandb.init(mode=self.mode, **kwargs)
         except Exception as err:  # noqa: BLE001 - W&B must never stop training
             message = redact(f"{type(err).__name__}: {err}").splitlines()[0]

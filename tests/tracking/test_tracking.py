@@ -124,6 +124,38 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     _no_key_anywhere(tmp_path)
 
 
+class _RecordEveryRequest(BaseHTTPRequestHandler):
+    seen: list[str] = []
+
+    def _answer(self) -> None:
+        self.seen.append(f"{self.command} {self.path}")
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_an_offline_run_sends_nothing_to_the_wandb_server(tmp_path, monkeypatch):
+    """Offline means no network: not even W&B's own analytics (wandb 0.31 posts them to
+    /sdk/otel/v1/metrics at exit unless the process, not only the run, is set up offline)."""
+    _RecordEveryRequest.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RecordEveryRequest)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    try:
+        Trainer(settings("logger.mode=offline"), tmp_path).fit()
+    finally:
+        server.shutdown()
+    assert read_run(offline_runs(tmp_path)[0]).exit_code == 0
+    assert _RecordEveryRequest.seen == []
+
+
 @pytest.mark.slow
 def test_modes_and_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
