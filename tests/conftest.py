@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 
@@ -22,6 +23,15 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def fast_overrides() -> list[str]:
     return list(FAST)
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Ctrl-C reaches Python as on a terminal, also when pytest was started with SIGINT ignored
+    (a background job of a shell without job control), which the runner rightly leaves alone."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ def test_stop_signal_is_handed_on_after_the_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys):
+def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, capsys, ctrl_c):
     stopped = _interrupt(tmp_path / "once", RUN, at_step=5, signum=signal.SIGINT)
     assert stopped.code == 130 and "SIGINT at step 5: checkpoint" in str(stopped)
     assert "Ctrl-C: stopping after this step's checkpoint" in capsys.readouterr().err

@@ -284,6 +284,8 @@ from helpers import settings
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as on a terminal, if pytest's is ignored
+
 class Stop(Sink):
     def log(self, record):
         if record["step"] == 4:
