@@ -141,8 +141,9 @@ class _RecordEveryRequest(BaseHTTPRequestHandler):
 
 @pytest.mark.slow
 def test_an_offline_run_sends_nothing_to_the_wandb_server(tmp_path, monkeypatch):
-    """Offline means no network: not even W&B's own analytics (wandb 0.31 posts them to
-    /sdk/otel/v1/metrics at exit unless the process, not only the run, is set up offline)."""
+    """Offline posts nothing to the W&B server, not even W&B's own analytics (wandb 0.31 posts
+    them to /sdk/otel/v1/metrics at exit unless the process, not only the run, is set up
+    offline)."""
     _RecordEveryRequest.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _RecordEveryRequest)
     threading.Thread(target=server.serve_forever, daemon=True).start()
