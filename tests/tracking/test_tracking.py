@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -124,6 +126,17 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     _no_key_anywhere(tmp_path)
 
 
+@contextlib.contextmanager
+def _local_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A W&B server stand-in on a free loopback port; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
 class _RecordEveryRequest(BaseHTTPRequestHandler):
     seen: list[str] = []
 
@@ -145,14 +158,10 @@ def test_an_offline_run_sends_nothing_to_the_wandb_server(tmp_path, monkeypatch)
     them to /sdk/otel/v1/metrics at exit unless the process, not only the run, is set up
     offline)."""
     _RecordEveryRequest.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RecordEveryRequest)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    try:
+    with _local_server(_RecordEveryRequest) as url:
+        monkeypatch.setenv("WANDB_BASE_URL", url)
         Trainer(settings("logger.mode=offline"), tmp_path).fit()
-    finally:
-        server.shutdown()
     assert read_run(offline_runs(tmp_path)[0]).exit_code == 0
     assert _RecordEveryRequest.seen == []
 
@@ -428,11 +437,9 @@ class _RejectEveryKey(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def rejecting_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RejectEveryKey)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def rejecting_server() -> Iterator[str]:
+    with _local_server(_RejectEveryKey) as url:
+        yield url
 
 
 @pytest.mark.slow
