@@ -39,13 +39,14 @@ TOOLS = {
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Train one run; returns its best val accuracy (for Hydra sweepers)."""
-    from amp_lab.trainer import Trainer  # after Hydra parsed the command line: --help stays fast
+    from amp_lab.build import build  # after Hydra parsed the command line: --help stays fast
+    from amp_lab.trainer import Trainer
 
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         sweeps.clear_mark(out_dir)
-        trainer = Trainer(validate(cfg), out_dir)
+        trainer = Trainer(build(validate(cfg), out_dir))
     except ConfigError as err:
         # One line, no traceback; nothing was written but Hydra's own .hydra/ folder.
         print(f"amp_lab: error: {err}", file=sys.stderr)

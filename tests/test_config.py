@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from amp_lab.build import build
 from amp_lab.choices import Choice, DatasetName, DiagnosticsMode, PitfallName, PrecisionName
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.numerics.pitfalls import VARIANTS
@@ -141,8 +142,10 @@ def test_invalid_values_are_config_errors(override, message):
 def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
         Trainer(
-            settings(override, "data.root=null" if "cifar" in override else "trainer.seed=0"),
-            tmp_path,
+            build(
+                settings(override, "data.root=null" if "cifar" in override else "trainer.seed=0"),
+                tmp_path,
+            )
         )
     assert not (tmp_path / "metrics.jsonl").exists()
 

@@ -14,6 +14,7 @@ from helpers.distributed import as_rank, free_port, torchrun
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from amp_lab.build import build
 from amp_lab.config import validate
 from amp_lab.trainer import Trainer
 
@@ -85,7 +86,7 @@ def _build_on_two_ranks(rank: int, port: int, experiment: str, out: str) -> None
     as_rank(rank, port)
     torch.set_num_threads(1)
     for i, job in enumerate(_sweep_jobs(experiment)):  # the first job's group serves them all
-        Trainer(validate(compose_cfg(experiment, *job, fast=False)), Path(out) / str(i))
+        Trainer(build(validate(compose_cfg(experiment, *job, fast=False)), Path(out) / str(i)))
     torch.distributed.destroy_process_group()
 
 
@@ -100,7 +101,7 @@ def test_every_job_of_every_cpu_study_builds(study, tmp_path):
         mp.spawn(_build_on_two_ranks, (free_port(), experiment, str(tmp_path)), nprocs=2)
         return
     for i, job in enumerate(jobs):
-        Trainer(job, tmp_path / str(i))
+        Trainer(build(job, tmp_path / str(i)))
 
 
 @pytest.mark.slow
@@ -179,7 +180,9 @@ def test_the_cpu_studies_vit_learns_digits_in_60_steps_where_4x4_patches_stay_ne
     accs = {}
     for model in ("test_vit_patch8", "test_vit"):
         overrides = ["+experiment/cpu=scaler_grid", "precision=fp32", f"model={model}"]
-        summary = Trainer(validate(compose_cfg(*overrides, fast=False)), tmp_path / model).fit()
+        summary = Trainer(
+            build(validate(compose_cfg(*overrides, fast=False)), tmp_path / model)
+        ).fit()
         accs[model] = summary["final_val_acc"]
     assert accs["test_vit_patch8"] > 0.6 and accs["test_vit"] < 0.3, accs
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import CONF_DIR, ROOT, run_cli, settings
 
+from amp_lab.build import build
 from amp_lab.components.threads import plan_threads
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
@@ -32,7 +33,7 @@ def _records(run_dir: Path) -> list[dict]:
 def test_tracker_start_up_is_setup_not_training_time(tmp_path):
     # target_acc=0: the target is reached at the first evaluation (step 2)
     summary = Trainer(
-        settings("trainer.eval_every=2", "trainer.target_acc=0"), tmp_path, sinks=[SlowStart()]
+        build(settings("trainer.eval_every=2", "trainer.target_acc=0"), tmp_path), [SlowStart()]
     ).fit()
     records = _records(tmp_path)
     assert [r["step"] for r in records if r["kind"] == "val"] == [2, 4, 6]
@@ -69,13 +70,17 @@ def test_the_run_uses_and_records_its_threads(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
     try:
-        summary = Trainer(settings("trainer.threads=2", "trainer.max_steps=2"), tmp_path).fit()
+        summary = Trainer(
+            build(settings("trainer.threads=2", "trainer.max_steps=2"), tmp_path)
+        ).fit()
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
     assert summary["threads"]["threads"] == 2
     assert summary["threads"]["threads_from"] == "trainer.threads"
-    summary = Trainer(settings("trainer.max_steps=2", "trainer.resume=false"), tmp_path).fit()
+    summary = Trainer(
+        build(settings("trainer.max_steps=2", "trainer.resume=false"), tmp_path)
+    ).fit()
     assert summary["threads"] == {
         "cpus": 1,
         "cpus_from": "SLURM_CPUS_PER_TASK",
@@ -90,7 +95,7 @@ def test_synthetic_data_is_sized_for_a_first_run(tmp_path):
     assert (small.name, small.img_size, small.num_classes) == ("synthetic", 32, 10)
     full = settings("data=synthetic_imagenet", fast=False).data
     assert (full.name, full.img_size, full.num_classes) == ("synthetic", 224, 1000)
-    summary = Trainer(settings("data=synthetic", "data.num_samples=128"), tmp_path).fit()
+    summary = Trainer(build(settings("data=synthetic", "data.num_samples=128"), tmp_path)).fit()
     assert summary["status"] == "completed" and summary["data"] == "synthetic"
 
 

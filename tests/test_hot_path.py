@@ -13,6 +13,7 @@ import torch
 from helpers import settings
 from helpers.host_reads import LOOP, watched_fit
 
+from amp_lab.build import build
 from amp_lab.numerics.counters import DeviceCounters
 from amp_lab.trainer import Trainer
 
@@ -41,7 +42,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_no_host_reads_between_log_steps_on_cpu(monkeypatch, tmp_path, case):
-    trainer = Trainer(settings(*CASES[case], *LOOP), tmp_path)
+    trainer = Trainer(build(settings(*CASES[case], *LOOP), tmp_path))
     watch = watched_fit(monkeypatch, trainer)
     assert watch.calls == [], watch.calls[0]
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -57,7 +58,7 @@ def test_the_watch_catches_a_host_read_in_the_step(monkeypatch, tmp_path):
         result.loss.item()
 
     monkeypatch.setattr(DeviceCounters, "add", add_and_read)
-    trainer = Trainer(settings(*LOOP), tmp_path)
+    trainer = Trainer(build(settings(*LOOP), tmp_path))
     watch = watched_fit(monkeypatch, trainer)
     assert len(watch.calls) == 5 and "add_and_read" in watch.calls[0]
 
@@ -66,7 +67,7 @@ def test_the_watch_catches_a_host_read_in_the_step(monkeypatch, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", list(CASES))
 def test_no_sync_between_log_steps_on_cuda(monkeypatch, tmp_path, case):
-    trainer = Trainer(settings(*CASES[case], *LOOP, "trainer.device=cuda"), tmp_path)
+    trainer = Trainer(build(settings(*CASES[case], *LOOP, "trainer.device=cuda"), tmp_path))
     watch = watched_fit(monkeypatch, trainer)  # any sync outside the log records raises
     assert watch.calls == [], watch.calls[0]
     assert torch.backends.cudnn.benchmark
@@ -75,8 +76,8 @@ def test_no_sync_between_log_steps_on_cuda(monkeypatch, tmp_path, case):
 def test_speed_settings_are_on_by_default(tmp_path):
     """Fused optimizers (adamw and sgd), on-device in-memory data, CNN presets in NHWC."""
     for optim in ["adamw", "sgd"]:
-        trainer = Trainer(settings(f"optim={optim}", "trainer.max_steps=1"), tmp_path)
-        assert trainer.optimizer.defaults["fused"] is True, optim
+        trainer = Trainer(build(settings(f"optim={optim}", "trainer.max_steps=1"), tmp_path))
+        assert trainer.run.optimizer.defaults["fused"] is True, optim
     for preset in ["resnet18", "resnet50", "convnext_tiny", "efficientnet_b0"]:
         assert settings(f"model={preset}").model.channels_last, preset
     data = settings("data=cifar10").data

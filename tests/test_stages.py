@@ -12,9 +12,11 @@ import torch
 from helpers import settings
 
 from amp_lab.bench.throughput import batch_stream, phase_times
+from amp_lab.build import build
 from amp_lab.choices import PitfallName
 from amp_lab.doctor.advice import SIGNATURE_FIXES
 from amp_lab.numerics.pitfalls import VARIANTS, HalfModel, LabStep, NoScalerUpdate
+from amp_lab.run import Run
 from amp_lab.step import STAGES, TrainStep
 from amp_lab.trainer import Trainer
 
@@ -26,12 +28,12 @@ TINY = [
 ]
 
 
-def _trainer(tmp_path, *overrides: str) -> Trainer:
-    return Trainer(settings(*TINY, *overrides), tmp_path)
+def _run(tmp_path, *overrides: str) -> Run:
+    return build(settings(*TINY, *overrides), tmp_path)
 
 
-def _batch(trainer: Trainer, offset: int = 0):
-    images, labels = trainer.data.train.tensors
+def _batch(run: Run, offset: int = 0):
+    images, labels = run.data.train.tensors
     return images[offset : offset + 8], labels[offset : offset + 8]
 
 
@@ -55,27 +57,27 @@ def test_each_pitfall_overrides_stages_never_the_step(pitfall):
 
 def test_the_lab_step_holds_only_the_last_outputs_until_the_next_forward(tmp_path):
     """The held-graph detail of TrainStep is the fault runs' too: they run the same step."""
-    trainer = _trainer(tmp_path, "precision=bf16", "fault.inf_grad_at_step=100")
-    assert type(trainer.train_step) is LabStep
-    trainer.train_step([_batch(trainer)])
-    first = [weakref.ref(t) for t in trainer.train_step.held]
-    trainer.train_step([_batch(trainer, 8)])
+    run = _run(tmp_path, "precision=bf16", "fault.inf_grad_at_step=100")
+    assert type(run.train_step) is LabStep
+    run.train_step([_batch(run)])
+    first = [weakref.ref(t) for t in run.train_step.held]
+    run.train_step([_batch(run, 8)])
     assert all(ref() is None for ref in first)
-    assert trainer.train_step.held[1].dim() == 0
+    assert run.train_step.held[1].dim() == 0
 
 
 def test_the_step_number_comes_from_the_loop_not_the_schedule(tmp_path):
-    trainer = _trainer(tmp_path, "precision=fp32", "fault.inf_grad_at_step=5")
-    result = trainer.train_step([_batch(trainer)], step=5)  # the schedule has not moved yet
-    assert result.found_inf.item() == 1.0 and trainer.scheduler.last_epoch == 1
-    assert trainer.diagnostics.step == 5
-    assert trainer.train_step([_batch(trainer)]).found_inf.item() == 0.0  # step 6 by default
-    assert trainer.train_step.step_number == 6
+    run = _run(tmp_path, "precision=fp32", "fault.inf_grad_at_step=5")
+    result = run.train_step([_batch(run)], step=5)  # the schedule has not moved yet
+    assert result.found_inf.item() == 1.0 and run.scheduler.last_epoch == 1
+    assert run.train_step.diagnostics.step == 5
+    assert run.train_step([_batch(run)]).found_inf.item() == 0.0  # step 6 by default
+    assert run.train_step.step_number == 6
 
 
 def test_watching_stages_sees_each_stage_in_order_and_changes_nothing(tmp_path):
     common = ["precision=fp32", "trainer.grad_accum=2", "trainer.batch_size=4"]
-    watched, plain = _trainer(tmp_path / "a", *common), _trainer(tmp_path / "b", *common)
+    watched, plain = _run(tmp_path / "a", *common), _run(tmp_path / "b", *common)
     batches = [(x[:4], y[:4]) for x, y in [_batch(watched), _batch(watched, 8)]]
     seen: list[str] = []
     with watched.train_step.watching_stages(seen.append):
@@ -93,16 +95,16 @@ def test_watching_stages_sees_each_stage_in_order_and_changes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_phase_times_time_the_runners_own_step(tmp_path):
-    parts = _trainer(tmp_path, "precision=bf16").parts
-    forward, backward, optimizer = phase_times(parts, batch_stream(parts), steps=2)
+    run = _run(tmp_path, "precision=bf16")
+    forward, backward, optimizer = phase_times(run, batch_stream(run), steps=2)
     assert forward > 0 and backward > 0 and optimizer > 0
-    assert parts.train_step.step_number == 2 and parts.scheduler.last_epoch == 2  # real steps
-    assert parts.train_step.held is not None
+    assert run.train_step.step_number == 2 and run.scheduler.last_epoch == 2  # real steps
+    assert run.train_step.held is not None
 
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_batches_reach_the_device_in_the_models_memory_format(tmp_path, channels_last):
-    trainer = Trainer(
+    run = build(
         settings(
             "model=test_convnext",
             "data=synthetic",
@@ -113,8 +115,8 @@ def test_batches_reach_the_device_in_the_models_memory_format(tmp_path, channels
         ),
         tmp_path,
     )
-    images, _ = next(trainer.data.train_batches(trainer.sampler))
-    val, _ = next(trainer.data.val_batches(8))
+    images, _ = next(run.data.train_batches(run.sampler))
+    val, _ = next(run.data.val_batches(8))
     for batch in (images, val):
         assert batch.is_contiguous(memory_format=torch.channels_last) == channels_last
         assert batch.is_contiguous() != channels_last
@@ -122,12 +124,14 @@ def test_batches_reach_the_device_in_the_models_memory_format(tmp_path, channels
 
 def test_the_observer_watches_the_step_the_loop_runs(tmp_path):
     """Built once, of the pitfall's class: the diagnostics see that class's scaler use."""
-    half = _trainer(tmp_path / "half", "precision=fp16", "pitfall=half_model")
+    half = _run(tmp_path / "half", "precision=fp16", "pitfall=half_model")
     assert type(half.train_step) is HalfModel
-    assert half.diagnostics is half.train_step.diagnostics
-    assert half.diagnostics.view.uses_scaler is False and half.parts.train_step is half.train_step
-    plain = _trainer(tmp_path / "plain", "precision=fp16")
-    assert type(plain.train_step) is TrainStep and plain.diagnostics.view.uses_scaler is True
+    assert half.train_step.diagnostics.view.uses_scaler is False
+    plain = _run(tmp_path / "plain", "precision=fp16")
+    assert (
+        type(plain.train_step) is TrainStep
+        and plain.train_step.diagnostics.view.uses_scaler is True
+    )
 
 
 @pytest.mark.parametrize(
@@ -139,18 +143,18 @@ def test_the_observer_watches_the_step_the_loop_runs(tmp_path):
     ],
 )
 def test_the_view_names_the_weights_that_must_be_fp32(tmp_path, mode, named):
-    view = _trainer(tmp_path, *mode).diagnostics.view
+    view = _run(tmp_path, *mode).train_step.diagnostics.view
     weights = dict(view.optimized_weights())
     assert (named in weights) if named else weights == {}
     assert all(w.dtype == torch.float32 for w in weights.values())
 
 
 def test_the_view_reads_the_scale_on_the_device(tmp_path):
-    trainer = _trainer(tmp_path, "precision=fp16", "scaler.init_scale=1024")
-    view = trainer.diagnostics.view
+    run = _run(tmp_path, "precision=fp16", "scaler.init_scale=1024")
+    view = run.train_step.diagnostics.view
     assert view.scale().item() == 1.0 and view.host_scale() == 1024.0  # before the first scale()
-    trainer.train_step([_batch(trainer)])
-    assert view.scale().item() == trainer.scaler.get_scale() == 1024.0
+    run.train_step([_batch(run)])
+    assert view.scale().item() == run.scaler.get_scale() == 1024.0
 
 
 @pytest.mark.slow
@@ -160,7 +164,7 @@ def test_pitfall_names_are_the_strings_configs_records_and_the_doctor_use(tmp_pa
     assert isinstance(settings("pitfall=half_model").pitfall.name, PitfallName)
     assert set(SIGNATURE_FIXES) <= set(PitfallName)
     assert json.dumps({PitfallName.half_model: PitfallName.none}) == '{"half_model": "none"}'
-    trainer = _trainer(
+    run = _run(
         tmp_path,
         "precision=fp16",
         "scaler.init_scale=1e12",
@@ -168,10 +172,10 @@ def test_pitfall_names_are_the_strings_configs_records_and_the_doctor_use(tmp_pa
         "trainer.max_steps=4",
         "trainer.log_every=4",
     )
-    assert type(trainer.train_step) is NoScalerUpdate
-    summary = trainer.fit()
+    assert type(run.train_step) is NoScalerUpdate
+    summary = Trainer(run).fit()
     assert "no_scaler_update" in summary["diagnostics"]["signatures"]
-    torch.save(trainer.diagnostics.state_dict(), tmp_path / "diag.pt")  # as in a checkpoint
+    torch.save(run.train_step.diagnostics.state_dict(), tmp_path / "diag.pt")  # as in a checkpoint
     state = torch.load(tmp_path / "diag.pt", weights_only=True)
     assert list(state["tracker"]["signatures"]) == ["no_scaler_update"]
 
@@ -179,9 +183,9 @@ def test_pitfall_names_are_the_strings_configs_records_and_the_doctor_use(tmp_pa
 def test_clip_before_unscale_keeps_the_pure_modes_gradient_hand_off(tmp_path):
     """Its own unscale stage still moves the 16-bit gradients into the fp32 masters first, so
     a pure-mode run with this mistake updates its weights (at ~1/scale of the right size)."""
-    trainer = _trainer(
+    run = _run(
         tmp_path, "precision=fp16_pure", "pitfall=clip_before_unscale", "trainer.clip_grad=1.0"
     )
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    assert trainer.train_step([_batch(trainer)]).found_inf.item() == 0.0
-    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+    before = [p.detach().clone() for p in run.model.parameters()]
+    assert run.train_step([_batch(run)]).found_inf.item() == 0.0
+    assert any(not torch.equal(a, p) for a, p in zip(before, run.model.parameters()))

@@ -9,26 +9,27 @@ import pytest
 import torch
 from helpers import settings
 
+from amp_lab.build import build
+from amp_lab.run import Run
 from amp_lab.step import count_correct
-from amp_lab.trainer import Trainer
 
 
-def _trainer(tmp_path, *overrides: str) -> Trainer:
-    return Trainer(settings(*overrides), tmp_path)
+def _run(tmp_path, *overrides: str) -> Run:
+    return build(settings(*overrides), tmp_path)
 
 
-def _batch(trainer: Trainer, n: int, offset: int = 0):
-    images, labels = trainer.data.train.tensors
+def _batch(run: Run, n: int, offset: int = 0):
+    images, labels = run.data.train.tensors
     return images[offset : offset + n], labels[offset : offset + n]
 
 
-def _weights(trainer: Trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in trainer.model.parameters()]
+def _weights(run: Run) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in run.model.parameters()]
 
 
-def _inject_inf_once(trainer: Trainer):
+def _inject_inf_once(run: Run):
     """Make the next backward put an inf into one parameter's gradient."""
-    param = trainer.model.head.weight
+    param = run.model.head.weight
     handle = None
 
     def hook(grad):
@@ -39,55 +40,53 @@ def _inject_inf_once(trainer: Trainer):
 
 
 def test_inf_gradient_under_fp16_is_skipped_and_backs_off(tmp_path):
-    trainer = _trainer(tmp_path, "precision=fp16", "scaler.init_scale=1024")
-    trainer.train_step([_batch(trainer, 16)])  # one clean step first
-    before, scale = _weights(trainer), trainer.scaler.get_scale()
-    _inject_inf_once(trainer)
+    run = _run(tmp_path, "precision=fp16", "scaler.init_scale=1024")
+    run.train_step([_batch(run, 16)])  # one clean step first
+    before, scale = _weights(run), run.scaler.get_scale()
+    _inject_inf_once(run)
     with warnings.catch_warnings(record=True) as caught:
-        result = trainer.train_step([_batch(trainer, 16, 16)])
+        result = run.train_step([_batch(run, 16, 16)])
     assert result.found_inf.item() == 1.0
-    assert all(torch.equal(a, b) for a, b in zip(before, _weights(trainer)))  # nothing written
-    assert trainer.scaler.get_scale() == scale * 0.5  # scale x backoff_factor
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(run)))  # nothing written
+    assert run.scaler.get_scale() == scale * 0.5  # scale x backoff_factor
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
     # the schedule follows the step counter: the skipped step still moved it on
-    assert trainer.scheduler.last_epoch == 2
-    trainer.train_step([_batch(trainer, 16, 32)])
-    assert not all(torch.equal(a, b) for a, b in zip(before, _weights(trainer)))
+    assert run.scheduler.last_epoch == 2
+    run.train_step([_batch(run, 16, 32)])
+    assert not all(torch.equal(a, b) for a, b in zip(before, _weights(run)))
 
 
 def test_scale_grows_after_growth_interval_clean_steps(tmp_path):
-    trainer = _trainer(
-        tmp_path, "precision=fp16", "scaler.init_scale=256", "scaler.growth_interval=3"
-    )
+    run = _run(tmp_path, "precision=fp16", "scaler.init_scale=256", "scaler.growth_interval=3")
     scales = []
     for i in range(6):
-        result = trainer.train_step([_batch(trainer, 16, 16 * i)])
+        result = run.train_step([_batch(run, 16, 16 * i)])
         assert result.found_inf.item() == 0.0
-        scales.append(trainer.scaler.get_scale())
+        scales.append(run.scaler.get_scale())
     assert scales == [256, 256, 512, 512, 512, 1024]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16_noscale"])
 def test_modes_without_scaler_still_skip_non_finite_steps(tmp_path, precision):
-    trainer = _trainer(tmp_path, f"precision={precision}")
-    before = _weights(trainer)
-    _inject_inf_once(trainer)
-    result = trainer.train_step([_batch(trainer, 16)])
+    run = _run(tmp_path, f"precision={precision}")
+    before = _weights(run)
+    _inject_inf_once(run)
+    result = run.train_step([_batch(run, 16)])
     assert result.found_inf.item() == 1.0
-    assert all(torch.equal(a, b) for a, b in zip(before, _weights(trainer)))
-    assert trainer.scaler.get_scale() == 1.0  # nothing is scaled in these modes
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(run)))
+    assert run.scaler.get_scale() == 1.0  # nothing is scaled in these modes
 
 
 def test_steps_between_log_steps_skip_the_norm_but_not_the_inf_check(tmp_path):
     """measure_norm=False (the loop's non-log steps): no gradient norm is computed, yet an inf
     gradient is still caught, from the scaler's own check, and the update skipped."""
-    trainer = _trainer(tmp_path, "precision=bf16")
-    before = _weights(trainer)
-    _inject_inf_once(trainer)
-    result = trainer.train_step([_batch(trainer, 16)], measure_norm=False)
+    run = _run(tmp_path, "precision=bf16")
+    before = _weights(run)
+    _inject_inf_once(run)
+    result = run.train_step([_batch(run, 16)], measure_norm=False)
     assert result.grad_norm is None and result.found_inf.item() == 1.0
-    assert all(torch.equal(a, b) for a, b in zip(before, _weights(trainer)))
-    clipped = _trainer(tmp_path / "clip", "trainer.clip_grad=1.0")
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(run)))
+    clipped = _run(tmp_path / "clip", "trainer.clip_grad=1.0")
     norm = clipped.train_step([_batch(clipped, 16)], measure_norm=False).grad_norm
     assert norm is not None and torch.isfinite(norm)  # clipping by norm needs it anyway
 
@@ -102,8 +101,8 @@ def test_clipping_sees_unscaled_gradients(tmp_path):
         "lr.schedule=constant",
         "trainer.clip_grad=0.05",
     ]
-    ref = _trainer(tmp_path / "a", "precision=fp32", *common)
-    amp = _trainer(tmp_path / "b", "precision=fp16", "scaler.init_scale=65536", *common)
+    ref = _run(tmp_path / "a", "precision=fp32", *common)
+    amp = _run(tmp_path / "b", "precision=fp16", "scaler.init_scale=65536", *common)
     batch = _batch(ref, 16)
     before = _weights(amp)
     norm_ref = ref.train_step([batch]).grad_norm.item()
@@ -122,8 +121,8 @@ def test_accumulation_equals_one_large_batch_in_fp32(tmp_path):
         "lr.base=0.5",
         "lr.schedule=constant",
     ]
-    big = _trainer(tmp_path / "big", "trainer.batch_size=64", *common)
-    acc = _trainer(tmp_path / "acc", "trainer.batch_size=16", "trainer.grad_accum=4", *common)
+    big = _run(tmp_path / "big", "trainer.batch_size=64", *common)
+    acc = _run(tmp_path / "acc", "trainer.batch_size=16", "trainer.grad_accum=4", *common)
     assert all(torch.equal(a, b) for a, b in zip(_weights(big), _weights(acc)))  # same init
     images, labels = _batch(big, 64)
     big_result = big.train_step([(images, labels)])
@@ -135,18 +134,18 @@ def test_accumulation_equals_one_large_batch_in_fp32(tmp_path):
         assert torch.allclose(a, b, atol=1e-6, rtol=0)
     assert any(
         not torch.equal(a, b)
-        for a, b in zip(_weights(big), _weights(_trainer(tmp_path / "init", *common)))
+        for a, b in zip(_weights(big), _weights(_run(tmp_path / "init", *common)))
     )  # the step really changed the weights
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_optimizer_state_and_master_weights_stay_fp32(tmp_path, precision):
-    trainer = _trainer(tmp_path, f"precision={precision}")
-    trainer.train_step([_batch(trainer, 16)])
-    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    run = _run(tmp_path, f"precision={precision}")
+    run.train_step([_batch(run, 16)])
+    assert all(p.dtype == torch.float32 for p in run.model.parameters())
     state = [
         t
-        for s in trainer.optimizer.state.values()
+        for s in run.optimizer.state.values()
         for t in s.values()
         if torch.is_tensor(t) and t.is_floating_point() and t.numel() > 1
     ]
@@ -154,8 +153,8 @@ def test_optimizer_state_and_master_weights_stay_fp32(tmp_path, precision):
 
 
 def test_loss_is_computed_in_fp32_under_autocast(tmp_path):
-    trainer = _trainer(tmp_path, "precision=bf16")
-    result = trainer.train_step([_batch(trainer, 16)])
+    run = _run(tmp_path, "precision=bf16")
+    result = run.train_step([_batch(run, 16)])
     assert result.loss.dtype == torch.float32
 
 
@@ -170,16 +169,16 @@ def test_accuracy_counts_the_first_maximum_like_argmax(dtype):
 def test_a_step_holds_only_the_last_outputs_until_the_next_forward(tmp_path):
     """The previous step's logits and loss stay alive into the next step (as a hand-written
     loop's variables do) and are released there: memory never grows with the step count."""
-    trainer = _trainer(tmp_path, "precision=bf16")
-    trainer.train_step([_batch(trainer, 16)])
-    first = [weakref.ref(t) for t in trainer.train_step.held]
-    trainer.train_step([_batch(trainer, 16, 16)])
+    run = _run(tmp_path, "precision=bf16")
+    run.train_step([_batch(run, 16)])
+    first = [weakref.ref(t) for t in run.train_step.held]
+    run.train_step([_batch(run, 16, 16)])
     assert all(ref() is None for ref in first)
-    logits, loss = trainer.train_step.held
-    assert logits.shape == (16, trainer.settings.data.num_classes) and loss.dim() == 0
+    logits, loss = run.train_step.held
+    assert logits.shape == (16, run.settings.data.num_classes) and loss.dim() == 0
 
 
 def test_optimizer_is_fused_so_the_scaler_skips_on_device(tmp_path):
-    trainer = _trainer(tmp_path, "precision=fp16")
-    assert trainer.optimizer.defaults["fused"] is True
-    assert getattr(trainer.optimizer, "_step_supports_amp_scaling", False)
+    run = _run(tmp_path, "precision=fp16")
+    assert run.optimizer.defaults["fused"] is True
+    assert getattr(run.optimizer, "_step_supports_amp_scaling", False)

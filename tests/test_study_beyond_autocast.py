@@ -6,6 +6,7 @@ import pytest
 from helpers import CONF_DIR, ROOT, compose_cfg
 from hydra import compose, initialize_config_dir
 
+from amp_lab.build import build
 from amp_lab.config import validate
 from amp_lab.trainer import Trainer
 
@@ -31,7 +32,7 @@ def test_cpu_study_points_start_on_cpu(tmp_path, precision):
     settings = validate(
         compose_cfg("+experiment/cpu=beyond_autocast", f"precision={precision}", fast=False)
     )
-    trainer = Trainer(settings, tmp_path)  # every check of the mode passes on CPU
-    assert trainer.device.type == "cpu" and trainer.policy.mode.name == precision
+    trainer = Trainer(build(settings, tmp_path))  # every check of the mode passes on CPU
+    assert trainer.run.device.type == "cpu" and trainer.run.policy.mode.name == precision
     assert settings.precision.fp8_emulate is True
-    assert settings.model.name == "test_vit" and trainer.total_steps == 60
+    assert settings.model.name == "test_vit" and trainer.run.total_steps == 60

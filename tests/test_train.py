@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import run_cli, settings
 
+from amp_lab.build import build
 from amp_lab.components.metrics import peak_memory_mb
 from amp_lab.trainer import Trainer
 
@@ -35,15 +36,17 @@ def _rows(path):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "fp16_noscale", "bf16"])
 def test_every_precision_mode_trains(precision, tmp_path):
     summary = Trainer(
-        settings(
-            f"precision={precision}",
-            "model=test_convnext",
-            "data.img_size=32",
-            "trainer.max_steps=30",
-            "trainer.log_every=10",
-            "lr.base=3e-3",
-        ),
-        tmp_path,
+        build(
+            settings(
+                f"precision={precision}",
+                "model=test_convnext",
+                "data.img_size=32",
+                "trainer.max_steps=30",
+                "trainer.log_every=10",
+                "lr.base=3e-3",
+            ),
+            tmp_path,
+        )
     ).fit()
     rows = _rows(tmp_path)
     train = [r for r in rows if r["kind"] == "train"]
@@ -61,10 +64,15 @@ def test_every_precision_mode_trains(precision, tmp_path):
 @pytest.mark.slow
 def test_summary_holds_what_the_issue_names(tmp_path):
     summary = Trainer(
-        settings(
-            "trainer.max_steps=6", "trainer.eval_every=3", "trainer.target_acc=0.0", "lr.scale=0.5"
-        ),
-        tmp_path,
+        build(
+            settings(
+                "trainer.max_steps=6",
+                "trainer.eval_every=3",
+                "trainer.target_acc=0.0",
+                "lr.scale=0.5",
+            ),
+            tmp_path,
+        )
     ).fit()
     for key in [
         "final_val_acc",
@@ -94,14 +102,14 @@ def test_peak_memory_is_each_runs_own_in_a_shared_process(tmp_path):
     ballast = torch.ones(64 * 2**20)  # 256 MiB touched, then freed: a big earlier job
     del ballast
     earlier_peak = peak_memory_mb(cpu)
-    summary = Trainer(settings(), tmp_path).fit()
+    summary = Trainer(build(settings(), tmp_path)).fit()
     assert 0 < summary["peak_memory_mb"] < earlier_peak - 128
 
 
 @pytest.mark.slow
 def test_same_seed_same_run_other_seed_other_run(tmp_path):
     def losses(seed, name):
-        Trainer(settings(f"trainer.seed={seed}"), tmp_path / name).fit()
+        Trainer(build(settings(f"trainer.seed={seed}"), tmp_path / name)).fit()
         return [r["train/loss"] for r in _rows(tmp_path / name) if r["kind"] == "train"]
 
     assert losses(0, "a") == losses(0, "b")
@@ -111,13 +119,15 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path):
 @pytest.mark.slow
 def test_epochs_cover_the_data_and_evaluate_each_epoch(tmp_path):
     summary = Trainer(
-        settings(
-            "trainer.max_steps=0",
-            "trainer.epochs=2",
-            "trainer.batch_size=256",
-            "trainer.log_every=100",
-        ),
-        tmp_path,
+        build(
+            settings(
+                "trainer.max_steps=0",
+                "trainer.epochs=2",
+                "trainer.batch_size=256",
+                "trainer.log_every=100",
+            ),
+            tmp_path,
+        )
     ).fit()
     assert summary["steps_per_epoch"] == 1438 // 256 and summary["steps"] == 2 * 5
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "val"] == [5, 10]

@@ -42,6 +42,7 @@ from amp_lab.bench.peer import (
 )
 from amp_lab.bench.record import environment, write_report
 from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
+from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
 from amp_lab.precision.modes import PRECISION_MODES, resolve_device, resolve_precision
@@ -275,17 +276,20 @@ def run_overhead(
             )
         row = f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
         result = None
-        for run in range(1, args.repeats + 1):
-            run_dir = args.out / "runs" / (row if run == 1 else f"{row}_run{run}")
-            trainer = Trainer(settings, run_dir)  # a freshly built model, and its bare copy
-            sink = AlternatingSink(BareLoop(trainer.parts), args.steps, device)
-            trainer.extra_sinks.append(sink)
+        for repeat in range(1, args.repeats + 1):
+            run_dir = args.out / "runs" / (row if repeat == 1 else f"{row}_run{repeat}")
+            run = build(settings, run_dir)  # a freshly built model, and its bare copy
+            sink = AlternatingSink(BareLoop(run), args.steps, device)
             run_dir.mkdir(parents=True, exist_ok=True)
             with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
                 result = measure_overhead(
-                    trainer, sink, variant_label(variant, settings), WARMUP_ROUNDS, into=result
+                    Trainer(run, [sink]),
+                    sink,
+                    variant_label(variant, settings),
+                    WARMUP_ROUNDS,
+                    into=result,
                 )
-            del trainer, sink
+            del run, sink
             _release(device, settings.trainer.compile != CompileMode.off)
         assert result is not None
         results.append(result)
@@ -341,11 +345,9 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
         for compiled in compiles:
             for precision in args.precisions:
                 settings = compose_settings(throughput_overrides(args, model, precision, compiled))
-                trainer = Trainer(settings, args.out / "runs" / "throughput")
+                run = build(settings, args.out / "runs" / "throughput")
                 try:
-                    rows.append(
-                        measure_throughput(trainer.parts, args.warmup, args.steps, flops.get(model))
-                    )
+                    rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
                     flops[model] = rows[-1].flops_per_step
                     outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
                 except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
@@ -358,7 +360,7 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
                             "error": outcome,
                         }
                     )
-                del trainer
+                del run
                 _release(device, compiled)
                 fill_speedups(rows)
                 report(rows=rows, errors=errors)

@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from amp_lab.bench.throughput import batch_stream, warm_up
+from amp_lab.build import build
 from amp_lab.components.metrics import synchronize
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
-from amp_lab.trainer import Trainer
 
 
 @dataclass
@@ -49,9 +49,9 @@ class CompileRecord:
 def first_steps(settings: AmpLabConfig, run_dir: Path, steps: int) -> float | None:
     """`steps` steps of the runner's compiled step, as the timed row's warm-up runs them (so
     every graph it needs gets built); returns the seconds of the first (None for no steps)."""
-    parts = Trainer(settings, run_dir).parts
-    first_step_s = warm_up(parts, batch_stream(parts), steps)
-    synchronize(parts.device)
+    run = build(settings, run_dir)
+    first_step_s = warm_up(run, batch_stream(run), steps)
+    synchronize(run.device)
     return first_step_s
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from amp_lab.build import build
 from amp_lab.config import compose_settings
 from amp_lab.records import METRICS_FILE
 from amp_lab.trainer import Trainer
@@ -56,7 +57,7 @@ def measure_feed(
     for source in feed_sources(device):
         settings = compose_settings(_overrides(base, source, root, batch_size))
         run_dir = out / "runs" / f"feed_{settings.model.name}_{source}"
-        summary = Trainer(settings, run_dir).fit()
+        summary = Trainer(build(settings, run_dir)).fit()
         records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
         shares = [r["throughput/data_share"] for r in records if "throughput/data_share" in r]
         rows.append(

@@ -1,6 +1,6 @@
 """The runner's overhead: the real training loop against a bare hand-written loop, alternating.
 
-The amp_lab side is `Trainer.fit()` itself, with its default sinks and telemetry, built from the
+The amp_lab side is `Trainer(run).fit()` itself, with its default sinks and telemetry, built from the
 real config. One extra sink, called at the end of every round of amp_lab steps, times that round
 and then runs one round of the bare loop — autocast, GradScaler, AdamW, nothing else — on a copy
 of the same model, the same on-device data, batch size and precision, and the same optimizer:
@@ -28,7 +28,7 @@ from amp_lab.choices import CompileMode
 from amp_lab.components.compile import compile_model, compile_optimizer_step
 from amp_lab.components.metrics import synchronize
 from amp_lab.config import ConfigError
-from amp_lab.parts import BuiltParts
+from amp_lab.run import Run
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
@@ -36,18 +36,18 @@ from amp_lab.trainer import Trainer
 class BareLoop:
     """The hand-written baseline: a copy of the runner's model, its data, batch and precision."""
 
-    def __init__(self, parts: BuiltParts) -> None:
-        if not isinstance(parts.data.train, TensorDataset):
+    def __init__(self, run: Run) -> None:
+        if not isinstance(run.data.train, TensorDataset):
             raise ConfigError("the overhead bench needs in-memory data (data=synthetic or digits)")
-        t, mode = parts.settings.trainer, parts.policy.mode
-        self.device = parts.device
-        self.model = copy.deepcopy(parts.model)  # same architecture and initial weights
+        t, mode = run.settings.trainer, run.policy.mode
+        self.device = run.device
+        self.model = copy.deepcopy(run.model)  # same architecture and initial weights
         compiled = t.compile != CompileMode.off  # compiled as the runner's model and step are
         self.forward = compile_model(self.model, t.compile_backend) if compiled else self.model
-        fused = bool(parts.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
+        fused = bool(run.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
         self.optimizer = torch.optim.AdamW(
-            _same_groups(parts, self.model),
-            lr=parts.peak_lr,
+            _same_groups(run, self.model),
+            lr=run.peak_lr,
             fused=fused or None,
             foreach=False if t.compile == CompileMode.step else None,  # as the runner's is built
         )
@@ -55,12 +55,12 @@ class BareLoop:
             compile_optimizer_step(self.optimizer, t.compile_backend)
         self.scaler = GradScaler(
             self.device.type,
-            init_scale=parts.settings.scaler.init_scale,
+            init_scale=run.settings.scaler.init_scale,
             enabled=mode.dynamic_scaling,
         )
         self.dtype = mode.autocast_dtype
-        self.channels_last = parts.data.channels_last  # as the runner's batches arrive
-        self.images, self.labels = parts.data.train.tensors
+        self.channels_last = run.data.channels_last  # as the runner's batches arrive
+        self.images, self.labels = run.data.train.tensors
         self.batch_size, self.position = t.batch_size, len(self.labels)  # shuffle on first use
         self.order = torch.empty(0, dtype=torch.long, device=self.images.device)
 
@@ -90,12 +90,12 @@ class BareLoop:
             self.scaler.update()
 
 
-def _same_groups(parts: BuiltParts, copy_of_model: torch.nn.Module) -> list[dict[str, Any]]:
+def _same_groups(run: Run, copy_of_model: torch.nn.Module) -> list[dict[str, Any]]:
     """The runner's optimizer parameter groups and their weight decay, over the copy's params."""
-    position = {id(p): i for i, p in enumerate(parts.model.parameters())}
+    position = {id(p): i for i, p in enumerate(run.model.parameters())}
     copies = list(copy_of_model.parameters())
     groups = []
-    for group in parts.optimizer.param_groups:
+    for group in run.optimizer.param_groups:
         if any(id(p) not in position for p in group["params"]):
             raise ConfigError("the overhead bench needs an optimizer over the model's own weights")
         groups.append(
@@ -182,7 +182,7 @@ def measure_overhead(
     `into`: a result of earlier runs of the same row, to which this run's rounds are added."""
     trainer.fit()
     result = into or OverheadResult(
-        trainer.settings.model.name, variant, trainer.parts.policy.mode.name, sink.steps
+        trainer.run.settings.model.name, variant, trainer.run.policy.mode.name, sink.steps
     )
     around = [
         ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round

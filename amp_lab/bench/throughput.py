@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from amp_lab.bench.flops import compute_dtype, mfu, peak_flops, train_step_flops
 from amp_lab.choices import CompileMode
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
-from amp_lab.parts import BuiltParts
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
+from amp_lab.run import Run
 from amp_lab.step import Batch, take
 
 
@@ -49,14 +49,14 @@ class ThroughputRow:
     speedup_vs_fp32: float | None = None  # filled in once the fp32 row of the same group exists
 
 
-def batch_stream(parts: BuiltParts) -> Iterator[list[Batch]]:
+def batch_stream(run: Run) -> Iterator[list[Batch]]:
     """Micro-batches for one optimizer step at a time, from the runner's own data, endlessly."""
     epoch = 0
     while True:
-        parts.sampler.set_epoch(epoch)
-        batches = parts.data.train_batches(parts.sampler)
-        for _ in range(parts.steps_per_epoch):
-            yield take(batches, parts.settings.trainer.grad_accum)
+        run.sampler.set_epoch(epoch)
+        batches = run.data.train_batches(run.sampler)
+        for _ in range(run.steps_per_epoch):
+            yield take(batches, run.settings.trainer.grad_accum)
         epoch += 1
 
 
@@ -64,10 +64,10 @@ def batch_stream(parts: BuiltParts) -> Iterator[list[Batch]]:
 PHASE_END = {"forward_and_loss": 0, "backward": 1}
 
 
-def phase_times(parts: BuiltParts, stream: Iterator[list[Batch]], steps: int) -> list[float]:
+def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[float]:
     """Mean seconds of forward, backward and optimizer phases over `steps` real steps, with the
     device synchronised as the forward and the backward stages of each micro-batch return."""
-    device = parts.device
+    device = run.device
     totals = [0.0, 0.0, 0.0]
     mark = 0.0
 
@@ -79,68 +79,66 @@ def phase_times(parts: BuiltParts, stream: Iterator[list[Batch]], steps: int) ->
             totals[PHASE_END[stage]] += now - mark
             mark = now
 
-    with parts.train_step.watching_stages(stage_done):
+    with run.train_step.watching_stages(stage_done):
         for _ in range(steps):
             micro_batches = next(stream)
             synchronize(device)
             mark = time.perf_counter()
-            parts.train_step(micro_batches, measure_norm=False)  # as between log steps
+            run.train_step(micro_batches, measure_norm=False)  # as between log steps
             synchronize(device)
             totals[2] += time.perf_counter() - mark
     return [total / steps for total in totals]
 
 
-def warm_up(parts: BuiltParts, stream: Iterator[list[Batch]], steps: int) -> float | None:
+def warm_up(run: Run, stream: Iterator[list[Batch]], steps: int) -> float | None:
     """`steps` steps as the timed ones run them; the seconds of the first (compilation,
     autotuning, allocator growth), or None without warm-up."""
     if steps < 1:
         return None
     start = time.perf_counter()
-    parts.train_step(next(stream), measure_norm=False)
-    synchronize(parts.device)
+    run.train_step(next(stream), measure_norm=False)
+    synchronize(run.device)
     first_step_s = time.perf_counter() - start
     for _ in range(steps - 1):
-        parts.train_step(next(stream), measure_norm=False)
+        run.train_step(next(stream), measure_norm=False)
     return first_step_s
 
 
 def measure_throughput(
-    parts: BuiltParts, warmup: int, steps: int, flops: int | None = None
+    run: Run, warmup: int, steps: int, flops: int | None = None
 ) -> ThroughputRow:
     """Warm up, time `steps` real steps, then the phase split, peak memory and (unless given,
     as they do not depend on the precision) the FLOPs of a step."""
-    stream = batch_stream(parts)
-    first_step_s = warm_up(parts, stream, warmup)
-    reset_peak_memory(parts.device)
-    synchronize(parts.device)
+    stream = batch_stream(run)
+    first_step_s = warm_up(run, stream, warmup)
+    reset_peak_memory(run.device)
+    synchronize(run.device)
     start = time.perf_counter()
     for _ in range(steps):  # steps between log steps: no gradient norm unless clipping
-        parts.train_step(next(stream), measure_norm=False)
-    synchronize(parts.device)
+        run.train_step(next(stream), measure_norm=False)
+    synchronize(run.device)
     step_s = (time.perf_counter() - start) / steps
-    forward_s, backward_s, optimizer_s = phase_times(parts, stream, max(2, steps // 4))
-    memory = peak_memory_mb(parts.device)
+    forward_s, backward_s, optimizer_s = phase_times(run, stream, max(2, steps // 4))
+    memory = peak_memory_mb(run.device)
     if flops is None:
         images, labels = next(stream)[0]
-        flops = train_step_flops(parts.model, images, labels, parts.policy.autocast())
-        flops *= parts.settings.trainer.grad_accum
-    s = parts.settings
-    mode = parts.policy.mode
+        flops = train_step_flops(run.model, images, labels, run.policy.autocast())
+        flops *= run.settings.trainer.grad_accum
+    s = run.settings
+    mode = run.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
     peak = (
-        peak_flops(parts.device, compute_dtype(mode))
-        if getattr(mode, "reports_mfu", True)
-        else None
+        peak_flops(run.device, compute_dtype(mode)) if getattr(mode, "reports_mfu", True) else None
     )
     return ThroughputRow(
         model=s.model.name,
         precision=mode.name,
         compile=s.trainer.compile != CompileMode.off,
         channels_last=s.model.channels_last,
-        batch_size=parts.global_batch,
+        batch_size=run.global_batch,
         img_size=s.data.img_size,
         first_step_s=first_step_s,
-        samples_per_s=parts.global_batch / step_s,
+        samples_per_s=run.global_batch / step_s,
         step_ms=1000 * step_s,
         forward_ms=1000 * forward_s,
         backward_ms=1000 * backward_s,
@@ -150,10 +148,10 @@ def measure_throughput(
         achieved_tflops=flops / step_s / 1e12,
         mfu=mfu(flops, step_s, peak),
         state_dtype=s.optim.state_dtype,
-        state_mb=(state_bytes(parts.optimizer) + master_weight_bytes(parts.optimizer, parts.model))
+        state_mb=(state_bytes(run.optimizer) + master_weight_bytes(run.optimizer, run.model))
         / 2**20,
         # by class name: torchao is an optional extra, imported only by fp8 runs
-        fp8_linears=sum(type(m).__name__ == "Float8Linear" for m in parts.model.modules()),
+        fp8_linears=sum(type(m).__name__ == "Float8Linear" for m in run.model.modules()),
         fp8_recipe=str(s.precision.fp8_recipe) if getattr(mode, "fp8", False) else None,
     )
 

@@ -61,8 +61,8 @@ class Doctor:
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
         import torch  # torch and timm load only after the config parsed
 
+        from amp_lab.build import build
         from amp_lab.precision.modes import PRECISION_MODES
-        from amp_lab.trainer import Trainer
 
         kept = [o for o in overrides if key(o) not in PROBE_KEYS]
         # every probe starts afresh (an earlier doctor's files in --out are set aside)
@@ -86,7 +86,7 @@ class Doctor:
         # the user's own config is valid on this machine: it builds (in a folder it never
         # writes to, so an --out that holds a run is left alone)
         single = replace(self.settings.trainer, strategy=Strategy.single)
-        Trainer(replace(self.settings, trainer=single), out / "probes" / "config_check")
+        build(replace(self.settings, trainer=single), out / "probes" / "config_check")
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
         mode = PRECISION_MODES[self.settings.precision.name]
         self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
@@ -116,12 +116,13 @@ class Doctor:
 
     def run_probe(self, name: str, extra: list[str]) -> Probe:
         """A short in-process run; its files go to <out>/probes/<name>."""
-        from amp_lab.trainer import Trainer  # torch and timm load only when a probe runs
+        from amp_lab.build import build  # torch and timm load only when a probe runs
+        from amp_lab.trainer import Trainer
 
         replaced = {key(e) for e in extra}
         probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
         try:
-            trainer = Trainer(compose_settings(probe.overrides), self.out / "probes" / name)
+            trainer = Trainer(build(compose_settings(probe.overrides), self.out / "probes" / name))
         except ConfigError as err:
             if name != "bf16":
                 raise
@@ -141,7 +142,8 @@ class Doctor:
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
         rows = [
-            json.loads(line) for line in (trainer.out_dir / METRICS_FILE).read_text().splitlines()
+            json.loads(line)
+            for line in (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
         ]
         probe.records = [r for r in rows if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
@@ -414,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     quiet = [
-        logging.getLogger(name) for name in ("amp_lab.trainer", "amp_lab.numerics.diagnostics")
+        logging.getLogger(name)
+        for name in ("amp_lab.build", "amp_lab.trainer", "amp_lab.numerics.diagnostics")
     ]
     levels = [logger.level for logger in quiet]
     for logger in quiet:  # the probes' warnings go to doctor.json

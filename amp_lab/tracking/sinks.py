@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -43,14 +43,19 @@ class JsonlSink(Sink):
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file = path.open("a", encoding="utf-8")
+        self.file: TextIO | None = None
+
+    def start(self, info: Record) -> None:
+        self.file = self.path.open("a", encoding="utf-8")  # a resumed run appends
 
     def log(self, record: Record) -> None:
+        assert self.file is not None, "start() opens metrics.jsonl"
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 def _fmt(value: Any) -> str:

@@ -424,11 +424,14 @@ def test_the_bare_loop_trains_the_runners_parameter_groups_on_its_own_copy(tmp_p
     """Same optimizer both sides: the ratio measures the runner's machinery, not a second
     weight-decay group the bare loop would not have."""
     from amp_lab.bench.overhead import BareLoop
+    from amp_lab.build import build
     from amp_lab.trainer import Trainer
 
-    trainer = Trainer(bench.compose_settings(["model=test_convnext", "logger=disabled"]), tmp_path)
-    runner_groups = trainer.parts.optimizer.param_groups
-    bare = BareLoop(trainer.parts)
+    trainer = Trainer(
+        build(bench.compose_settings(["model=test_convnext", "logger=disabled"]), tmp_path)
+    )
+    runner_groups = trainer.run.optimizer.param_groups
+    bare = BareLoop(trainer.run)
     groups = bare.optimizer.param_groups
     assert len(runner_groups) == len(groups) == 2  # timm: decay on weights, none on the rest
     copies = {id(p) for p in bare.model.parameters()}
@@ -436,7 +439,7 @@ def test_the_bare_loop_trains_the_runners_parameter_groups_on_its_own_copy(tmp_p
         assert own["weight_decay"] == runner["weight_decay"]
         assert [p.shape for p in own["params"]] == [p.shape for p in runner["params"]]
         assert all(id(p) in copies for p in own["params"])
-    assert {g["weight_decay"] for g in groups} == {0.0, trainer.settings.optim.weight_decay}
+    assert {g["weight_decay"] for g in groups} == {0.0, trainer.run.settings.optim.weight_decay}
 
 
 @pytest.mark.slow

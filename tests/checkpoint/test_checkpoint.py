@@ -17,6 +17,7 @@ from helpers.resume import interrupt as _interrupt
 from helpers.resume import rows as _rows
 
 from amp_lab import records
+from amp_lab.build import build
 from amp_lab.config import ConfigError, changed_settings, free_on_resume
 from amp_lab.records import SETTINGS_FILE, SUMMARY_FILE
 from amp_lab.tracking.sinks import Sink
@@ -59,7 +60,7 @@ def _diagnostics(run_dir) -> list[dict]:
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
     overrides = [*RUN, *PRECISION[precision]]
-    whole = Trainer(settings(*overrides), tmp_path / "whole")
+    whole = Trainer(build(settings(*overrides), tmp_path / "whole"))
     whole.fit()
 
     (tmp_path / "split").mkdir()
@@ -69,8 +70,8 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
     assert max(r["step"] for r in _rows(tmp_path / "split")) == 5
     (tmp_path / "split" / "wandb_run_id").unlink()
 
-    resumed = Trainer(settings(*overrides), tmp_path / "split")
-    assert resumed.state.step == 5 and resumed.state.batch_in_epoch == 5
+    resumed = Trainer(build(settings(*overrides), tmp_path / "split"))
+    assert resumed.run.state.step == 5 and resumed.run.state.batch_in_epoch == 5
     assert (tmp_path / "split" / "wandb_run_id").read_text().strip() == "abc123"
     summary = resumed.fit()
 
@@ -78,9 +79,9 @@ def test_resumed_run_equals_uninterrupted_run(precision, tmp_path):
     assert [r["step"] for r in _rows(tmp_path / "split") if r["kind"] == "train"] == list(
         range(1, 13)
     )
-    for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values()):
+    for a, b in zip(whole.run.model.state_dict().values(), resumed.run.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    assert resumed.scaler.state_dict() == whole.scaler.state_dict()
+    assert resumed.run.scaler.state_dict() == whole.run.scaler.state_dict()
     assert summary["steps"] == 12 and summary["status"] == "completed"
     if precision == "fp16":  # the scale really moved, so the restored tracker mattered
         assert (
@@ -101,11 +102,11 @@ def test_resumed_diagnostics_carry_on_the_history_mid_window(tmp_path):
         "diagnostics.every=2",
         "checkpoint.every_steps=3",
     ]
-    whole = Trainer(settings(*overrides), tmp_path / "whole").fit()
+    whole = Trainer(build(settings(*overrides), tmp_path / "whole")).fit()
     with pytest.raises(KeyboardInterrupt):  # after step 8's records; the checkpoint is step 6
-        Trainer(settings(*overrides), tmp_path / "split", sinks=[KillAt(8)]).fit()
-    resumed = Trainer(settings(*overrides), tmp_path / "split")
-    assert resumed.state.step == 6
+        Trainer(build(settings(*overrides), tmp_path / "split"), [KillAt(8)]).fit()
+    resumed = Trainer(build(settings(*overrides), tmp_path / "split"))
+    assert resumed.run.state.step == 6
     summary = resumed.fit()
     assert _diagnostics(tmp_path / "split") == _diagnostics(tmp_path / "whole")
     assert [r["step"] for r in _diagnostics(tmp_path / "split")] == [4, 8, 12]
@@ -124,12 +125,12 @@ def test_a_resume_with_changed_settings_is_refused_before_anything_changes(tmp_p
         (["precision=fp16"], 'precision.name "fp32" -> "fp16"'),
     ]:
         with pytest.raises(ConfigError, match="written with other settings: ") as refused:
-            Trainer(settings(*RUN, *changed), tmp_path)
+            Trainer(build(settings(*RUN, *changed), tmp_path))
         assert named in str(refused.value) and "trainer.resume=false" in str(refused.value)
     assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     # settings that leave training unchanged may differ
-    resumed = Trainer(settings(*RUN, "diagnostics=full", "trainer.eval_every=6"), tmp_path)
-    assert resumed.state.step == 5
+    resumed = Trainer(build(settings(*RUN, "diagnostics=full", "trainer.eval_every=6"), tmp_path))
+    assert resumed.run.state.step == 5
 
 
 def test_a_checkpoint_resumes_only_on_the_world_size_that_wrote_it(tmp_path):
@@ -142,7 +143,7 @@ def test_a_checkpoint_resumes_only_on_the_world_size_that_wrote_it(tmp_path):
     torch.save({**payload, "world_size": 2}, path)  # as 2 DDP ranks write it
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError) as refused:
-        Trainer(settings(*RUN), tmp_path)
+        Trainer(build(settings(*RUN), tmp_path))
     assert str(refused.value) == (
         f"checkpoint {path} was written by 2 rank(s), this run has 1; resume it on 2, or set "
         "trainer.resume=false to start fresh"
@@ -198,10 +199,12 @@ def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, 
     stopped = _interrupt(tmp_path / "once", RUN, at_step=5, signum=signal.SIGINT)
     assert stopped.code == 130 and "SIGINT at step 5: checkpoint" in str(stopped)
     assert "Ctrl-C: stopping after this step's checkpoint" in capsys.readouterr().err
-    assert Trainer(settings(*RUN), tmp_path / "once").state.step == 5  # and it resumes there
+    assert (
+        Trainer(build(settings(*RUN), tmp_path / "once")).run.state.step == 5
+    )  # and it resumes there
     with pytest.raises(KeyboardInterrupt):
         Trainer(
-            settings(*RUN), tmp_path / "twice", sinks=[SignalAt(5, signal.SIGINT, times=2)]
+            build(settings(*RUN), tmp_path / "twice"), [SignalAt(5, signal.SIGINT, times=2)]
         ).fit()
     assert not (tmp_path / "twice" / "checkpoints").exists()
 
@@ -209,14 +212,14 @@ def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, 
 def test_a_signal_ignored_before_stays_ignored(tmp_path):
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup
     try:
-        summary = Trainer(settings(*RUN), tmp_path, sinks=[SignalAt(4, signal.SIGINT)]).fit()
+        summary = Trainer(build(settings(*RUN), tmp_path), [SignalAt(4, signal.SIGINT)]).fit()
     finally:
         signal.signal(signal.SIGINT, before)
     assert summary["status"] == "completed" and not (tmp_path / "checkpoints").exists()
 
 
 def test_a_second_ctrl_c_waits_for_the_checkpoint_being_written(tmp_path):
-    signals = Trainer(settings(*RUN), tmp_path).checkpointer.signals
+    signals = Trainer(build(settings(*RUN), tmp_path)).run.checkpointer.signals
     signals.stop_signal = signal.SIGINT  # the first Ctrl-C
     signals.saving = True
     signals.on_signal(signal.SIGINT, None)  # the second, during the save: no effect
@@ -230,7 +233,7 @@ def test_a_previous_handler_that_returns_lets_training_go_on(tmp_path):
     calls = []
     before = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
     try:
-        summary = Trainer(settings(*RUN), tmp_path, sinks=[SignalAt(4, signal.SIGUSR2)]).fit()
+        summary = Trainer(build(settings(*RUN), tmp_path), [SignalAt(4, signal.SIGUSR2)]).fit()
     finally:
         signal.signal(signal.SIGUSR2, before)
     assert calls == [signal.SIGUSR2] and summary["status"] == "completed"
@@ -258,24 +261,24 @@ def test_sigterm_stops_after_the_checkpoint_even_when_its_handler_returns(tmp_pa
 @pytest.mark.parametrize("keep, expected", [(2, [8, 4]), (1, [8])])
 def test_periodic_checkpoints_keep_the_newest(keep, expected, tmp_path):
     trainer = Trainer(
-        settings(*RUN, "checkpoint.every_steps=4", f"checkpoint.keep={keep}"), tmp_path
+        build(settings(*RUN, "checkpoint.every_steps=4", f"checkpoint.keep={keep}"), tmp_path)
     )
     trainer.fit()  # step 12 ends the run: its results are the summary, not a checkpoint
-    assert [int(p.stem.split("_")[1]) for p in trainer.checkpointer.checkpoints()] == expected
+    assert [int(p.stem.split("_")[1]) for p in trainer.run.checkpointer.checkpoints()] == expected
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog):
     whole = tmp_path / "whole"
-    Trainer(settings(*RUN), whole).fit()
+    Trainer(build(settings(*RUN), whole)).fit()
     run = tmp_path / "run"
     _interrupt(run, [*RUN, "checkpoint.every_steps=4"], at_step=10)
     newest = run / "checkpoints" / "step_000000010.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # a job killed while copying, say
 
     with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
-        resumed = Trainer(settings(*RUN), run)
+        resumed = Trainer(build(settings(*RUN), run))
     assert "step_000000010.pt is unusable" in caplog.text
-    assert resumed.state.step == 8
+    assert resumed.run.state.step == 8
     assert max(r["step"] for r in _rows(run)) == 8  # records past the checkpoint dropped
     assert (run / "checkpoints" / "step_000000010.pt.corrupt").exists()  # kept, out of the way
     resumed.fit()
@@ -289,7 +292,7 @@ def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, m
     for path in files:
         path.write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="no usable checkpoint in .*trainer.resume=false"):
-        Trainer(settings(*RUN), tmp_path / "run")
+        Trainer(build(settings(*RUN), tmp_path / "run"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = run_cli(
         *RUN,
@@ -311,8 +314,8 @@ def test_no_usable_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path, m
 def test_resume_false_starts_fresh_and_keeps_the_old_files(tmp_path):
     _interrupt(tmp_path, RUN, at_step=5)
     (tmp_path / "wandb_run_id").write_text("abc123\n")  # as the W&B sink leaves it
-    trainer = Trainer(settings(*RUN, "trainer.resume=false"), tmp_path)
-    assert trainer.state.step == 0
+    trainer = Trainer(build(settings(*RUN, "trainer.resume=false"), tmp_path))
+    assert trainer.run.state.step == 0
     trainer.fit()
     assert [r["step"] for r in _rows(tmp_path) if r["kind"] == "train"] == list(range(1, 13))
     assert [r["step"] for r in _diagnostics(tmp_path)] == list(range(1, 13))
@@ -328,11 +331,11 @@ def test_resume_false_starts_fresh_and_keeps_the_old_files(tmp_path):
 
 
 def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
-    first = Trainer(settings(*RUN, "checkpoint.every_steps=4"), tmp_path).fit()
+    first = Trainer(build(settings(*RUN, "checkpoint.every_steps=4"), tmp_path)).fit()
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with caplog.at_level(logging.WARNING, logger="amp_lab.trainer"):
         again = Trainer(
-            settings(*RUN, "checkpoint.every_steps=5", "trainer.eval_every=3"), tmp_path
+            build(settings(*RUN, "checkpoint.every_steps=5", "trainer.eval_every=3"), tmp_path)
         ).fit()  # settings that leave training unchanged may differ
     assert (
         again == first and "already holds a finished run (completed after 12 steps)" in caplog.text
@@ -343,7 +346,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path, caplog):
         match="holds a finished run with other settings: "
         "trainer.max_steps 12 -> 20; use another run",
     ):
-        Trainer(settings(*RUN, "trainer.max_steps=20"), tmp_path)
+        Trainer(build(settings(*RUN, "trainer.max_steps=20"), tmp_path))
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
@@ -360,22 +363,22 @@ def test_a_resume_from_a_run_without_diagnostics_starts_their_history_there(tmp_
         "checkpoint.every_steps=4",
     ]
     with pytest.raises(KeyboardInterrupt):
-        Trainer(settings(*common, "diagnostics=off"), tmp_path, sinks=[KillAt(8)]).fit()
-    summary = Trainer(settings(*common, "diagnostics=light"), tmp_path).fit()
+        Trainer(build(settings(*common, "diagnostics=off"), tmp_path), [KillAt(8)]).fit()
+    summary = Trainer(build(settings(*common, "diagnostics=light"), tmp_path)).fit()
     assert list(summary["diagnostics"]["signatures"]) == ["half_model"]
     assert summary["diagnostics"]["scale_events"] == []
     assert [r["step"] for r in _diagnostics(tmp_path)] == [8, 12]
 
 
 def test_an_attempt_killed_before_its_first_checkpoint_starts_over_cleanly(tmp_path, caplog):
-    Trainer(settings(*RUN), tmp_path / "whole").fit()
+    Trainer(build(settings(*RUN), tmp_path / "whole")).fit()
     run = tmp_path / "run"
     run.mkdir()
     lines = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()[:4]
     (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tr')  # killed mid-line
     (run / "wandb_run_id").write_text("abc123\n")  # the W&B run those records went to
     with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.store"):
-        Trainer(settings(*RUN), run).fit()
+        Trainer(build(settings(*RUN), run)).fit()
     assert "earlier attempt's records but no checkpoint: starting over from step 0" in caplog.text
     assert _curve(run) == _curve(tmp_path / "whole")
     assert len(list(run.glob("wandb_run_id.old-*"))) == 1  # a new W&B run, not appended
@@ -412,12 +415,14 @@ def test_a_checkpoint_written_before_the_split_still_resumes(tmp_path):
     assert payload["format"] == 2 and payload["step"] == 2
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     shutil.copy(SNAPSHOT, tmp_path / "run" / "checkpoints" / "step_000000002.pt")
-    resumed = Trainer(settings(*SNAPSHOT_RUN), tmp_path / "run")
-    assert resumed.state.step == 2 and resumed.scaler.get_scale() == 4096.0  # 1024, grown twice
-    for name, value in resumed.model.state_dict().items():
+    resumed = Trainer(build(settings(*SNAPSHOT_RUN), tmp_path / "run"))
+    assert (
+        resumed.run.state.step == 2 and resumed.run.scaler.get_scale() == 4096.0
+    )  # 1024, grown twice
+    for name, value in resumed.run.model.state_dict().items():
         assert torch.equal(value, payload["parts"]["model"][name]), name
     summary = resumed.fit()
-    whole = Trainer(settings(*SNAPSHOT_RUN), tmp_path / "whole")
+    whole = Trainer(build(settings(*SNAPSHOT_RUN), tmp_path / "whole"))
     whole.fit()
     assert summary["status"] == "completed" and summary["steps"] == 3
     [last] = [r for r in _rows(tmp_path / "run") if r["kind"] == "train"]  # step 3 alone
@@ -450,19 +455,24 @@ def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(
     _interrupt(tmp_path, RUN, at_step=5)
     # the workers seed the augmentation: a resume with other workers is refused
     with pytest.raises(ConfigError, match=r"data.num_workers 0 -> [12]"):
-        Trainer(settings(*RUN, "data.num_workers=2"), tmp_path)
+        Trainer(build(settings(*RUN, "data.num_workers=2"), tmp_path))
     resumed = Trainer(
-        settings(
-            *RUN, "trainer.timing_warmup=2", "data.prefetch_factor=4", "logger.project=elsewhere"
-        ),
-        tmp_path,
+        build(
+            settings(
+                *RUN,
+                "trainer.timing_warmup=2",
+                "data.prefetch_factor=4",
+                "logger.project=elsewhere",
+            ),
+            tmp_path,
+        )
     )
-    assert resumed.state.step == 5
+    assert resumed.run.state.step == 5
 
 
 def test_settings_json_of_a_run_records_choices_as_plain_strings(tmp_path):
     """An old run's settings.json (plain JSON strings) compares equal with Enum choices."""
-    Trainer(settings(*RUN, "precision=bf16", "scaler=hysteresis"), tmp_path).fit()
+    Trainer(build(settings(*RUN, "precision=bf16", "scaler=hysteresis"), tmp_path)).fit()
     saved = json.loads((tmp_path / SETTINGS_FILE).read_text())
     assert saved["precision.name"] == '"bf16"' and saved["scaler.kind"] == '"hysteresis"'
     assert saved["trainer.clip_mode"] == '"norm"' and saved["diagnostics.mode"] == '"light"'

@@ -13,6 +13,7 @@ from helpers import settings
 from helpers.distributed import as_rank, free_port
 from helpers.resume import RUN, SignalAt, curve, rows
 
+from amp_lab.build import build
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.trainer import Trainer
 
@@ -33,16 +34,16 @@ def _run(rank: int, port: int, run_dir: str, stop_at: int | None) -> None:
     torch.set_num_threads(1)
     # the signal reaches rank 0 alone; the ranks agree on it at that (log) step
     sinks = [SignalAt(stop_at)] if stop_at is not None and rank == 0 else []
-    trainer = Trainer(settings(*FSDP_FP16), run_dir, sinks=sinks)
-    start = (trainer.state.step, trainer.scaler.get_scale())
+    trainer = Trainer(build(settings(*FSDP_FP16), run_dir), sinks)
+    start = (trainer.run.state.step, trainer.run.scaler.get_scale())
     try:
         trainer.fit()
     except Interrupted as stopped:
         Path(run_dir, f"stopped_rank{rank}.txt").write_text(str(stopped))
     # this rank's shards (the process group is gone after fit): the same split on every run
-    weights = torch.cat([p.to_local().flatten() for p in trainer.model.parameters()])
+    weights = torch.cat([p.to_local().flatten() for p in trainer.run.model.parameters()])
     torch.save(
-        {"start": start, "scale": trainer.scaler.get_scale(), "weights": weights},
+        {"start": start, "scale": trainer.run.scaler.get_scale(), "weights": weights},
         Path(run_dir, f"rank{rank}_{start[0]}.pt"),
     )
 

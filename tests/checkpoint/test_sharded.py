@@ -23,7 +23,7 @@ from amp_lab.checkpoint import sharded
 from amp_lab.checkpoint.store import Checkpointer
 from amp_lab.components.distributed import DistContext
 from amp_lab.config import ConfigError
-from amp_lab.trainer import LoopState
+from amp_lab.run import LoopState
 
 SETTINGS = ["checkpoint.keep=1", "checkpoint.every_minutes=0"]
 

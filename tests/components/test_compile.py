@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import settings
 
+from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.compile import compile_optimizer_step
 from amp_lab.config import ConfigError
@@ -24,12 +25,12 @@ def test_old_true_false_still_mean_model_and_off():
 
 def test_unknown_backend_and_non_torch_optimizer_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="trainer.compile_backend=nope is not a torch.compile"):
-        Trainer(settings("trainer.compile=model", "trainer.compile_backend=nope"), tmp_path)
+        Trainer(build(settings("trainer.compile=model", "trainer.compile_backend=nope"), tmp_path))
     # timm's lamb takes no tensor LR
     with pytest.raises(ConfigError, match="compile=step compiles torch.optim's optimizers"):
-        Trainer(settings("trainer.compile=step", "optim.name=lamb"), tmp_path)
+        Trainer(build(settings("trainer.compile=step", "optim.name=lamb"), tmp_path))
     with pytest.raises(ConfigError, match="optim.fused=true keeps its fused kernel"):
-        Trainer(settings("trainer.compile=step", "optim.fused=true"), tmp_path)
+        Trainer(build(settings("trainer.compile=step", "optim.fused=true"), tmp_path))
 
 
 def test_a_compiled_step_takes_a_tensor_lr_the_schedule_moves_without_recompiling():
@@ -73,7 +74,7 @@ def test_compiled_step_skips_an_inf_update_and_backs_off_the_scale(tmp_path):
         ("skip", ["trainer.max_steps=2", "fault.inf_grad_at_step=2"]),
     ]:
         torch._dynamo.reset()  # each run compiles its own model and optimizer afresh
-        runs[name] = Trainer(settings(*run, *extra), tmp_path / name)
+        runs[name] = Trainer(build(settings(*run, *extra), tmp_path / name))
         runs[name].fit()
     one, skip = runs["one"], runs["skip"]
     assert hasattr(skip.optimizer.step, "_torchdynamo_orig_callable")  # a compiled step

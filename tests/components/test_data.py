@@ -8,6 +8,7 @@ import torch
 from helpers import settings
 from PIL import Image
 
+from amp_lab.build import build
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.trainer import Trainer
 
@@ -36,17 +37,19 @@ def test_digits_split_is_deterministic_and_disjoint():
 
 def test_synthetic_data_lives_on_the_device_and_shapes_the_model(tmp_path):
     trainer = Trainer(
-        settings(
-            "data=synthetic",
-            "data.img_size=16",
-            "data.num_classes=7",
-            "data.num_samples=128",
-            "trainer.max_steps=2",
-        ),
-        tmp_path,
+        build(
+            settings(
+                "data=synthetic",
+                "data.img_size=16",
+                "data.num_classes=7",
+                "data.num_samples=128",
+                "trainer.max_steps=2",
+            ),
+            tmp_path,
+        )
     )
-    assert trainer.data.spec.num_classes == 7 and trainer.data.spec.channels == 3
-    assert trainer.model.head.out_features == 7
+    assert trainer.run.data.spec.num_classes == 7 and trainer.run.data.spec.channels == 3
+    assert trainer.run.model.head.out_features == 7
     assert trainer.fit()["steps"] == 2
 
 
@@ -64,15 +67,17 @@ def _write_image_folder(root, classes=3, per_class=12, size=20):
 def test_imagefolder_trains_from_png_files(tmp_path):
     _write_image_folder(tmp_path / "images")
     summary = Trainer(
-        settings(
-            "data=imagefolder",
-            f"data.root={tmp_path / 'images'}",
-            "data.img_size=16",
-            "data.num_workers=0",
-            "trainer.batch_size=8",
-            "trainer.max_steps=4",
-        ),
-        tmp_path / "run",
+        build(
+            settings(
+                "data=imagefolder",
+                f"data.root={tmp_path / 'images'}",
+                "data.img_size=16",
+                "data.num_workers=0",
+                "trainer.batch_size=8",
+                "trainer.max_steps=4",
+            ),
+            tmp_path / "run",
+        )
     ).fit()
     assert summary["steps"] == 4 and summary["final_val_acc"] is not None
 

@@ -9,6 +9,7 @@ import torch
 from helpers import run_cli, settings
 
 from amp_lab.bench.image_folder import write_image_folder
+from amp_lab.build import build
 from amp_lab.components import device_decode
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.config import ConfigError
@@ -68,16 +69,18 @@ def test_each_batch_is_one_decode_jpeg_call_on_the_files_bytes(jpegs, monkeypatc
 
 def test_a_device_decode_run_trains_and_reports_its_data_share(jpegs, tmp_path):
     summary = Trainer(
-        settings(
-            "data=imagefolder",
-            f"data.root={jpegs}",
-            "data.img_size=16",
-            "data.num_workers=2",  # the files' bytes come from worker processes
-            "data.decode=device",
-            "trainer.batch_size=8",
-            "trainer.max_steps=6",
-        ),
-        tmp_path,
+        build(
+            settings(
+                "data=imagefolder",
+                f"data.root={jpegs}",
+                "data.img_size=16",
+                "data.num_workers=2",  # the files' bytes come from worker processes
+                "data.decode=device",
+                "trainer.batch_size=8",
+                "trainer.max_steps=6",
+            ),
+            tmp_path,
+        )
     ).fit()
     assert summary["steps"] == 6 and summary["final_val_acc"] is not None
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

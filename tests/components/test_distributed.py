@@ -13,6 +13,7 @@ from helpers import run_cli, settings
 from helpers.distributed import as_rank, free_port, torchrun
 from helpers.slurm import JOB, ON_TEST_CLUSTER
 
+from amp_lab.build import build
 from amp_lab.components.distributed import world_from_environment
 from amp_lab.trainer import Trainer
 
@@ -73,15 +74,17 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
     as_rank(rank, port)
     torch.set_num_threads(1)
     trainer = Trainer(
-        settings(
-            "precision=fp16",
-            "scaler.init_scale=1024",
-            "trainer.strategy=ddp",
-            "trainer.batch_size=8",
-            "trainer.max_steps=4",
-            "trainer.log_every=1",
-        ),
-        out_dir,
+        build(
+            settings(
+                "precision=fp16",
+                "scaler.init_scale=1024",
+                "trainer.strategy=ddp",
+                "trainer.batch_size=8",
+                "trainer.max_steps=4",
+                "trainer.log_every=1",
+            ),
+            out_dir,
+        )
     )
     if rank == 1:  # an inf in one rank's gradients at its second step
         calls = {"n": 0}
@@ -90,13 +93,13 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
             calls["n"] += 1
             return grad * float("inf") if calls["n"] == 2 else grad
 
-        trainer.model.head.weight.register_hook(hook)
+        trainer.run.model.head.weight.register_hook(hook)
     summary = trainer.fit()
-    weights = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    weights = torch.cat([p.detach().flatten() for p in trainer.run.model.parameters()])
     torch.save(
         {
             "skipped": summary["skipped_steps"],
-            "scale": trainer.scaler.get_scale(),
+            "scale": trainer.run.scaler.get_scale(),
             "weights": weights,
         },
         os.path.join(out_dir, f"rank{rank}.pt"),
@@ -153,16 +156,18 @@ def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
 def _resume_worker(rank: int, port: int, out_dir: str) -> None:
     as_rank(rank, port)
     trainer = Trainer(
-        settings(
-            "precision=fp16",
-            "trainer.strategy=ddp",
-            "trainer.batch_size=8",
-            "trainer.max_steps=6",
-            "trainer.log_every=1",
-            "checkpoint.every_steps=3",
-            "checkpoint.every_minutes=0",
-        ),
-        out_dir,
+        build(
+            settings(
+                "precision=fp16",
+                "trainer.strategy=ddp",
+                "trainer.batch_size=8",
+                "trainer.max_steps=6",
+                "trainer.log_every=1",
+                "checkpoint.every_steps=3",
+                "checkpoint.every_minutes=0",
+            ),
+            out_dir,
+        )
     )
     with open(os.path.join(out_dir, f"start_rank{rank}.txt"), "a") as f:
         f.write(f"{trainer.state.step} {trainer.scaler.get_scale()}\n")  # where each rank starts

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from helpers import settings
 from helpers.distributed import as_rank, free_port, torchrun
 
+from amp_lab.build import build
 from amp_lab.components.fsdp import resolve_plan, wrap_units
 from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer
@@ -99,7 +100,7 @@ def test_fsdp_without_a_distributed_launch_is_refused(monkeypatch, tmp_path):
     for key in ("RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ConfigError, match="trainer.strategy=fsdp needs a distributed launch"):
-        Trainer(settings("trainer.strategy=fsdp"), tmp_path)
+        Trainer(build(settings("trainer.strategy=fsdp"), tmp_path))
     assert not any(tmp_path.iterdir())  # nothing written
 
 
@@ -174,17 +175,19 @@ def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
     as_rank(rank, port)
     torch.set_num_threads(1)
     trainer = Trainer(
-        settings(
-            "precision=fp16",
-            "scaler.init_scale=1024",
-            *scaler,
-            "trainer.strategy=fsdp",
-            "trainer.batch_size=8",
-            "trainer.max_steps=4",
-            "trainer.log_every=1",
-            "checkpoint.enabled=false",
-        ),
-        out_dir,
+        build(
+            settings(
+                "precision=fp16",
+                "scaler.init_scale=1024",
+                *scaler,
+                "trainer.strategy=fsdp",
+                "trainer.batch_size=8",
+                "trainer.max_steps=4",
+                "trainer.log_every=1",
+                "checkpoint.enabled=false",
+            ),
+            out_dir,
+        )
     )
     forwards = {"n": 0}
 
@@ -194,17 +197,19 @@ def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
             if forwards["n"] == 2:
                 output.register_hook(lambda g: g * float("inf"))
 
-    trainer.model.head.register_forward_hook(poison)
-    step, weights, scales = trainer.train_step, [], []
+    trainer.run.model.head.register_forward_hook(poison)
+    step, weights, scales = trainer.run.train_step, [], []
 
     def step_and_gather(*args: object, **kwargs: object) -> object:
         result = step(*args, **kwargs)
         # the whole model after each step, gathered from both ranks' shards (a collective)
-        weights.append(torch.cat([p.full_tensor().flatten() for p in trainer.model.parameters()]))
-        scales.append(trainer.scaler.get_scale())
+        weights.append(
+            torch.cat([p.full_tensor().flatten() for p in trainer.run.model.parameters()])
+        )
+        scales.append(trainer.run.scaler.get_scale())
         return result
 
-    trainer.train_step = step_and_gather  # the loop calls it as it calls the step
+    trainer.run.train_step = step_and_gather  # the loop calls it as it calls the step
     summary = trainer.fit()
     torch.save(
         {"skipped": summary["skipped_steps"], "scales": scales, "weights": weights},

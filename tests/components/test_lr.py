@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import settings
 
+from amp_lab.build import build
 from amp_lab.components.lr import build_scheduler, peak_lr, warmup_length
 from amp_lab.config import LRConfig
 from amp_lab.trainer import Trainer
@@ -85,6 +86,6 @@ def test_cosine_ends_at_min_factor_and_scales_with_peak():
 
 
 def test_a_warmup_as_long_as_the_run_is_a_warning(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="amp_lab.trainer"):
-        Trainer(settings("lr.warmup_steps=100"), tmp_path)  # the fast run has 6 steps
+    with caplog.at_level(logging.WARNING, logger="amp_lab.build"):
+        Trainer(build(settings("lr.warmup_steps=100"), tmp_path))  # the fast run has 6 steps
     assert "the LR warmup (100 steps) is as long as the run (6 steps)" in caplog.text

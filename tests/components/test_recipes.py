@@ -24,6 +24,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import datasets
 from torchvision.transforms import InterpolationMode, Normalize
 
+from amp_lab.build import build
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.components.augment import Normalisation, mix_batches, resolve_normalisation
 from amp_lab.components.data import build_data
@@ -156,7 +157,7 @@ def test_normalisation_comes_from_the_model_else_the_data_set():
 )
 def test_recipe_settings_that_cannot_apply_are_one_line_errors(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        Trainer(settings(*overrides), tmp_path)
+        Trainer(build(settings(*overrides), tmp_path))
     assert "\n" not in str(err.value)
 
 
@@ -182,21 +183,23 @@ def test_cifar_file_format_trains_through_the_recipe(tmp_path, monkeypatch):
     # torchvision checks the real files' md5 sums; these are fakes in the same format
     monkeypatch.setattr(datasets.cifar, "check_integrity", lambda *args: True)
     trainer = Trainer(
-        settings(
-            "data=cifar10",
-            "+recipe=deit",
-            f"data.root={root}",
-            "data.num_workers=0",
-            "data.img_size=32",
-            "data.crop_pct=1.0",
-            "trainer.batch_size=8",
-            "trainer.max_steps=2",
-        ),
-        tmp_path / "run",
+        build(
+            settings(
+                "data=cifar10",
+                "+recipe=deit",
+                f"data.root={root}",
+                "data.num_workers=0",
+                "data.img_size=32",
+                "data.crop_pct=1.0",
+                "trainer.batch_size=8",
+                "trainer.max_steps=2",
+            ),
+            tmp_path / "run",
+        )
     )
-    assert len(trainer.data.train) == 40 and len(trainer.data.val) == 8
-    assert any(isinstance(op, RandAugment) for op in _ops(trainer.data.train))
-    assert trainer.mixup is not None and trainer.ema is not None  # the recipe's batch side
+    assert len(trainer.run.data.train) == 40 and len(trainer.run.data.val) == 8
+    assert any(isinstance(op, RandAugment) for op in _ops(trainer.run.data.train))
+    assert trainer.run.mixup is not None and trainer.run.ema is not None  # the recipe's batch side
     summary = trainer.fit()
     assert summary["steps"] == 2 and summary["final_val_acc"] is not None
 
@@ -218,18 +221,20 @@ class LossInputs:
 def test_mixup_soft_targets_reach_an_fp32_loss_under_bf16_pure(tmp_path, monkeypatch):
     seen = LossInputs(monkeypatch, SoftTargetCrossEntropy)
     trainer = Trainer(
-        settings(
-            "precision=bf16_pure",
-            "data.mixup_alpha=0.8",
-            "data.cutmix_alpha=1.0",
-            "data.label_smoothing=0.1",
-            "trainer.max_steps=3",
-        ),
-        tmp_path,
+        build(
+            settings(
+                "precision=bf16_pure",
+                "data.mixup_alpha=0.8",
+                "data.cutmix_alpha=1.0",
+                "data.label_smoothing=0.1",
+                "trainer.max_steps=3",
+            ),
+            tmp_path,
+        )
     )
-    assert next(trainer.model.parameters()).dtype == torch.bfloat16  # the logits are bf16
-    batch = next(trainer.data.train_batches(trainer.sampler))
-    ((images, target),) = mix_batches(trainer.mixup, [batch])
+    assert next(trainer.run.model.parameters()).dtype == torch.bfloat16  # the logits are bf16
+    batch = next(trainer.run.data.train_batches(trainer.run.sampler))
+    ((images, target),) = mix_batches(trainer.run.mixup, [batch])
     assert images.dtype == torch.float32 and target.shape == (16, 10)  # blended before autocast
     summary = trainer.fit()
     assert summary["steps"] == 3 and len(seen.calls) == 3
@@ -253,10 +258,12 @@ def test_label_smoothing_alone_is_timms_smoothing_loss_in_fp32(monkeypatch):
 
 def test_the_digits_tensor_path_takes_mixup_and_label_smoothing(tmp_path):
     trainer = Trainer(
-        settings("data.mixup_alpha=0.4", "data.label_smoothing=0.1", "trainer.max_steps=4"),
-        tmp_path,
+        build(
+            settings("data.mixup_alpha=0.4", "data.label_smoothing=0.1", "trainer.max_steps=4"),
+            tmp_path,
+        )
     )
-    images, labels = trainer.data.train.tensors
+    images, labels = trainer.run.data.train.tensors
     assert images.shape[1:] == (1, 16, 16) and labels.dtype == torch.long  # no transforms
     summary = trainer.fit()
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -302,25 +309,25 @@ def _val(run_dir) -> list[tuple]:
 
 
 def test_ema_is_checkpointed_and_resumes_exactly(tmp_path):
-    whole = Trainer(settings(*EMA_RUN), tmp_path / "whole")
+    whole = Trainer(build(settings(*EMA_RUN), tmp_path / "whole"))
     whole.fit()
     with pytest.raises(Interrupted):
-        Trainer(settings(*EMA_RUN), tmp_path / "split", sinks=[SignalAt(5)]).fit()
-    resumed = Trainer(settings(*EMA_RUN), tmp_path / "split")
-    assert resumed.state.step == 5
+        Trainer(build(settings(*EMA_RUN), tmp_path / "split"), [SignalAt(5)]).fit()
+    resumed = Trainer(build(settings(*EMA_RUN), tmp_path / "split"))
+    assert resumed.run.state.step == 5
     resumed.fit()
     assert _val(tmp_path / "split") == _val(tmp_path / "whole") and len(_val(tmp_path / "whole"))
-    for a, b in zip(whole.ema.state_dict().values(), resumed.ema.state_dict().values()):
+    for a, b in zip(whole.run.ema.state_dict().values(), resumed.run.ema.state_dict().values()):
         assert torch.equal(a, b)
-    assert next(whole.ema.module.parameters()).dtype == torch.float32
+    assert next(whole.run.ema.module.parameters()).dtype == torch.float32
 
 
 def _moved_share(trainer: Trainer) -> float:
     """Share of the EMA's weight-matrix entries of size >= 1e-2 that moved from their initial
     value (half a bf16 ulp there is >= 2**-15, about 3e-5; entries nearer zero have finer steps)."""
-    before = {k: v.clone() for k, v in trainer.ema.module.state_dict().items() if v.ndim >= 2}
+    before = {k: v.clone() for k, v in trainer.run.ema.module.state_dict().items() if v.ndim >= 2}
     trainer.fit()
-    after = trainer.ema.module.state_dict()
+    after = trainer.run.ema.module.state_dict()
     sized = {k: v.abs() >= 1e-2 for k, v in before.items()}
     moved = sum(int((after[k] != v.to(after[k].dtype))[sized[k]].sum()) for k, v in before.items())
     return moved / sum(int(mask.sum()) for mask in sized.values())
@@ -331,17 +338,17 @@ def test_a_bf16_ema_stops_moving_on_bf16_pure_while_the_fp32_ema_tracks(tmp_path
     weight by at most ~6e-2, so an update is <= ~6e-6: under half a bf16 ulp of any entry
     >= 1e-2."""
     run = ["precision=bf16_pure", "trainer.max_steps=6", "trainer.ema.decay=0.9999", "lr.base=1e-2"]
-    fp32 = Trainer(settings(*run), tmp_path / "fp32")
-    bf16 = Trainer(settings(*run, "trainer.ema.fp32=false"), tmp_path / "bf16")
-    assert next(bf16.ema.module.parameters()).dtype == torch.bfloat16
-    assert next(fp32.ema.module.parameters()).dtype == torch.float32
+    fp32 = Trainer(build(settings(*run), tmp_path / "fp32"))
+    bf16 = Trainer(build(settings(*run, "trainer.ema.fp32=false"), tmp_path / "bf16"))
+    assert next(bf16.run.ema.module.parameters()).dtype == torch.bfloat16
+    assert next(fp32.run.ema.module.parameters()).dtype == torch.float32
     fp32_moved, bf16_moved = _moved_share(fp32), _moved_share(bf16)
     assert fp32_moved > 0.95, fp32_moved  # every update lands in fp32
     assert bf16_moved == 0.0, bf16_moved  # every update rounded away
     # the fp32 EMA moved towards the trained weights
-    weights = fp32.model.state_dict()
-    start = Trainer(settings(*run), tmp_path / "init").model.state_dict()
-    for key, ema in fp32.ema.module.state_dict().items():
+    weights = fp32.run.model.state_dict()
+    start = Trainer(build(settings(*run), tmp_path / "init")).run.model.state_dict()
+    for key, ema in fp32.run.ema.module.state_dict().items():
         if ema.ndim >= 2:
             w = weights[key].float()
             assert (w - ema).norm() < (w - start[key].float()).norm()
@@ -350,16 +357,18 @@ def test_a_bf16_ema_stops_moving_on_bf16_pure_while_the_fp32_ema_tracks(tmp_path
 def test_an_imagefolder_recipe_run_reports_its_data_share(tmp_path):
     root = _image_folder(tmp_path / "images", per_class=20)
     Trainer(
-        settings(
-            "data=imagefolder",
-            f"data.root={root}",
-            "data.num_workers=0",
-            *RECIPE,
-            "trainer.batch_size=8",
-            "trainer.max_steps=4",
-            "trainer.log_every=2",
-        ),
-        tmp_path / "run",
+        build(
+            settings(
+                "data=imagefolder",
+                f"data.root={root}",
+                "data.num_workers=0",
+                *RECIPE,
+                "trainer.batch_size=8",
+                "trainer.max_steps=4",
+                "trainer.log_every=2",
+            ),
+            tmp_path / "run",
+        )
     ).fit()
     rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     shares = [r["throughput/data_share"] for r in rows if "throughput/data_share" in r]
@@ -368,16 +377,18 @@ def test_an_imagefolder_recipe_run_reports_its_data_share(tmp_path):
 
 def test_mixup_and_the_ema_add_no_host_reads_between_log_steps(monkeypatch, tmp_path):
     trainer = Trainer(
-        settings(
-            "precision=bf16",
-            "data.mixup_alpha=0.8",
-            "data.cutmix_alpha=1.0",
-            "trainer.ema.decay=0.99",
-            "trainer.max_steps=5",
-            "trainer.log_every=2",
-            "data.val_fraction=0.05",
-        ),
-        tmp_path,
+        build(
+            settings(
+                "precision=bf16",
+                "data.mixup_alpha=0.8",
+                "data.cutmix_alpha=1.0",
+                "trainer.ema.decay=0.99",
+                "trainer.max_steps=5",
+                "trainer.log_every=2",
+                "data.val_fraction=0.05",
+            ),
+            tmp_path,
+        )
     )
     assert watched_fit(monkeypatch, trainer).calls == []
 

@@ -96,7 +96,7 @@ def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
     """Run trainer.fit() with host reads counted (and, on CUDA, syncs raising) between logs.
     On a CPU the scaler would read its skip flag on the host (it waits for nothing there); here
     it takes the GPU's path, the flag handed to the fused optimizer on the device."""
-    watch = HostReadWatch(trainer.device.type == "cuda")
+    watch = HostReadWatch(trainer.run.device.type == "cuda")
     skip_on_the_device(monkeypatch)
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, _wrap(watch, name, getattr(torch.Tensor, name)))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from amp_lab.build import build
 from amp_lab.report.compare import main
 from amp_lab.trainer import Trainer
 from helpers.compose import settings
@@ -20,7 +21,7 @@ def run(root: Path, name: str, *overrides: str, steps: int = 4) -> Path:
     run_dir = root / name
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
-    Trainer(settings(*overrides, f"trainer.max_steps={steps}"), run_dir).fit()
+    Trainer(build(settings(*overrides, f"trainer.max_steps={steps}"), run_dir)).fit()
     return run_dir
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from amp_lab.build import build
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
@@ -63,5 +64,5 @@ def interrupt(
 ) -> Interrupted:
     """Train until the signal at `at_step` stops the run (after its checkpoint)."""
     with pytest.raises(Interrupted) as stopped:
-        Trainer(settings(*overrides), run_dir, sinks=[SignalAt(at_step, signum)]).fit()
+        Trainer(build(settings(*overrides), run_dir), [SignalAt(at_step, signum)]).fit()
     return stopped.value

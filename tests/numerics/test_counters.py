@@ -9,6 +9,7 @@ import torch
 from helpers import settings
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from amp_lab.build import build
 from amp_lab.numerics.counters import DeviceCounters
 from amp_lab.step import StepResult
 from amp_lab.trainer import Trainer
@@ -70,17 +71,17 @@ def test_sums_skip_streaks_and_nan_losses_over_windows_and_checkpoints():
 def test_light_diagnostics_and_counters_cost_one_op_each_on_a_plain_step(tmp_path):
     """Between probe steps the step launches what a hand-written loop does, plus the accuracy
     count, the schedule and one row write each for the counters and the light diagnostics."""
-    trainer = Trainer(settings("precision=fp16", "diagnostics.every=100"), tmp_path)
-    images, labels = trainer.data.train.tensors
+    trainer = Trainer(build(settings("precision=fp16", "diagnostics.every=100"), tmp_path))
+    images, labels = trainer.run.data.train.tensors
     batch = [(images[:16], labels[:16])]
-    trainer.train_step(batch, measure_norm=False, step=1)  # the first step creates the state
-    diagnostics = trainer.train_step.diagnostics
-    result = trainer.train_step(batch, measure_norm=False, step=2)
+    trainer.run.train_step(batch, measure_norm=False, step=1)  # the first step creates the state
+    diagnostics = trainer.run.train_step.diagnostics
+    result = trainer.run.train_step(batch, measure_norm=False, step=2)
     with OpCount() as count:
         diagnostics.begin_step(3)
         diagnostics.before_optimizer_step()
         diagnostics.end_step(result)
-        trainer.counters.add(result)
+        trainer.run.counters.add(result)
     assert count.ops == ["aten._foreach_copy_.default"] * 2
     # the window's first non-finite step is found when it is read (none here)
     assert diagnostics.read(3)["diag/first_nonfinite_step"] is None

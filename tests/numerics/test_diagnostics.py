@@ -9,6 +9,7 @@ import torch
 from helpers import run_cli, settings
 from helpers.host_reads import skip_on_the_device
 
+from amp_lab.build import build
 from amp_lab.config import ConfigError
 from amp_lab.trainer import Trainer
 
@@ -23,13 +24,13 @@ SYNCS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
 
 
 def _fit(tmp_path, *overrides: str) -> tuple[dict, list[dict]]:
-    summary = Trainer(settings(*TINY, *overrides), tmp_path).fit()
+    summary = Trainer(build(settings(*TINY, *overrides), tmp_path)).fit()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return summary, [r for r in rows if r["kind"] == "train"]
 
 
 def _batch(trainer: Trainer, n: int = 8):
-    images, labels = trainer.data.train.tensors
+    images, labels = trainer.run.data.train.tensors
     return images[:n], labels[:n]
 
 
@@ -37,10 +38,12 @@ def _batch(trainer: Trainer, n: int = 8):
 def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatch, extra):
     """Count every host read of a tensor; only log steps (4, 8) may have any."""
     trainer = Trainer(
-        settings(*TINY, "precision=fp16", "trainer.log_every=4", "trainer.max_steps=8", *extra),
-        tmp_path,
+        build(
+            settings(*TINY, "precision=fp16", "trainer.log_every=4", "trainer.max_steps=8", *extra),
+            tmp_path,
+        )
     )
-    assert trainer.settings.diagnostics.mode == "light"  # the default
+    assert trainer.run.settings.diagnostics.mode == "light"  # the default
     skip_on_the_device(monkeypatch)  # the GPU's path: no read of the skip flag
     current, calls = {"step": 0}, {}
     for name in SYNCS:
@@ -51,13 +54,13 @@ def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatc
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    step_call = type(trainer.train_step).__call__
+    step_call = type(trainer.run.train_step).__call__
 
     def step(self, micro_batches, **kwargs):
         current["step"] += 1
         return step_call(self, micro_batches, **kwargs)
 
-    monkeypatch.setattr(type(trainer.train_step), "__call__", step)
+    monkeypatch.setattr(type(trainer.run.train_step), "__call__", step)
     summary = trainer.fit()
     monkeypatch.undo()
     assert summary["steps"] == 8 and calls.get(4) and calls.get(8)  # the counting works
@@ -107,7 +110,7 @@ def test_probes_see_a_compiled_model(tmp_path):
 
 @pytest.mark.slow
 def test_full_mode_on_a_compiled_model_says_it_runs_eager(tmp_path, caplog):
-    Trainer(settings(*TINY, "diagnostics=full", "trainer.compile=true"), tmp_path)
+    Trainer(build(settings(*TINY, "diagnostics=full", "trainer.compile=true"), tmp_path))
     assert "every step runs eager" in caplog.text
 
 
@@ -169,15 +172,20 @@ def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
     ]
     moves = {}
     for name, extra in [("ref", []), ("wrong", ["pitfall=clip_before_unscale"])]:
-        trainer = Trainer(settings(*TINY, "precision=fp16", *common, *extra), tmp_path / name)
-        before = [p.detach().clone() for p in trainer.model.parameters()]
-        trainer.train_step([_batch(trainer)])
+        trainer = Trainer(
+            build(settings(*TINY, "precision=fp16", *common, *extra), tmp_path / name)
+        )
+        before = [p.detach().clone() for p in trainer.run.model.parameters()]
+        trainer.run.train_step([_batch(trainer)])
         moves[name] = torch.sqrt(
-            sum(((a - p.detach()) ** 2).sum() for a, p in zip(before, trainer.model.parameters()))
+            sum(
+                ((a - p.detach()) ** 2).sum()
+                for a, p in zip(before, trainer.run.model.parameters())
+            )
         ).item()
         (tmp_path / name).mkdir()
-        trainer.diagnostics.read(1)
-        signatures = trainer.diagnostics.signatures
+        trainer.run.train_step.diagnostics.read(1)
+        signatures = trainer.run.train_step.diagnostics.signatures
         assert ("clip_before_unscale" in signatures) == (name == "wrong")
     assert moves["ref"] == pytest.approx(0.05, rel=1e-3)
     assert moves["wrong"] / moves["ref"] == pytest.approx(1 / 65536, rel=0.05)
@@ -214,18 +222,18 @@ def test_loss_in_low_precision_overflows_the_scaled_loss(tmp_path):
 
 def test_fp32_modules_run_in_fp32_under_autocast(tmp_path):
     trainer = Trainer(
-        settings(*TINY, "precision=fp16", "precision.fp32_modules=[head,*norm1]"), tmp_path
+        build(settings(*TINY, "precision=fp16", "precision.fp32_modules=[head,*norm1]"), tmp_path)
     )
     dtypes = {}
-    for name, module in trainer.model.named_modules():
+    for name, module in trainer.run.model.named_modules():
         module.register_forward_hook(
             lambda m, a, out, name=name: dtypes.__setitem__(name, out.dtype)
         )
-    trainer.train_step([_batch(trainer)])
+    trainer.run.train_step([_batch(trainer)])
     assert dtypes["head"] == dtypes["blocks.0.norm1"] == torch.float32
     assert dtypes["blocks.0.mlp.fc1"] == torch.float16  # the rest stays in autocast
     with pytest.raises(ConfigError, match=r"fp32_modules: 'haed' matches no module.*head"):
-        Trainer(settings(*TINY, "precision.fp32_modules=[haed]"), tmp_path / "bad")
+        Trainer(build(settings(*TINY, "precision.fp32_modules=[haed]"), tmp_path / "bad"))
 
 
 @pytest.mark.slow
@@ -263,8 +271,10 @@ def test_pure_modes_are_not_the_half_model_pitfall(tmp_path, mode):
 
 
 def test_the_masters_of_a_pure_mode_are_checked_for_fp32(tmp_path):
-    trainer = Trainer(settings(*TINY, "precision=bf16_pure", "trainer.max_steps=1"), tmp_path)
-    optimizer, master = trainer.optimizer, trainer.train_step.params[0]
+    trainer = Trainer(
+        build(settings(*TINY, "precision=bf16_pure", "trainer.max_steps=1"), tmp_path)
+    )
+    optimizer, master = trainer.run.optimizer, trainer.run.train_step.params[0]
 
     def break_state(*_):  # an optimizer whose moments went 16-bit, as after a bad cast
         optimizer.state[master]["exp_avg"] = optimizer.state[master]["exp_avg"].bfloat16()

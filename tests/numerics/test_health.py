@@ -11,6 +11,7 @@ import pytest
 from helpers import settings
 from helpers.resume import interrupt
 
+from amp_lab.build import build
 from amp_lab.config import ConfigError, DiagnosticsConfig
 from amp_lab.numerics.health import RunHealth, Window, rules
 from amp_lab.trainer import Trainer
@@ -24,7 +25,7 @@ TINY = [
 
 
 def _fit(tmp_path, *overrides: str) -> dict:
-    return Trainer(settings(*TINY, *overrides), tmp_path).fit()
+    return Trainer(build(settings(*TINY, *overrides), tmp_path)).fit()
 
 
 def _health(
@@ -155,8 +156,10 @@ def test_the_report_shows_each_runs_health(tmp_path, capsys):
 
     for name, extra in [("fine", []), ("rising", ["lr.base=1"])]:
         Trainer(
-            settings(*TINY, "trainer.max_steps=20", "trainer.log_every=10", *extra),
-            tmp_path / "sweep" / name,
+            build(
+                settings(*TINY, "trainer.max_steps=20", "trainer.log_every=10", *extra),
+                tmp_path / "sweep" / name,
+            )
         ).fit()
     assert report([str(tmp_path / "sweep")]) == 0
     data = json.loads((tmp_path / "sweep" / "report" / "report.json").read_text())

@@ -8,6 +8,7 @@ import json
 import pytest
 from helpers import settings
 
+from amp_lab.build import build
 from amp_lab.trainer import Trainer
 
 TINY = [
@@ -25,7 +26,7 @@ OPTIMIZERS = {
 
 
 def _fit(tmp_path, optim: str, *overrides: str) -> tuple[dict, list[dict]]:
-    summary = Trainer(settings(*TINY, *OPTIMIZERS[optim], *overrides), tmp_path).fit()
+    summary = Trainer(build(settings(*TINY, *OPTIMIZERS[optim], *overrides), tmp_path)).fit()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return summary, [r for r in rows if r["kind"] == "train"]
 
@@ -90,12 +91,15 @@ def test_update_every_microbatch_grows_the_scale_grad_accum_times_too_fast(tmp_p
 @pytest.mark.parametrize("optim", OPTIMIZERS)
 def test_half_model_keeps_fp16_weights_and_optimizer_state(tmp_path, optim):
     trainer = Trainer(
-        settings(*TINY, *OPTIMIZERS[optim], "pitfall=half_model", "trainer.max_steps=2"), tmp_path
+        build(
+            settings(*TINY, *OPTIMIZERS[optim], "pitfall=half_model", "trainer.max_steps=2"),
+            tmp_path,
+        )
     )
     summary = trainer.fit()
     assert summary["diagnostics"]["fp32_state_ok"] is False
     evidence = summary["diagnostics"]["signatures"]["half_model"]
-    weights = len(list(trainer.model.parameters()))
+    weights = len(list(trainer.run.model.parameters()))
     # AdamW: every weight and both its moments are fp16; SGD without momentum keeps no state
     assert evidence.startswith(f"{weights * (3 if optim == 'adamw' else 1)} not fp32")
     assert "float16" in evidence

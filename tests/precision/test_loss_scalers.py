@@ -11,6 +11,7 @@ from helpers.resume import RUN
 from helpers.resume import curve as _curve
 from helpers.resume import interrupt as _interrupt
 
+from amp_lab.build import build
 from amp_lab.config import ConfigError
 from amp_lab.precision.hysteresis import HysteresisGradScaler
 from amp_lab.precision.scaling import StaticGradScaler
@@ -21,7 +22,7 @@ HYST = ["precision=fp32", "scaler=hysteresis", "scaler.enabled=true"]
 
 
 def _batch(trainer: Trainer, offset: int = 0):
-    images, labels = trainer.data.train.tensors
+    images, labels = trainer.run.data.train.tensors
     return images[offset : offset + 16], labels[offset : offset + 16]
 
 
@@ -36,24 +37,26 @@ def _inf_grads(trainer: Trainer, steps: int | None = None):
             left[0] -= 1
         return grad * float("inf")
 
-    return trainer.model.head.weight.register_hook(hook)
+    return trainer.run.model.head.weight.register_hook(hook)
 
 
 def _scales(trainer: Trainer, overflows: list[bool]) -> list[float]:
     scales = []
     for i, overflow in enumerate(overflows):
         handle = _inf_grads(trainer) if overflow else None
-        result = trainer.train_step([_batch(trainer, 16 * i)])
+        result = trainer.run.train_step([_batch(trainer, 16 * i)])
         assert result.found_inf.item() == float(overflow)
         if handle:
             handle.remove()
-        scales.append(trainer.scaler.get_scale())
+        scales.append(trainer.run.scaler.get_scale())
     return scales
 
 
 def test_hysteresis_backs_off_only_on_the_nth_consecutive_overflow(tmp_path):
-    trainer = Trainer(settings(*HYST, "scaler.init_scale=1024", "scaler.hysteresis=3"), tmp_path)
-    assert isinstance(trainer.scaler, HysteresisGradScaler)
+    trainer = Trainer(
+        build(settings(*HYST, "scaler.init_scale=1024", "scaler.hysteresis=3"), tmp_path)
+    )
+    assert isinstance(trainer.run.scaler, HysteresisGradScaler)
     overflows = [True, True, True, True, False, True, True]
     # the 3rd and 4th consecutive overflows back off; the clean step resets the count
     assert _scales(trainer, overflows) == [1024, 1024, 512, 256, 256, 256, 256]
@@ -61,24 +64,30 @@ def test_hysteresis_backs_off_only_on_the_nth_consecutive_overflow(tmp_path):
 
 def test_hysteresis_grows_up_to_max_scale(tmp_path):
     trainer = Trainer(
-        settings(*HYST, "scaler.init_scale=4", "scaler.growth_interval=2", "scaler.max_scale=8"),
-        tmp_path,
+        build(
+            settings(
+                *HYST, "scaler.init_scale=4", "scaler.growth_interval=2", "scaler.max_scale=8"
+            ),
+            tmp_path,
+        )
     )
     assert _scales(trainer, [False] * 5) == [4, 8, 8, 8, 8]
 
 
 def test_min_scale_stops_the_run_as_diverged(tmp_path):
     trainer = Trainer(
-        settings(
-            *HYST,
-            "scaler.init_scale=4",
-            "scaler.hysteresis=1",
-            "scaler.min_scale=1",
-            "trainer.max_steps=20",
-            "trainer.log_every=2",
-            "trainer.max_bad_steps=50",
-        ),
-        tmp_path,
+        build(
+            settings(
+                *HYST,
+                "scaler.init_scale=4",
+                "scaler.hysteresis=1",
+                "scaler.min_scale=1",
+                "trainer.max_steps=20",
+                "trainer.log_every=2",
+                "trainer.max_bad_steps=50",
+            ),
+            tmp_path,
+        )
     )
     _inf_grads(trainer)  # every step overflows: 4 -> 2 -> 1 -> a backoff due at the floor
     summary = trainer.fit()
@@ -91,30 +100,35 @@ def test_min_scale_stops_the_run_as_diverged(tmp_path):
 
 
 def test_hysteresis_state_survives_a_state_dict_round_trip(tmp_path):
-    first = Trainer(settings(*HYST, "scaler.init_scale=64", "scaler.hysteresis=2"), tmp_path)
+    first = Trainer(build(settings(*HYST, "scaler.init_scale=64", "scaler.hysteresis=2"), tmp_path))
     _scales(first, [True])  # one overflow: the next one backs off
-    state = first.scaler.state_dict()
+    state = first.run.scaler.state_dict()
     assert state["_hysteresis_tracker"] == 1 and state["scale"] == 64.0
     second = Trainer(
-        settings(*HYST, "scaler.init_scale=1024", "scaler.hysteresis=5"), tmp_path / "b"
+        build(settings(*HYST, "scaler.init_scale=1024", "scaler.hysteresis=5"), tmp_path / "b")
     )
-    second.scaler.load_state_dict(state)  # before its first step, as a resume does
+    second.run.scaler.load_state_dict(state)  # before its first step, as a resume does
     assert _scales(second, [True]) == [32.0]
-    assert second.scaler.state_dict()["hysteresis"] == 2
+    assert second.run.scaler.state_dict()["hysteresis"] == 2
 
 
 def test_static_scaler_keeps_its_scale(tmp_path):
     trainer = Trainer(
-        settings(
-            "precision=fp16", "scaler=static", "scaler.init_scale=256", "scaler.growth_interval=1"
-        ),
-        tmp_path,
+        build(
+            settings(
+                "precision=fp16",
+                "scaler=static",
+                "scaler.init_scale=256",
+                "scaler.growth_interval=1",
+            ),
+            tmp_path,
+        )
     )
-    assert isinstance(trainer.scaler, StaticGradScaler)
-    before = [p.detach().clone() for p in trainer.model.parameters()]
+    assert isinstance(trainer.run.scaler, StaticGradScaler)
+    before = [p.detach().clone() for p in trainer.run.model.parameters()]
     assert _scales(trainer, [False, True, False]) == [256, 256, 256]
-    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
-    assert trainer.describe()["scaler"]["dynamic"] is False
+    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.run.model.parameters()))
+    assert trainer.run.describe()["scaler"]["dynamic"] is False
 
 
 @pytest.mark.parametrize(
@@ -156,17 +170,17 @@ def test_bad_scaler_settings_are_one_line_errors(overrides, message):
 )
 def test_resumed_run_equals_uninterrupted_run(tmp_path, overrides):
     """Checkpoints hold the hysteresis state, the fp32 masters and the Kahan buffers."""
-    whole = Trainer(settings(*RUN, *overrides), tmp_path / "whole")
+    whole = Trainer(build(settings(*RUN, *overrides), tmp_path / "whole"))
     whole.fit()
     _interrupt(tmp_path / "split", [*RUN, *overrides], at_step=5)
-    resumed = Trainer(settings(*RUN, *overrides), tmp_path / "split")
-    assert resumed.state.step == 5
+    resumed = Trainer(build(settings(*RUN, *overrides), tmp_path / "split"))
+    assert resumed.run.state.step == 5
     resumed.fit()
     assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
     for a, b in zip(
-        whole.optimizer.state_dict()["state"].values(),
-        resumed.optimizer.state_dict()["state"].values(),
+        whole.run.optimizer.state_dict()["state"].values(),
+        resumed.run.optimizer.state_dict()["state"].values(),
     ):
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
-    assert resumed.scaler.state_dict() == whole.scaler.state_dict()
+    assert resumed.run.scaler.state_dict() == whole.run.scaler.state_dict()

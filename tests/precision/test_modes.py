@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import settings
 
+from amp_lab.build import build
 from amp_lab.config import ConfigError
 from amp_lab.precision.master_weights import RoundedUpdates, stochastic_round_to_bf16
 from amp_lab.precision.modes import PRECISION_MODES
@@ -19,7 +20,7 @@ NO_MASTERS = ["precision=bf16_pure", "precision.master_weights=false"]
 
 
 def _batch(trainer: Trainer, n: int = 16, offset: int = 0):
-    images, labels = trainer.data.train.tensors
+    images, labels = trainer.run.data.train.tensors
     return images[offset : offset + n], labels[offset : offset + n]
 
 
@@ -47,17 +48,17 @@ def _fp_state(optimizer: torch.optim.Optimizer, skip: tuple[str, ...] = ()) -> l
 def test_each_mode_learns_and_holds_the_dtypes_it_claims(
     tmp_path, overrides, model_dtype, optim_dtype
 ):
-    trainer = Trainer(settings(*overrides, "lr.schedule=constant"), tmp_path)
+    trainer = Trainer(build(settings(*overrides, "lr.schedule=constant"), tmp_path))
     batch = _batch(trainer)
-    results = [trainer.train_step([batch]) for _ in range(4)]
+    results = [trainer.run.train_step([batch]) for _ in range(4)]
     losses = [r.loss.item() for r in results]
     assert all(r.found_inf.item() == 0.0 for r in results)
     assert losses[-1] < losses[0] - 0.1  # it fits the batch
-    assert {p.dtype for p in trainer.model.parameters()} == {model_dtype}
-    held = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    assert {p.dtype for p in trainer.run.model.parameters()} == {model_dtype}
+    held = [p for g in trainer.run.optimizer.param_groups for p in g["params"]]
     assert {p.dtype for p in held} == {optim_dtype}  # masters (fp32) or the weights themselves
     # optimizer moments are fp32 in every mode (no masters: the step runs on an fp32 up-cast)
-    state = _fp_state(trainer.optimizer, skip=("kahan_comp",))
+    state = _fp_state(trainer.run.optimizer, skip=("kahan_comp",))
     assert state and all(t.dtype == torch.float32 for t in state)
 
 
@@ -69,25 +70,29 @@ def test_each_mode_learns_and_holds_the_dtypes_it_claims(
 def test_pure_modes_keep_batchnorm_in_fp32(tmp_path, overrides):
     """As apex O2: BatchNorm's weights and running statistics stay fp32, the rest is 16-bit,
     and a step keeps it so (the rounding back to bf16 leaves BatchNorm alone)."""
-    trainer = Trainer(settings(*overrides, "model=resnet18", "lr.schedule=constant"), tmp_path)
-    norms = [m for m in trainer.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    trainer = Trainer(
+        build(settings(*overrides, "model=resnet18", "lr.schedule=constant"), tmp_path)
+    )
+    norms = [m for m in trainer.run.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert norms
     for _ in range(2):
-        trainer.train_step([_batch(trainer)])
+        trainer.run.train_step([_batch(trainer)])
     kept = {id(t) for m in norms for t in [*m.parameters(), *m.buffers()]}
     assert all(t.dtype == torch.float32 for m in norms for t in [*m.parameters(), m.running_var])
-    assert {p.dtype for p in trainer.model.parameters() if id(p) not in kept} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.run.model.parameters() if id(p) not in kept} == {
+        torch.bfloat16
+    }
     assert norms[0].running_mean.abs().sum() > 0  # the fp32 statistics were updated
 
 
 def test_fp8_converts_the_eligible_linears_but_not_the_head(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
 
-    trainer = Trainer(settings(*FP8), tmp_path)
-    converted = [n for n, m in trainer.model.named_modules() if isinstance(m, Float8Linear)]
+    trainer = Trainer(build(settings(*FP8), tmp_path))
+    converted = [n for n, m in trainer.run.model.named_modules() if isinstance(m, Float8Linear)]
     assert len(converted) == 24  # test_vit: qkv, proj, fc1, fc2 in each of 6 blocks (dims 64/192)
-    assert not isinstance(trainer.model.head, Float8Linear)  # 64 -> 10 classes, and the head
-    info = trainer.describe()["precision"]  # what summary.json records
+    assert not isinstance(trainer.run.model.head, Float8Linear)  # 64 -> 10 classes, and the head
+    info = trainer.run.describe()["precision"]  # what summary.json records
     assert info["reports_mfu"] is False and info["fp8_recipe"] == "tensorwise"
     assert PRECISION_MODES["fp8"].reports_mfu is False  # the bench reads this from the table
 
@@ -96,8 +101,8 @@ def test_fp8_converts_the_eligible_linears_but_not_the_head(tmp_path):
 def test_fp8_leaves_the_fp32_modules_in_fp32(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
 
-    trainer = Trainer(settings(*FP8, "precision.fp32_modules=[blocks.0.mlp]"), tmp_path)
-    types = {n: type(m) for n, m in trainer.model.named_modules()}
+    trainer = Trainer(build(settings(*FP8, "precision.fp32_modules=[blocks.0.mlp]"), tmp_path))
+    types = {n: type(m) for n, m in trainer.run.model.named_modules()}
     assert (
         types["blocks.0.mlp.fc1"] is torch.nn.Linear
         and types["blocks.0.mlp.fc2"] is torch.nn.Linear
@@ -109,35 +114,36 @@ def test_fp8_leaves_the_fp32_modules_in_fp32(tmp_path):
 @pytest.mark.slow
 def test_fp16_pure_with_master_weights_matches_fp16_autocast(tmp_path):
     common = ["lr.base=1e-3", "lr.schedule=constant", "optim.weight_decay=0"]
-    amp = Trainer(settings("precision=fp16", *common), tmp_path / "amp")
-    pure = Trainer(settings("precision=fp16_pure", *common), tmp_path / "pure")
-    weights = [p for g in amp.optimizer.param_groups for p in g["params"]]
+    amp = Trainer(build(settings("precision=fp16", *common), tmp_path / "amp"))
+    pure = Trainer(build(settings("precision=fp16_pure", *common), tmp_path / "pure"))
+    weights = [p for g in amp.run.optimizer.param_groups for p in g["params"]]
     start = [w.detach().clone() for w in weights]
     for i in range(4):
         batch = _batch(amp, offset=16 * i)
-        loss_amp = amp.train_step([batch]).loss.item()
-        loss_pure = pure.train_step([batch]).loss.item()
+        loss_amp = amp.run.train_step([batch]).loss.item()
+        loss_pure = pure.run.train_step([batch]).loss.item()
         assert loss_pure == pytest.approx(loss_amp, rel=5e-3, abs=5e-3), i
-    masters = [p for g in pure.optimizer.param_groups for p in g["params"]]
+    masters = [p for g in pure.run.optimizer.param_groups for p in g["params"]]
     moved = torch.cat([(w - w0).flatten() for w, w0 in zip(weights, start)]).norm()
     apart = torch.cat([(m - w).flatten() for m, w in zip(masters, weights)]).norm()
     assert apart < 0.1 * moved  # the two runs take nearly the same steps
-    assert pure.scaler.get_scale() == amp.scaler.get_scale() == 65536.0
+    assert pure.run.scaler.get_scale() == amp.run.scaler.get_scale() == 65536.0
 
 
 def test_master_weights_survive_a_state_dict_round_trip(tmp_path):
-    first = Trainer(settings("precision=bf16_pure"), tmp_path / "a")
-    first.train_step([_batch(first)])
-    saved_model, saved_opt = first.model.state_dict(), first.optimizer.state_dict()
-    second = Trainer(settings("precision=bf16_pure"), tmp_path / "b")
-    second.model.load_state_dict(saved_model)
-    second.optimizer.load_state_dict(saved_opt)
+    first = Trainer(build(settings("precision=bf16_pure"), tmp_path / "a"))
+    first.run.train_step([_batch(first)])
+    saved_model, saved_opt = first.run.model.state_dict(), first.run.optimizer.state_dict()
+    second = Trainer(build(settings("precision=bf16_pure"), tmp_path / "b"))
+    second.run.model.load_state_dict(saved_model)
+    second.run.optimizer.load_state_dict(saved_opt)
     for a, b in zip(
-        second.optimizer.param_groups[0]["params"], first.optimizer.param_groups[0]["params"]
+        second.run.optimizer.param_groups[0]["params"],
+        first.run.optimizer.param_groups[0]["params"],
     ):
         assert a.dtype == torch.float32 and torch.equal(a, b)  # the low bits came back too
     batch = _batch(first, offset=16)
-    assert first.train_step([batch]).loss.item() == second.train_step([batch]).loss.item()
+    assert first.run.train_step([batch]).loss.item() == second.run.train_step([batch]).loss.item()
 
 
 def _tiny_update_run(rounding: str, steps: int = 64) -> torch.Tensor:
@@ -186,11 +192,11 @@ def test_stochastic_rounding_picks_the_two_neighbours_without_bias():
 )
 def test_bad_precision_settings_are_one_line_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
-        Trainer(settings(*overrides), tmp_path)
+        Trainer(build(settings(*overrides), tmp_path))
     assert "\n" not in str(err.value)
 
 
 def test_fp8_without_torchao_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails as if not installed
     with pytest.raises(ConfigError, match=r"pip install amp-lab\[fp8\]"):
-        Trainer(settings(*FP8), tmp_path)
+        Trainer(build(settings(*FP8), tmp_path))

@@ -16,6 +16,7 @@ from helpers.distributed import torchrun_amp_lab
 from helpers.host_reads import LOOP, watched_fit
 
 from amp_lab.bench import cli as bench
+from amp_lab.build import build
 from amp_lab.components.optim import build_optimizer
 from amp_lab.config import ConfigError, compose_settings
 from amp_lab.numerics.optimizer_state import _zero_and_subnormal
@@ -72,7 +73,7 @@ def test_fp16_second_moment_zeroes_out_and_inflates_the_step_others_match_fp32()
 @pytest.mark.slow
 @pytest.mark.parametrize("state_dtype", [d for d in DTYPES if d != "fp16"])
 def test_every_state_dtype_trains_a_vit_and_reports_its_memory(state_dtype, tmp_path):
-    trainer = Trainer(settings(f"optim.state_dtype={state_dtype}", *LEARN), tmp_path)
+    trainer = Trainer(build(settings(f"optim.state_dtype={state_dtype}", *LEARN), tmp_path))
     summary = trainer.fit()
     params = summary["params"]
     assert summary["status"] == "completed" and summary["optimizer_state_dtype"] == state_dtype
@@ -82,7 +83,7 @@ def test_every_state_dtype_trains_a_vit_and_reports_its_memory(state_dtype, tmp_
     assert summary["final_val_loss"] < 2.3
     assert all(r["diag/v_zero_share"] < 0.01 and r["diag/max_update_ratio"] < 0.1 for r in train)
     state_bytes = summary["optimizer_state_bytes"]
-    moments = [s["exp_avg_sq"] for s in trainer.optimizer.state.values()]
+    moments = [s["exp_avg_sq"] for s in trainer.run.optimizer.state.values()]
     expected = {"fp32": 8 * params, "bf16": 4 * params}
     if state_dtype in expected:
         assert state_bytes == expected[state_dtype]
@@ -109,11 +110,15 @@ def test_fp16_moments_break_a_short_run_that_fp32_moments_train(tmp_path):
     ]
     runs = {}
     for dtype in ["fp32", "fp16"]:
-        summary = Trainer(settings(f"optim.state_dtype={dtype}", *probes), tmp_path / dtype).fit()
+        summary = Trainer(
+            build(settings(f"optim.state_dtype={dtype}", *probes), tmp_path / dtype)
+        ).fit()
         runs[dtype] = (summary, _rows(tmp_path / dtype))
     summary, rows = runs["fp32"]
     assert summary["skipped_steps"] == 0 and all(math.isfinite(r["train/loss"]) for r in rows)
-    assert all(r["diag/v_zero_share"] == 0 for r in rows)
+    # fp32 moments hold no underflow: a zero only where a gradient element is exactly zero
+    # (one of test_vit's ~127k on an AMD EPYC CPU)
+    assert all(r["diag/v_zero_share"] < 1e-4 for r in rows)
     assert max(r["diag/max_update_ratio"] for r in rows) < 0.1
     summary, rows = runs["fp16"]
     assert rows[0]["diag/v_zero_share"] + rows[0]["diag/v_subnormal_share"] > 0.9
@@ -167,10 +172,10 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
         "checkpoint.every_minutes=0",
         *(["optim.state_rounding=stochastic"] if state_dtype == "bf16" else []),
     ]
-    whole = Trainer(settings(*run), tmp_path / "whole")
+    whole = Trainer(build(settings(*run), tmp_path / "whole"))
     whole.fit()
     with pytest.raises(KeyboardInterrupt):
-        Trainer(settings(*run), tmp_path / "split", sinks=[StopAt(4)]).fit()
+        Trainer(build(settings(*run), tmp_path / "split"), [StopAt(4)]).fit()
     [path] = (tmp_path / "split" / "checkpoints").glob("step_*.pt")
     saved = torch.load(path, weights_only=True)["parts"]["optimizer"]["state"]
     kinds = {type(s["exp_avg_sq"]).__name__ for s in saved.values()}
@@ -190,12 +195,14 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
                 check=False,
             )
             assert (done.returncode == 0) is works, done.stderr[-2000:]
-    resumed = Trainer(settings(*run), tmp_path / "split")
-    assert resumed.state.step == 3
+    resumed = Trainer(build(settings(*run), tmp_path / "split"))
+    assert resumed.run.state.step == 3
     resumed.fit()
-    for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
+    for a, b in zip(whole.run.model.parameters(), resumed.run.model.parameters()):
         assert torch.equal(a, b)
-    for p_whole, p_resumed in zip(whole.optimizer.state.values(), resumed.optimizer.state.values()):
+    for p_whole, p_resumed in zip(
+        whole.run.optimizer.state.values(), resumed.run.optimizer.state.values()
+    ):
         for key in ("exp_avg", "exp_avg_sq"):
             a, b = p_whole[key], p_resumed[key]
             assert type(a) is type(b) and a.dtype == b.dtype
@@ -209,13 +216,15 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
 @pytest.mark.parametrize("master_weights", ["true", "false"])
 def test_low_bit_state_with_bf16_weights(master_weights, tmp_path):
     summary = Trainer(
-        settings(
-            "precision=bf16_pure",
-            f"precision.master_weights={master_weights}",
-            "optim.state_dtype=int8",
-            *LEARN,
-        ),
-        tmp_path,
+        build(
+            settings(
+                "precision=bf16_pure",
+                f"precision.master_weights={master_weights}",
+                "optim.state_dtype=int8",
+                *LEARN,
+            ),
+            tmp_path,
+        )
     ).fit()
     assert summary["status"] == "completed"
     train = _rows(tmp_path)
@@ -227,10 +236,14 @@ def test_low_bit_state_with_bf16_weights(master_weights, tmp_path):
 
 
 def test_a_chosen_state_dtype_is_not_the_half_model_pitfall(tmp_path):
-    chosen = Trainer(settings("optim.state_dtype=bf16", "trainer.max_steps=2"), tmp_path / "a")
+    chosen = Trainer(
+        build(settings("optim.state_dtype=bf16", "trainer.max_steps=2"), tmp_path / "a")
+    )
     assert chosen.fit()["diagnostics"]["fp32_state_ok"] is True
     accident = Trainer(
-        settings("pitfall=half_model", "precision=fp16", "trainer.max_steps=2"), tmp_path / "b"
+        build(
+            settings("pitfall=half_model", "precision=fp16", "trainer.max_steps=2"), tmp_path / "b"
+        )
     ).fit()
     assert accident["diagnostics"]["fp32_state_ok"] is False
     assert accident["optimizer_state_dtype"] == "fp16"
@@ -276,12 +289,15 @@ def test_cli_refuses_bad_state_settings_with_exit_2(tmp_path):
 
 def test_block_size_reaches_torchao(tmp_path):
     trainer = Trainer(
-        settings("optim.state_dtype=int8", "optim.block_size=128", "trainer.max_steps=1"), tmp_path
+        build(
+            settings("optim.state_dtype=int8", "optim.block_size=128", "trainer.max_steps=1"),
+            tmp_path,
+        )
     )
     trainer.fit()
     blocks = {
         s["exp_avg_sq"].block_size
-        for s in trainer.optimizer.state.values()
+        for s in trainer.run.optimizer.state.values()
         if hasattr(s["exp_avg_sq"], "block_size")
     }
     assert blocks == {128}
@@ -321,12 +337,14 @@ def test_bench_throughput_table_shows_the_state_memory(tmp_path):
         table = (tmp_path / state_dtype / "bench.md").read_text()
         assert f"| {state_dtype} | {rows[state_dtype]['state_mb']:.2f} |" in table
     built = Trainer(
-        compose_settings(
-            bench.throughput_overrides(bench.parse_args(args), "test_vit", "fp32", False)
-        ),
-        tmp_path / "count",
+        build(
+            compose_settings(
+                bench.throughput_overrides(bench.parse_args(args), "test_vit", "fp32", False)
+            ),
+            tmp_path / "count",
+        )
     )
-    fp32_mb = 8 * sum(p.numel() for p in built.model.parameters()) / 2**20
+    fp32_mb = 8 * sum(p.numel() for p in built.run.model.parameters()) / 2**20
     assert rows["fp32"]["state_mb"] == pytest.approx(fp32_mb)
     assert 0.1 * fp32_mb < rows["int8"]["state_mb"] < 0.31 * fp32_mb
 
@@ -376,7 +394,7 @@ def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device
     """GradScaler hands its inf flag to the step (no `.item()` per step); the step with an inf
     gradient changes neither weights nor moments nor the step count."""
     run = ["optim.state_dtype=bf16", "optim.state_rounding=stochastic"]
-    trainer = Trainer(settings(*run, *LOOP, "fault.inf_grad_at_step=2"), tmp_path / "inf")
+    trainer = Trainer(build(settings(*run, *LOOP, "fault.inf_grad_at_step=2"), tmp_path / "inf"))
     watch = watched_fit(monkeypatch, trainer)
     assert watch.calls == [], watch.calls[0]
     assert _rows(tmp_path / "inf")[0]["amp/skipped_steps"] == 1
@@ -386,11 +404,13 @@ def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device
         ("one", ["trainer.max_steps=1"]),
         ("skip", ["trainer.max_steps=2", "fault.inf_grad_at_step=2"]),
     ]:
-        runs[name] = Trainer(settings(*run, "lr.schedule=constant", *extra), tmp_path / name)
+        runs[name] = Trainer(build(settings(*run, "lr.schedule=constant", *extra), tmp_path / name))
         runs[name].fit()
-    for a, b in zip(runs["one"].model.parameters(), runs["skip"].model.parameters()):
+    for a, b in zip(runs["one"].run.model.parameters(), runs["skip"].run.model.parameters()):
         assert torch.equal(a, b)
-    for a, b in zip(runs["one"].optimizer.state.values(), runs["skip"].optimizer.state.values()):
+    for a, b in zip(
+        runs["one"].run.optimizer.state.values(), runs["skip"].run.optimizer.state.values()
+    ):
         assert a["step"] == b["step"] == 1
         assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(
             a["exp_avg_sq"], b["exp_avg_sq"]
@@ -400,7 +420,7 @@ def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device
 def test_torchao_states_read_the_inf_flag_on_the_host_each_step(monkeypatch, tmp_path):
     """What the README says: torchao's low-bit optimizers take no on-device inf flag, so
     GradScaler reads it on the host before each of their steps (not only at state creation)."""
-    trainer = Trainer(settings("optim.state_dtype=int8", *LOOP), tmp_path)
+    trainer = Trainer(build(settings("optim.state_dtype=int8", *LOOP), tmp_path))
     watch = watched_fit(monkeypatch, trainer)
     # one inf-flag read in each of the 5 steps (the step itself is never inside a log record)
     assert len([call for call in watch.calls if "_maybe_opt_step" in call]) == 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from helpers import settings
 
+from amp_lab.build import build
 from amp_lab.precision import scaler_internals as internals
 from amp_lab.trainer import Trainer
 
@@ -32,15 +33,15 @@ def test_major_minor_ignores_patch_and_local_parts():
 
 
 def _scaled_backward(trainer: Trainer, inf: bool) -> None:
-    images, labels = trainer.data.train.tensors
-    trainer.optimizer.zero_grad(set_to_none=True)
-    loss = trainer.model(images[:8]).float().logsumexp(-1).mean() * (float("inf") if inf else 1)
-    trainer.scaler.scale(loss).backward()
+    images, labels = trainer.run.data.train.tensors
+    trainer.run.optimizer.zero_grad(set_to_none=True)
+    loss = trainer.run.model(images[:8]).float().logsumexp(-1).mean() * (float("inf") if inf else 1)
+    trainer.run.scaler.scale(loss).backward()
 
 
 def test_found_inf_is_the_skip_flag_until_update_clears_it(tmp_path):
-    trainer = Trainer(settings(*SCALED), tmp_path)
-    scaler, optimizer = trainer.scaler, trainer.optimizer
+    trainer = Trainer(build(settings(*SCALED), tmp_path))
+    scaler, optimizer = trainer.run.scaler, trainer.run.optimizer
     for inf in (True, False):
         _scaled_backward(trainer, inf)
         scaler.step(optimizer)
@@ -51,25 +52,25 @@ def test_found_inf_is_the_skip_flag_until_update_clears_it(tmp_path):
 
 
 def test_scale_tensor_is_the_scale_on_the_device(tmp_path):
-    trainer = Trainer(settings(*SCALED), tmp_path)
-    assert internals.scale_tensor(trainer.scaler) is None  # before the first scale()
+    trainer = Trainer(build(settings(*SCALED), tmp_path))
+    assert internals.scale_tensor(trainer.run.scaler) is None  # before the first scale()
     _scaled_backward(trainer, inf=False)
-    scale = internals.scale_tensor(trainer.scaler)
-    assert scale is not None and scale.device == trainer.device
-    assert scale.item() == trainer.scaler.get_scale() == 1024.0
+    scale = internals.scale_tensor(trainer.run.scaler)
+    assert scale is not None and scale.device == trainer.run.device
+    assert scale.item() == trainer.run.scaler.get_scale() == 1024.0
 
 
 def test_update_scale_now_backs_off_and_grows_and_keeps_the_steps_records(tmp_path):
-    trainer = Trainer(settings(*SCALED), tmp_path)
-    scaler = trainer.scaler
+    trainer = Trainer(build(settings(*SCALED), tmp_path))
+    scaler = trainer.run.scaler
     _scaled_backward(trainer, inf=False)
-    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    grads = [p.grad for p in trainer.run.model.parameters() if p.grad is not None]
     internals.update_scale_now(scaler, grads)
     assert scaler.get_scale() == 2048.0  # a clean check with growth_interval 1: growth
     grads[0].fill_(float("nan"))
     internals.update_scale_now(scaler, grads)
     assert scaler.get_scale() == 1024.0  # backoff
-    scaler.unscale_(trainer.optimizer)
+    scaler.unscale_(trainer.run.optimizer)
     internals.update_scale_now(scaler, [])
     assert internals.step_found_inf(scaler)  # update()'s records stay for update() itself
     scale, growth = internals.scale_and_growth_tracker(scaler)

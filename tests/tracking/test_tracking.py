@@ -21,6 +21,7 @@ from helpers import ROOT, settings
 from helpers.sinks import Boom
 from helpers.wandb_records import offline_runs, read_run
 
+from amp_lab.build import build
 from amp_lab.config import ConfigError
 from amp_lab.records import WANDB_ID_FILE
 from amp_lab.tracking.sinks import Sink
@@ -47,15 +48,17 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     summary = Trainer(
-        settings(
-            "logger.mode=offline",
-            "logger.group=study-a",
-            "precision=bf16",
-            "scaler.init_scale=32768",
-            "lr.scale=0.7",
-            "+logger.tags=[mine]",
-        ),
-        tmp_path,
+        build(
+            settings(
+                "logger.mode=offline",
+                "logger.group=study-a",
+                "precision=bf16",
+                "scaler.init_scale=32768",
+                "lr.scale=0.7",
+                "+logger.tags=[mine]",
+            ),
+            tmp_path,
+        )
     ).fit()
     [wandb_file] = offline_runs(tmp_path)
     run = read_run(wandb_file)
@@ -90,8 +93,10 @@ def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     (tmp_path / WANDB_ID_FILE).write_text("resume01\n")  # as a checkpoint restores it
     every = "checkpoint.every_steps=2"
     with pytest.raises(RuntimeError, match="boom"):  # dies at step 4, after its checkpoint at 2
-        Trainer(settings("logger.mode=offline", every), tmp_path, sinks=[Boom()]).fit()
-    Trainer(settings("logger.mode=offline", every), tmp_path).fit()  # the requeued one finishes
+        Trainer(build(settings("logger.mode=offline", every), tmp_path), [Boom()]).fit()
+    Trainer(
+        build(settings("logger.mode=offline", every), tmp_path)
+    ).fit()  # the requeued one finishes
     files = offline_runs(tmp_path)
     assert len(files) == 2 and {read_run(f).run_id for f in files} == {"resume01"}
 
@@ -100,7 +105,7 @@ def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
 def test_crashed_run_is_finished_with_its_summary(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with pytest.raises(RuntimeError, match="boom"):
-        Trainer(settings("logger.mode=offline"), tmp_path, sinks=[Boom()]).fit()
+        Trainer(build(settings("logger.mode=offline"), tmp_path), [Boom()]).fit()
     run = read_run(offline_runs(tmp_path)[0])
     assert run.summary["status"].startswith("crashed: RuntimeError: boom")
     assert run.exit_code == 1
@@ -115,7 +120,7 @@ def test_init_failure_falls_back_to_offline(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with caplog.at_level(logging.WARNING, logger="amp_lab.tracking.wandb_sink"):
-        summary = Trainer(settings("logger.mode=online"), tmp_path).fit()
+        summary = Trainer(build(settings("logger.mode=online"), tmp_path)).fit()
     assert summary["status"] == "completed"
     assert "W&B online unavailable (init failed" in caplog.text
     assert "logging offline instead" in caplog.text
@@ -161,7 +166,7 @@ def test_an_offline_run_sends_nothing_to_the_wandb_server(tmp_path, monkeypatch)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with _local_server(_RecordEveryRequest) as url:
         monkeypatch.setenv("WANDB_BASE_URL", url)
-        Trainer(settings("logger.mode=offline"), tmp_path).fit()
+        Trainer(build(settings("logger.mode=offline"), tmp_path)).fit()
     assert read_run(offline_runs(tmp_path)[0]).exit_code == 0
     assert _RecordEveryRequest.seen == []
 
@@ -175,7 +180,7 @@ def test_modes_and_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "online")  # but never re-enables a disabled logger
     assert build_tracking_sinks(settings("logger=disabled"), tmp_path) == []
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    Trainer(settings("logger.mode=offline", "trainer.max_steps=2"), tmp_path).fit()
+    Trainer(build(settings("logger.mode=offline", "trainer.max_steps=2"), tmp_path)).fit()
     assert not (tmp_path / "wandb").exists() and (tmp_path / "summary.json").exists()
     with pytest.raises(ConfigError, match="logger.mode='onlin' is unknown"):
         settings("logger.mode=onlin")
@@ -239,7 +244,7 @@ def test_the_training_process_runs_no_wandb_code(tmp_path, monkeypatch):
     """W&B lives in a child process: with wandb unimportable here, the run is still logged."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` here raises ImportError
-    summary = Trainer(settings("logger.mode=offline"), tmp_path).fit()
+    summary = Trainer(build(settings("logger.mode=offline"), tmp_path)).fit()
     run = read_run(offline_runs(tmp_path)[0])
     assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4, 6]
     assert run.summary["status"] == "completed" and run.exit_code == 0
@@ -275,7 +280,7 @@ def test_a_dead_wandb_process_is_one_warning_and_training_goes_on(tmp_path, monk
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     with caplog.at_level(logging.WARNING, logger="amp_lab.tracking.wandb_process"):
-        summary = Trainer(settings("logger.mode=offline"), tmp_path, sinks=[KillWandb()]).fit()
+        summary = Trainer(build(settings("logger.mode=offline"), tmp_path), [KillWandb()]).fit()
     assert summary["status"] == "completed"
     assert [r["step"] for r in _jsonl(tmp_path, "train")] == [2, 4, 6]  # metrics.jsonl goes on
     stopped = "W&B process ended (exit code -9)"
