@@ -1,14 +1,14 @@
 """The runner's overhead: the real training loop against a bare hand-written loop, alternating.
 
-The amp_lab side is `Trainer(run).fit()` itself, with its default sinks and telemetry, built from the
-real config. One extra sink, called at the end of every round of amp_lab steps, times that round
-and then runs one round of the bare loop — autocast, GradScaler, AdamW, nothing else — on a copy
-of the same model, the same on-device data, batch size and precision, and the same optimizer:
-AdamW over the runner's parameter groups (weight decay on the weights, none on norms and biases,
-as timm builds them), so both loops train the same thing. The two alternate in one process, under
-the same machine load, and whatever the runner does per step (counters, meters, log records,
-sinks, diagnostics hooks, the inf/nan check of modes without loss scaling) is inside the amp_lab
-rounds.
+The amp_lab side is `Trainer(run).fit()` itself, with its default sinks and telemetry, built
+from the real config. One extra sink, called at the end of every round of amp_lab steps, times
+that round and then runs one round of the bare loop — autocast, GradScaler, AdamW, nothing else
+— on a copy of the same model, the same on-device data, batch size and precision, and the same
+optimizer: AdamW over the runner's parameter groups (weight decay on the weights, none on norms
+and biases, as timm builds them), so both loops train the same thing. The two alternate in one
+process, under the same machine load, and whatever the runner does per step (counters, meters,
+log records, sinks, diagnostics hooks, the inf/nan check of modes without loss scaling) is
+inside the amp_lab rounds.
 """
 
 from __future__ import annotations
