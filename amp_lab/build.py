@@ -7,7 +7,7 @@ placement (threads, ranks, seed, device, precision policy, FSDP plan) -> data (t
 batch order, the run's length) -> model (the timm model, modules kept in fp32, injected faults,
 FSDP shards) -> optimization (optimizer, peak LR, warmup, schedule) -> precision (fp8 layers,
 16-bit weights and fp32 masters, the loss scaler) -> step (the training step, wrapped and
-compiled as asked, and the EMA it feeds) -> monitor (the run's counters and health judge) ->
+compiled as asked, and the EMA it feeds) -> monitor (the run's counters and its health judge) ->
 resume (a finished run is left alone, a checkpoint is restored) -> sinks (where records go).
 
 Random draws happen in this order too (the seed is set in placement), so a run is reproducible.
@@ -32,7 +32,7 @@ from timm.utils import ModelEmaV3
 from torch.amp import GradScaler
 
 from amp_lab.checkpoint.store import Checkpointer
-from amp_lab.choices import CompileMode
+from amp_lab.choices import CompileMode, ScalerKind
 from amp_lab.components.augment import build_mixup
 from amp_lab.components.compile import (
     check_backend,
@@ -51,9 +51,9 @@ from amp_lab.components.models import build_model, check_input_fits, place
 from amp_lab.components.optim import build_optimizer
 from amp_lab.components.threads import ThreadPlan, apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
-from amp_lab.numerics.counters import DeviceCounters
+from amp_lab.health.monitor import Monitor
+from amp_lab.health.rules import History
 from amp_lab.numerics.diagnostics import build_diagnostics
-from amp_lab.numerics.health import RunHealth
 from amp_lab.numerics.pitfalls import prepare_model, step_class
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import PrecisionPolicy, resolve_device, resolve_precision
@@ -222,20 +222,16 @@ def step(
     return Stepping(train_step, ema)
 
 
-class Monitor(NamedTuple):
-    counters: DeviceCounters
-    health: RunHealth
-
-
 def monitor(settings: AmpLabConfig, where: Placement, feed: Feed, prec: Precision) -> Monitor:
-    """The per-step counters and the run-health judge."""
-    health = RunHealth(
-        settings.diagnostics,
-        uses_dynamic_scaling(settings.scaler, where.policy),
+    """The run's per-step counters and its health judge (amp_lab/health/)."""
+    s = settings.scaler
+    history = History(
+        uses_dynamic_scaling(s, where.policy),
         float(prec.scaler.get_scale()),
         math.log(feed.data.spec.num_classes),
+        s.hysteresis - 1 if s.kind == ScalerKind.hysteresis else 0,
     )
-    return Monitor(DeviceCounters(where.device, settings.trainer.log_every), health)
+    return Monitor(settings.health, where.device, settings.trainer.log_every, prec.scaler, history)
 
 
 class Resume(NamedTuple):
@@ -261,9 +257,8 @@ def resume(
         "optimizer": opt.optimizer,
         "scheduler": opt.scheduler,
         "scaler": prec.scaler,
-        "counters": watch.counters,
+        "monitor": watch,
         "diagnostics": stepping.train_step.diagnostics,
-        "health": watch.health,
         **({"ema": stepping.ema} if stepping.ema else {}),
     }
     checkpointer = Checkpointer(settings, where.out_dir, state, held, where.dist)
@@ -305,7 +300,7 @@ def build(settings: AmpLabConfig, out_dir: Path) -> Run:
         **opt._asdict(),
         scaler=prec.scaler,
         **stepping._asdict(),
-        **watch._asdict(),
+        monitor=watch,
         **resumed._asdict(),
         sinks=sinks(settings, where, feed),
         started_at=started_at,

@@ -11,6 +11,7 @@ The schema holds every default; the YAML files under conf/ hold only what differ
 from __future__ import annotations
 
 import json
+import math
 import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -212,18 +213,27 @@ class ScalerConfig:
     max_scale: float = 2.0**24  # hysteresis: growth stops here
 
     def __post_init__(self) -> None:
-        _require(self.init_scale > 0, f"scaler.init_scale={self.init_scale} must be > 0")
+        # an infinite scale makes every scaled gradient inf: every step would be skipped
+        for name in ("init_scale", "min_scale", "max_scale"):
+            value = getattr(self, name)
+            _require(
+                0 < value < math.inf,
+                f"scaler.{name}={value} must be finite and > 0 (e.g. 65536 = 2**16)",
+            )
         _require(self.hysteresis >= 1, f"scaler.hysteresis={self.hysteresis} must be >= 1")
         _require(
-            0 < self.min_scale <= self.max_scale,
-            f"scaler.min_scale={self.min_scale} must be > 0 and <= scaler.max_scale",
+            self.min_scale <= self.max_scale,
+            f"scaler.min_scale={self.min_scale} must be <= scaler.max_scale={self.max_scale}",
         )
         _require(
             self.kind != "hysteresis" or self.min_scale <= self.init_scale <= self.max_scale,
             f"scaler.init_scale={self.init_scale} must lie between scaler.min_scale="
             f"{self.min_scale} and scaler.max_scale={self.max_scale}",
         )
-        _require(self.growth_factor > 1, f"scaler.growth_factor={self.growth_factor} must be > 1")
+        _require(
+            1 < self.growth_factor < math.inf,
+            f"scaler.growth_factor={self.growth_factor} must be finite and > 1",
+        )
         _require(
             0 < self.backoff_factor < 1,
             f"scaler.backoff_factor={self.backoff_factor} must be between 0 and 1",
@@ -357,8 +367,6 @@ class TrainerConfig:
     compile_backend: str = field(default="inductor", metadata=FREE_ON_RESUME)
     # val accuracy for time-to-accuracy
     target_acc: float = field(default=0.9, metadata=FREE_ON_RESUME)
-    # consecutive non-finite steps before the run stops as diverged
-    max_bad_steps: int = field(default=50, metadata=FREE_ON_RESUME)
     # first steps left out of throughput (allocator, autotuning, compile)
     timing_warmup: int = field(default=3, metadata=FREE_ON_RESUME)
     progress: bool = field(default=True, metadata=FREE_ON_RESUME)  # rich progress bar (a tty)
@@ -388,7 +396,6 @@ class TrainerConfig:
         _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
         _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
         _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
-        _require(self.max_bad_steps >= 1, "trainer.max_bad_steps must be >= 1")
         _require(self.threads >= 0, f"trainer.threads={self.threads} must be >= 0 (0: auto)")
         try:
             self.compile = CompileMode.parse(self.compile)
@@ -454,38 +461,67 @@ class CheckpointConfig:
 @dataclass
 class DiagnosticsConfig:
     # light: probes every `every` steps, no per-step sync; full: hooks on every step (the exact
-    # first non-finite module); off: only the core counters
+    # first non-finite module); off: only the run's counters and health
     mode: DiagnosticsMode = DiagnosticsMode.light
     # optimizer steps between headroom/underflow probes; 0: every log step. A probe step costs
     # about 1.8x a plain step (test_convnext on a CPU: hooks, a weight copy), so 100 keeps light
     # mode's overhead under 1%
     every: int = 100
-    skip_warn_rate: float = 0.25  # warn when more than this share of a log window's steps skip
     top_layers: int = 5  # layers named per probe (least fp16 headroom, most underflow)
-    # run health (amp_lab/numerics/health.py; defaults justified in docs/diagnostics.md)
-    health_zero_grad_share: float = 0.5  # underflow: this share of gradients exactly zero
-    health_rise: float = 0.25  # loss rises: the last steps' mean > (1 + this) x the first's
-    health_min_drop: float = 0.01  # loss stalls: fell by less than this share of its start...
-    health_min_steps: int = 100  # ...in a run of at least this many steps (short runs are noisy)
-    health_skip_rate: float = 0.2  # unstable: more than this share of all steps skipped
-    health_min_scale: float = 1.0  # scale collapse: a dynamic loss scale below this
-    health_window: int = 10  # steps (whole log windows) in the first and the final window
 
     def __post_init__(self) -> None:
         _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
+
+
+@dataclass
+class HealthConfig:
+    """The one judge's thresholds (amp_lab/health/): every verdict about a run, and about a run
+    against its reference, is decided against these and nothing else (docs/diagnostics.md
+    justifies each default)."""
+
+    # -- one run: summary.json `health`, the console, the report's health, the doctor's probes
+    skip_rate: float = 0.2  # unstable: more than this share of all steps skipped (and >= 2)
+    # a skip burst: more than this share of the last `window` steps skipped, after the run's
+    # first clean step (the scale settling from a high init_scale is not a burst)
+    window_skip_rate: float = 0.5
+    zero_grad_share: float = 0.5  # underflow: this share of gradient elements exactly zero
+    rise: float = 0.25  # loss rises: the last steps' mean > (1 + this) x the first's
+    min_drop: float = 0.01  # loss stalls: fell by less than this share of its start...
+    min_steps: int = 100  # ...in a run of at least this many steps (short runs are noisy)
+    min_scale: float = 1.0  # scale collapse: a dynamic loss scale below this
+    window: int = 10  # steps (whole log windows) in the first and the final window
+    # consecutive skipped steps (non-finite gradients: a scale at inf, a forward non-finite at
+    # any scale) after which the run can no longer train: it stops, diverged
+    max_bad_steps: int = 50
+    # -- a run against its reference: the report's verdicts, the doctor's probes against fp32
+    acc_pp: float = 1.0  # accuracy matches within this many percentage points
+    loss_rel: float = 0.02  # final val loss matches within this share of the reference's
+    # a difference is a finding only when this two-sided paired t-interval over the seeds
+    # excludes zero (and it passes the threshold); it "matches" when the interval lies within
+    # the threshold; else it is inconclusive
+    confidence: float = 0.95
+    speed_band: float = 0.05  # speed-ups within this band are "the same speed" (timer noise)
+    memory_band: float = 0.05  # memory within this band is "the same memory"
+    # the doctor: a probe deviates when its mean relative distance to fp32's loss passes this
+    deviation: float = 0.15
+    # the doctor: a probe stalls when its loss fell by less than this share of the baseline's
+    # fall, where the fp32 baseline fell by more than base_drop over the same steps
+    stall_share: float = 0.4
+    base_drop: float = 0.04
+
+    def __post_init__(self) -> None:
+        for name in ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate"):
+            value = getattr(self, name)
+            _require(0 < value <= 1, f"health.{name}={value} must be in (0, 1]")
+        for name in ("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop"):
+            value = getattr(self, name)
+            _require(0 < value < math.inf, f"health.{name}={value} must be > 0")
         _require(
-            0 < self.skip_warn_rate <= 1,
-            f"diagnostics.skip_warn_rate={self.skip_warn_rate} must be in (0, 1]",
+            self.min_steps >= 1 and self.window >= 1 and self.max_bad_steps >= 1,
+            "health.min_steps, health.window and health.max_bad_steps must be >= 1",
         )
-        for name in ("health_zero_grad_share", "health_min_drop", "health_skip_rate"):
-            _require(
-                0 < getattr(self, name) <= 1,
-                f"diagnostics.{name}={getattr(self, name)} must be in (0, 1]",
-            )
-        _require(self.health_rise > 0, f"diagnostics.health_rise={self.health_rise} must be > 0")
         _require(
-            self.health_min_steps >= 1 and self.health_window >= 1,
-            "diagnostics.health_min_steps and diagnostics.health_window must be >= 1",
+            0.5 <= self.confidence < 1, f"health.confidence={self.confidence} must be in [0.5, 1)"
         )
 
 
@@ -523,6 +559,7 @@ class AmpLabConfig:
     diagnostics: DiagnosticsConfig = field(
         default_factory=DiagnosticsConfig, metadata=FREE_ON_RESUME
     )
+    health: HealthConfig = field(default_factory=HealthConfig, metadata=FREE_ON_RESUME)
     pitfall: PitfallConfig = field(default_factory=PitfallConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary

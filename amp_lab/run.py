@@ -23,8 +23,7 @@ from amp_lab.components.fsdp import FsdpPlan
 from amp_lab.components.lr import lr_factor
 from amp_lab.components.threads import ThreadPlan
 from amp_lab.config import AmpLabConfig
-from amp_lab.numerics.counters import DeviceCounters
-from amp_lab.numerics.health import RunHealth
+from amp_lab.health.monitor import Monitor
 from amp_lab.precision.modes import PrecisionPolicy
 from amp_lab.precision.scaling import uses_dynamic_scaling
 from amp_lab.step import TrainStep
@@ -80,8 +79,7 @@ class Run:
     train_step: TrainStep  # the loop's own step (wrapped and compiled as built)
     ema: ModelEmaV3 | None
     # monitor
-    counters: DeviceCounters
-    health: RunHealth
+    monitor: Monitor  # the per-step counters and the health judge (amp_lab/health/)
     # resume
     state: LoopState
     checkpointer: Checkpointer

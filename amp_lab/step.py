@@ -45,6 +45,17 @@ class StepResult:
     grad_norm: torch.Tensor | None  # L2 norm of the unscaled gradients before clipping; None
     # when the step was asked for no norm and did not clip by norm
     found_inf: torch.Tensor  # 1.0 when the gradients held inf/nan and the update was skipped
+    scale: torch.Tensor | None = None  # the loss scale after the step (None: no scaler used)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The steps of one log window as the monitor read them to the host, in step order."""
+
+    first_step: int
+    losses: list[float]
+    skips: list[float]  # 1.0 where the step skipped its update
+    scales: list[float]  # the loss scale after each step
 
 
 @dataclass(frozen=True)
@@ -101,11 +112,12 @@ class StepObserver:
     def end_step(self, result: StepResult) -> None:
         """After the update, the scale update and the schedule step."""
 
-    def read(self, step: int) -> dict[str, Any]:
-        """The record's telemetry at a log step."""
+    def read(self, step: int, rows: Rows, first_bad: int | None) -> dict[str, Any]:
+        """The record's telemetry at a log step, given the window's rows and the run's first
+        non-finite step (amp_lab/health/monitor.py reads both)."""
         return {}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, first_bad: int | None) -> dict[str, Any]:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -222,7 +234,8 @@ class TrainStep:
         skipped = self.optimizer_step(grad_norm)
         self.update_scale()
         self.scheduler.step()
-        result = StepResult(loss_sum, correct, samples, grad_norm, skipped)
+        scale = scale_tensor(self.scaler) if self.uses_scaler else None
+        result = StepResult(loss_sum, correct, samples, grad_norm, skipped, scale)
         self.diagnostics.end_step(result)
         return result
 

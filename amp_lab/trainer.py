@@ -20,10 +20,7 @@ from amp_lab.components.augment import mix_batches
 from amp_lab.components.ema import update_ema
 from amp_lab.components.memory import grad_bytes, param_bytes
 from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_peak_memory
-from amp_lab.numerics.counters import DeviceCounters
-from amp_lab.numerics.health import Window
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes, state_dtype_of
-from amp_lab.precision.scaling import scaler_stop_reason
 from amp_lab.records import SUMMARY_FILE
 from amp_lab.run import Run
 from amp_lab.step import StepResult, evaluate, take
@@ -41,7 +38,6 @@ class Trainer:
         self.extra_sinks = list(sinks or [])
         self.tracking: dict[str, Any] = {}
         self.setup_s = 0.0
-        self.skipped_total = 0
         self.meter: ThroughputMeter | None = None
 
     # -- the loop ----------------------------------------------------------------------------
@@ -106,122 +102,104 @@ class Trainer:
         return summary
 
     def _loop(self, sinks: Sink, started: float) -> None:
-        t, st = self.run.settings.trainer, self.run.state
-        meter = ThroughputMeter(self.run.device, t.timing_warmup)
-        counters = self.run.counters
-        self.meter, self.skipped_total = meter, 0
+        run = self.run
+        t, st = run.settings.trainer, run.state
+        meter = self.meter = ThroughputMeter(run.device, t.timing_warmup)
         meter.start(st.step)
-        while st.step < self.run.total_steps and not st.diverged:
-            self.run.sampler.set_epoch(st.epoch, st.batch_in_epoch * t.grad_accum)
-            batches = self.run.data.train_batches(self.run.sampler)
-            while st.batch_in_epoch < self.run.steps_per_epoch:
+        while st.step < run.total_steps and not st.diverged:
+            run.sampler.set_epoch(st.epoch, st.batch_in_epoch * t.grad_accum)
+            batches = run.data.train_batches(run.sampler)
+            while st.batch_in_epoch < run.steps_per_epoch:
                 fetch_start = time.perf_counter()
-                micro_batches = mix_batches(self.run.mixup, take(batches, t.grad_accum))
+                micro_batches = mix_batches(run.mixup, take(batches, t.grad_accum))
                 data_s = time.perf_counter() - fetch_start
-                last = st.step + 1 >= self.run.total_steps
+                last = st.step + 1 >= run.total_steps
                 log_step = (st.step + 1) % t.log_every == 0 or last
-                result = self.run.train_step(micro_batches, measure_norm=log_step, step=st.step + 1)
-                counters.add(result)
+                result = run.train_step(micro_batches, measure_norm=log_step, step=st.step + 1)
+                run.monitor.add(result)
                 st.step += 1
-                update_ema(self.run.ema, self.run.model, t.ema, st.step)
+                update_ema(run.ema, run.model, t.ema, st.step)
                 st.batch_in_epoch += 1
                 meter.step_done(st.step, result.samples, data_s)
                 if log_step:
-                    sinks.log(self._train_record(counters, result, meter, started))
-                epoch_end = st.batch_in_epoch == self.run.steps_per_epoch
+                    sinks.log(self._train_record(result, meter, started))
+                epoch_end = st.batch_in_epoch == run.steps_per_epoch
                 # an FSDP forward all-gathers: every rank evaluates, rank 0 alone records
-                if (self.run.dist.is_main or self.run.dist.shards) and (
+                if (run.dist.is_main or run.dist.shards) and (
                     (t.eval_every and st.step % t.eval_every == 0)
                     or (not t.eval_every and epoch_end)
                     or last
                 ):
                     sinks.log(self._eval_record(meter, started))
                 meter.exclude(
-                    self.run.checkpointer.step_done(
+                    run.checkpointer.step_done(
                         time.perf_counter() - started, final=last or st.diverged
                     )
                 )
                 if last or st.diverged:
                     break
-            if st.batch_in_epoch == self.run.steps_per_epoch:
+            if st.batch_in_epoch == run.steps_per_epoch:
                 st.epoch, st.batch_in_epoch = st.epoch + 1, 0
 
     def _train_record(
-        self, counters: DeviceCounters, result: StepResult, meter: ThroughputMeter, started: float
+        self, result: StepResult, meter: ThroughputMeter, started: float
     ) -> dict[str, Any]:
-        st, t = self.run.state, self.run.settings.trainer
-        counters.reduce(self.run.dist)
-        c = counters.read_window()
-        steps_in_window = (st.step - 1) % t.log_every + 1
+        """A log step's record: the one host read of the monitor's window, the diagnostics, then
+        the health judge on them, which decides whether the run stops here."""
+        run, st = self.run, self.run.state
+        monitor = run.monitor
+        rows = monitor.read(st.step)
+        window = monitor.window_totals(run.dist)
         assert result.grad_norm is not None, "a log step measures the gradient norm"
-        self.skipped_total = int(c["skipped"])
-        if c["worst_streak"] >= t.max_bad_steps:
-            st.diverged = True
-            log.warning(
-                "step %d: %d consecutive non-finite steps (trainer.max_bad_steps=%d); "
-                "stopping as diverged",
-                st.step,
-                int(c["worst_streak"]),
-                t.max_bad_steps,
-            )
-        if (reason := scaler_stop_reason(self.run.scaler)) is not None:
-            st.diverged = True
-            log.warning("step %d: %s; stopping as diverged", st.step, reason)
         record = {
             "kind": "train",
             "step": st.step,
-            "epoch": st.step / self.run.steps_per_epoch,
+            "epoch": st.step / run.steps_per_epoch,
             "time_s": self._train_clock(started),
-            "train/loss": c["loss_sum"] / c["loss_count"] if c["loss_count"] else float("nan"),
-            "train/acc": c["correct"] / max(1.0, c["samples"]),
-            "train/lr": self.run.lr_at(st.step - 1),
+            "train/loss": window["loss_sum"] / window["loss_count"]
+            if window["loss_count"]
+            else float("nan"),
+            "train/acc": window["correct"] / max(1.0, window["samples"]),
+            "train/lr": run.lr_at(st.step - 1),
             "train/grad_norm": result.grad_norm.item(),
-            "amp/loss_scale": self.run.scaler.get_scale(),
-            "amp/skipped_steps": self.skipped_total,
-            "amp/skip_rate": c["window_skipped"] / steps_in_window,
+            "amp/loss_scale": run.scaler.get_scale(),
+            "amp/skipped_steps": monitor.history.skipped,
+            "amp/skip_rate": window["skipped"] / len(rows.skips),
             **self._device_figures(meter),
-            **self.run.train_step.diagnostics.read(st.step),
+            **run.train_step.diagnostics.read(st.step, rows, monitor.history.first_bad),
         }
-        self._observe_health(c, steps_in_window, record)
+        lines = monitor.judge(rows, window, run.dist.world_size, record.get("diag/grad_zero_share"))
+        self._warn(lines)
+        st.diverged = monitor.diverged
         return record
 
-    def _observe_health(self, c: dict[str, float], steps: int, record: dict[str, Any]) -> None:
-        """The run-health rules, fed with what this log step has read already (no sync)."""
-        window = Window(
-            self.run.state.step,
-            steps,
-            round(c["loss_count"] / self.run.dist.world_size),
-            int(c["window_skipped"]),
-            record["train/loss"],
-            record["amp/loss_scale"],
-        )
-        for line in self.run.health.observe(window, record.get("diag/grad_zero_share")):
-            if self.run.dist.is_main:
-                log.warning(line)
-
     def _finish_health(self) -> None:
-        """The whole-run rules; a final window with no finite loss ends the run diverged."""
-        for line in self.run.health.finish(self.run.state.step, self.skipped_total):
-            if self.run.dist.is_main:
-                log.warning(line)
-        if self.run.health.final_nonfinite():
-            self.run.state.diverged = True
+        """The end rules over the whole run (a final window with no finite loss is diverged)."""
+        run = self.run
+        self._warn(run.monitor.finish())
+        run.state.diverged = run.monitor.diverged
+        if run.dist.is_main:
+            log.info(run.monitor.summary_line())
+
+    def _warn(self, lines: list[str]) -> None:
         if self.run.dist.is_main:
-            log.info(self.run.health.summary_line())
+            for line in lines:
+                log.warning(line)
 
     def _device_figures(self, meter: ThroughputMeter) -> dict[str, float]:
         """Throughput and memory: totals over the ranks, and per-device figures."""
-        figures = {**meter.read(), "memory/peak_mb": peak_memory_mb(self.run.device)}
-        if not self.run.dist.active:
+        run = self.run
+        figures = {**meter.read(), "memory/peak_mb": peak_memory_mb(run.device)}
+        if not run.dist.active:
             return figures
-        world = self.run.dist.world_size
+        world = run.dist.world_size
         local_rate = figures.get("throughput/samples_per_s", 0.0)
         memory = figures["memory/peak_mb"]
-        totals = self.run.dist.all_reduce(
-            torch.tensor([local_rate, memory], dtype=torch.float64, device=self.run.device)
+        totals = run.dist.all_reduce(
+            torch.tensor([local_rate, memory], dtype=torch.float64, device=run.device)
         )
-        peak = self.run.dist.all_reduce(
-            torch.tensor([memory], dtype=torch.float64, device=self.run.device), op="max"
+        peak = run.dist.all_reduce(
+            torch.tensor([memory], dtype=torch.float64, device=run.device), op="max"
         )
         rate, memory_total = totals.tolist()
         figures.update({"memory/peak_mb": peak.item(), "memory/peak_mb_total": memory_total})
@@ -254,7 +232,7 @@ class Trainer:
         return {
             "kind": "val",
             "step": st.step,
-            "epoch": st.step / self.run.steps_per_epoch,
+            "epoch": st.step / run.steps_per_epoch,
             "time_s": now,
             **metrics,
         }
@@ -265,41 +243,44 @@ class Trainer:
 
     # -- summary -----------------------------------------------------------------------------
     def summary(self, wall_time_s: float, status: str | None) -> dict[str, Any]:
-        st = self.run.state
+        run = self.run
+        st = run.state
         st.elapsed_s = wall_time_s
+        if run.monitor.pending:  # a run that stopped mid-window: its last steps counted too
+            run.monitor.read(st.step)
         local_rate = self.meter.mean_samples_per_s() if self.meter else None
         return {
             "status": status or ("diverged" if st.diverged else "completed"),
             "diverged": st.diverged,
             "steps": st.step,
-            "epochs": st.step / self.run.steps_per_epoch,
+            "epochs": st.step / run.steps_per_epoch,
             "final_val_acc": st.final_val_acc,
             "best_val_acc": st.best_val_acc,
             "final_val_loss": st.final_val_loss,
-            "target_acc": self.run.settings.trainer.target_acc,
+            "target_acc": run.settings.trainer.target_acc,
             "steps_to_target": st.steps_to_target,
             "time_to_target_s": st.time_to_target_s,
             # ranks step in lockstep (each step waits for the gradient all-reduce): total = x world
-            "mean_samples_per_s": local_rate * self.run.dist.world_size if local_rate else None,
-            "skipped_steps": self.skipped_total,
-            "final_loss_scale": self.run.scaler.get_scale(),
-            "peak_memory_mb": peak_memory_mb(self.run.device),
+            "mean_samples_per_s": local_rate * run.dist.world_size if local_rate else None,
+            "skipped_steps": run.monitor.history.skipped,
+            "final_loss_scale": run.scaler.get_scale(),
+            "peak_memory_mb": peak_memory_mb(run.device),
             # per rank, from the tensors' sizes (state is created at the first step)
-            "optimizer_state_dtype": state_dtype_of(self.run.optimizer),
-            "optimizer_state_bytes": state_bytes(self.run.optimizer),
-            "master_weight_bytes": master_weight_bytes(self.run.optimizer, self.run.model),
-            "param_bytes": param_bytes(self.run.model),  # FSDP: this rank's shards
-            "grad_bytes": grad_bytes(self.run.model),
+            "optimizer_state_dtype": state_dtype_of(run.optimizer),
+            "optimizer_state_bytes": state_bytes(run.optimizer),
+            "master_weight_bytes": master_weight_bytes(run.optimizer, run.model),
+            "param_bytes": param_bytes(run.model),  # FSDP: this rank's shards
+            "grad_bytes": grad_bytes(run.model),
             "wall_time_s": wall_time_s,  # the loop: training, evaluation, checkpoints
             "train_time_s": wall_time_s - st.eval_s,  # the training clock of time_s
             "eval_s": st.eval_s,
             "setup_s": self.setup_s,  # building the run and starting the trackers (this attempt)
-            "threads": asdict(self.run.threads),
+            "threads": asdict(run.threads),
             "tracking": self.tracking,
-            "output_dir": str(self.run.out_dir),
-            "diagnostics": self.run.train_step.diagnostics.summary(),
-            "health": list(self.run.health.entries),  # silent failures (amp_lab/numerics/health.py)
-            **self.run.describe(),
+            "output_dir": str(run.out_dir),
+            "diagnostics": run.train_step.diagnostics.summary(run.monitor.history.first_bad),
+            "health": run.monitor.entries(),  # the judge's findings (amp_lab/health/rules.py)
+            **run.describe(),
         }
 
     def write_summary(self, summary: dict[str, Any]) -> None:

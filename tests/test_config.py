@@ -93,8 +93,8 @@ def test_model_kwargs_accept_new_keys():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("scaler.init_scale=0", "scaler.init_scale=0.0 must be > 0"),
-        ("scaler.growth_factor=1.0", "scaler.growth_factor=1.0 must be > 1"),
+        ("scaler.init_scale=0", "scaler.init_scale=0.0 must be finite and > 0"),
+        ("scaler.growth_factor=1.0", "scaler.growth_factor=1.0 must be finite and > 1"),
         ("scaler.backoff_factor=1.5", "scaler.backoff_factor=1.5 must be between 0 and 1"),
         ("scaler.growth_interval=0", "scaler.growth_interval=0 must be >= 1"),
         ("trainer.batch_size=0", "trainer.batch_size=0 must be > 0"),
@@ -160,7 +160,7 @@ def test_bad_inputs_fail_at_start_up(override, message, tmp_path):
             ["precision.name=fp17"],
             "amp_lab: error: precision.name='fp17' is unknown; use one of fp32",
         ),
-        (["scaler.init_scale=-1"], "amp_lab: error: scaler.init_scale=-1.0 must be > 0"),
+        (["scaler.init_scale=-1"], "amp_lab: error: scaler.init_scale=-1.0 must be finite and > 0"),
         (["scaler.init_scal=3"], "did you mean scaler.init_scale?"),
         (["trainer.batch_size=abc"], "amp_lab: error: trainer.batch_size=abc is not a valid int"),
         (

@@ -14,7 +14,7 @@ from helpers import settings
 from helpers.host_reads import LOOP, watched_fit
 
 from amp_lab.build import build
-from amp_lab.numerics.counters import DeviceCounters
+from amp_lab.health.monitor import Monitor
 from amp_lab.trainer import Trainer
 
 # Loops that cover every branch of the step: each precision, gradient accumulation, both clip
@@ -50,14 +50,14 @@ def test_no_host_reads_between_log_steps_on_cpu(monkeypatch, tmp_path, case):
 
 
 def test_the_watch_catches_a_host_read_in_the_step(monkeypatch, tmp_path):
-    """The check can fail: one `.item()` slipped into the per-step counters is reported."""
-    add = DeviceCounters.add
+    """The check can fail: one `.item()` slipped into the monitor's per-step row is reported."""
+    add = Monitor.add
 
     def add_and_read(self, result):
         add(self, result)
         result.loss.item()
 
-    monkeypatch.setattr(DeviceCounters, "add", add_and_read)
+    monkeypatch.setattr(Monitor, "add", add_and_read)
     trainer = Trainer(build(settings(*LOOP), tmp_path))
     watch = watched_fit(monkeypatch, trainer)
     assert len(watch.calls) == 5 and "add_and_read" in watch.calls[0]

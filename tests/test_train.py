@@ -141,7 +141,7 @@ def test_divergence_stops_cleanly(tmp_path):
         "lr.base=1e30",
         "lr.schedule=constant",
         "trainer.max_steps=40",
-        "trainer.max_bad_steps=3",
+        "health.max_bad_steps=3",
         "trainer.log_every=2",
         "trainer.progress=false",
         "model=test_vit",
@@ -155,7 +155,9 @@ def test_divergence_stops_cleanly(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["diverged"] is True and summary["status"] == "diverged"
     assert summary["steps"] < 40 and summary["skipped_steps"] >= 3
-    assert "consecutive non-finite steps" in result.stderr + result.stdout
+    out = result.stderr + result.stdout
+    assert "consecutive skipped steps (>= health.max_bad_steps=3)" in out
+    assert f"run health: {summary['health'][0]['words']}" in out  # the end line, its words
 
 
 @pytest.mark.slow

@@ -11,10 +11,11 @@ fixes; a recommendation the user's config already follows is never made.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from amp_lab.doctor.verdict import TRAINS, UNDERFLOW_SHARE, Probe, first_event, verdict
+from amp_lab.config import HealthConfig
+from amp_lab.doctor.verdict import TRAINS, Probe, first_event, verdict
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Advice:
     user_scaled: bool = True  # the user's own config runs a dynamic loss scaler
     clip_grad: float = 0.0
     fp32_modules: tuple[str, ...] = ()
+    health: HealthConfig = field(default_factory=HealthConfig)  # the judge's thresholds
 
 
 SIGNATURE_FIXES = {  # pitfall signature -> (score, problem, fix)
@@ -122,13 +124,15 @@ def recommend(
         for p in probes.values()
         if p.crashed
     ]
-    if verdict(base, base) not in TRAINS:  # baseline first: the precision advice is held back
+    if (
+        verdict(base, base, advice.health) not in TRAINS
+    ):  # baseline first: the precision advice is held back
         recs.append(
             _rec(
                 "baseline",
                 100,
                 BASELINE,
-                f"fp32 probe: {verdict(base, base)}, loss {_curve(base)}; fix the "
+                f"fp32 probe: {verdict(base, base, advice.health)}, loss {_curve(base)}; fix the "
                 "LR, warmup or clipping first",
                 baseline_fixes(advice)[0],
             )
@@ -177,10 +181,9 @@ def _precision_recs(
             }
         )
     flushed = noscale.flushed
-    if (
-        verdict(noscale, base) in ("underflow", "stalls", "deviates")
-        or (flushed or 0) > UNDERFLOW_SHARE
-    ) and verdict(scaled, base) in ("ok",):
+    if verdict(noscale, base, advice.health) in ("underflow", "stalls", "deviates") and verdict(
+        scaled, base, advice.health
+    ) in ("ok",):
         recs.append(
             _rec(
                 "underflow_no_scaler",
@@ -199,8 +202,8 @@ def _precision_recs(
         bf16
         and not seen
         and not bf16.unavailable
-        and verdict(bf16, base) == "ok"
-        and (verdict(mine, base) != "ok" or culprit)
+        and verdict(bf16, base, advice.health) == "ok"
+        and (verdict(mine, base, advice.health) != "ok" or culprit)
     ):
         recs.append(
             _rec(
@@ -224,13 +227,13 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
     skipped = scaled.summary.get("skipped_steps", 0)
     events = scaled.diag.get("scale_events") or []
     growths = sum(e["kind"] == "growth" for e in events)
-    unstable = scaled.skip_rate > 0.25 or final < 1.0 or verdict(scaled, base) == "skips"
+    unstable = final < 1.0 or verdict(scaled, base, advice.health) == "skips"
     warm = max(advice.warmup_steps * 2, advice.steps // 5)
     if leading >= 3 and (leading == skipped or final > 2.0**16):
         return [
             _rec(
                 "init_scale_high",
-                72 if scaled.skip_rate > 0.25 else 40,
+                72 if "skips" in scaled.findings else 40,
                 "the initial loss scale is too high",
                 f"{leading} steps skipped from step 1: scale {advice.init_scale:g} -> {final:g}",
                 f"scaler.init_scale={min(final, 2.0**16):g}",
@@ -261,7 +264,7 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
                 f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}",
             )
         ]
-    if verdict(scaled, base) == "deviates":
+    if verdict(scaled, base, advice.health) == "deviates":
         return [
             _rec(
                 "drift",
@@ -279,11 +282,11 @@ def _no_problem(mine: Probe, base: Probe, advice: Advice) -> dict[str, Any]:
     tracks = (
         f"{mine.name} tracks fp32 within {_pct(mine.deviation(base))} over {advice.steps} steps"
     )
-    if verdict(mine, base) != "ok":
+    if verdict(mine, base, advice.health) != "ok":
         return _rec(
             "unexplained",
             1,
-            f"the {mine.name} probe {verdict(mine, base)}, cause not found",
+            f"the {mine.name} probe {verdict(mine, base, advice.health)}, cause not found",
             f"loss {_curve(mine)}; compare the probes' records in doctor.json",
             None,
         )

@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from amp_lab.choices import Strategy
-from amp_lab.config import ConfigError, compose_settings
+from amp_lab.config import ConfigError, HealthConfig, compose_settings
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, command, key, verify
 from amp_lab.doctor.verdict import Probe, first_event, verdict
@@ -59,6 +59,7 @@ class Doctor:
     def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
         self.user, self.steps, self.out = overrides, steps, out
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
+        self.health = self.settings.health  # the judge's thresholds, the user's own
         import torch  # torch and timm load only after the config parsed
 
         from amp_lab.build import build
@@ -216,13 +217,15 @@ def _strict_json(value: Any) -> Any:
     return value
 
 
-def verdict_table(probes: dict[str, Probe]) -> Table:
-    """One row per probe: its verdict against the fp32 baseline and the numerics behind it."""
+def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
+    """One row per probe: its verdict against the fp32 baseline, its health findings (the
+    judge's words, as in its summary.json) and the numerics behind it."""
     base = probes["fp32"]
     table = Table(title="amp_lab doctor: probes vs the fp32 baseline")
     for column in [
         "probe",
         "verdict",
+        "health",
         "loss first -> last",
         "vs fp32",
         "first non-finite",
@@ -236,7 +239,7 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
     for name, p in probes.items():
         if p.unavailable or p.crashed:
             why = p.unavailable or p.crashed or ""
-            table.add_row(name, verdict(p, base), escape(why), *[""] * 7)
+            table.add_row(name, verdict(p, base, health), "", escape(why), *[""] * 7)
             continue
         event = first_event(p)  # the same event the advice reads
         where = (
@@ -252,7 +255,8 @@ def verdict_table(probes: dict[str, Probe]) -> Table:
         ratio = p.mean("diag/update_ratio")
         table.add_row(
             name,
-            verdict(p, base),
+            verdict(p, base, health),
+            escape("; ".join(p.health) or "ok"),
             _fmt_curve(p),
             _fmt(p.deviation(base), "%"),
             where,
@@ -277,12 +281,13 @@ def _fmt_curve(p: Probe) -> str:
 
 def print_report(
     console: Console,
+    health: HealthConfig,
     probes: dict[str, Probe],
     recs: list[dict],
     search: dict | None,
     user: list[str],
 ) -> None:
-    console.print(verdict_table(probes))
+    console.print(verdict_table(probes, health))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
@@ -369,6 +374,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         doctor.user_scaled,
         s.trainer.clip_grad,
         tuple(s.precision.fp32_modules),
+        doctor.health,
     )
     recs = recommend(
         probes,
@@ -379,7 +385,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
-    print_report(console, probes, recs, search, args.overrides)
+    print_report(console, doctor.health, probes, recs, search, args.overrides)
     report = {
         "overrides": args.overrides,
         "steps": args.steps,
@@ -388,7 +394,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "probes": {
             n: {
                 "overrides": p.overrides,
-                "verdict": verdict(p, probes["fp32"]),
+                "verdict": verdict(p, probes["fp32"], doctor.health),
+                "health": p.health,
                 "unavailable": p.unavailable,
                 "crashed": p.crashed,
                 "losses": p.losses,

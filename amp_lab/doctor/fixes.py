@@ -3,7 +3,7 @@
 The top recommendation (and the next ones while `--budget` seconds last) is run as a probe of
 the user's own config plus its override. It is verified when that probe is healthy (the run-health
 rules), no value goes non-finite in the forward pass and its loss tracks the fp32 baseline within
-`verdict.DEVIATION`; a fix that moves an overflow to another module is not verified, and says
+`health.deviation`; a fix that moves an overflow to another module is not verified, and says
 where it went. A baseline that does not train gets fp32 probes of the LR/warmup/clipping fixes.
 """
 
@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
 from amp_lab.doctor.advice import Advice, baseline_fixes
-from amp_lab.doctor.verdict import DEVIATION, Probe, first_event, verdict
-from amp_lab.numerics import health
+from amp_lab.doctor.verdict import Probe, first_event, verdict
 
 if TYPE_CHECKING:
     from amp_lab.doctor.diagnose import Doctor
@@ -90,7 +89,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
     rec["fix_probe"] = {
         "name": fix.name,
         "losses": fix.losses,
-        "verdict": verdict(fix, base),
+        "verdict": verdict(fix, base, doctor.health),
         "health": fix.summary.get("health"),
         "deviation_from_fp32": fix.deviation(base) if fix.losses else None,
     }
@@ -104,12 +103,12 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
             verified=False,
             verification=(f"not verified: the overflow{moved} (step {event['step']}, forward)"),
         )
-    elif verdict(fix, base) != "ok":
+    elif (said := verdict(fix, base, doctor.health)) != "ok":
         rec.update(
             verified=False,
             verification=(
-                f"not verified: with it the run {verdict(fix, base)} (loss {_curve(fix)}, "
-                f"health: {', '.join(sorted(health.rules(fix.summary))) or 'ok'})"
+                f"not verified: with it the run {said} (loss {_curve(fix)}, "
+                f"health: {'; '.join(fix.health) or 'ok'})"
             ),
         )
     else:
@@ -117,7 +116,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
             verified=True,
             verification=(
                 f"verified: loss {_curve(fix)}, within {fix.deviation(base):.0%} of fp32 "
-                f"(tolerance {DEVIATION:.0%}), no health finding"
+                f"(tolerance health.deviation={doctor.health.deviation:.0%}), no health finding"
             ),
         )
 
@@ -127,9 +126,14 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
     tried: list[dict[str, Any]] = []
     for k, candidate in enumerate(baseline_fixes(advice), 1):
         probe = doctor.run_probe(f"baseline_fix_{k}", [*FP32, *candidate.split()])
-        ok = not probe.crashed and verdict(probe, probe) == "ok"
+        said = verdict(probe, probe, doctor.health)
+        ok = not probe.crashed and said == "ok"
         tried.append(
-            {"override": candidate, "verdict": verdict(probe, probe), "losses": probe.losses}
+            {
+                "override": candidate,
+                "verdict": said,
+                "losses": probe.losses,
+            }
         )
         if ok:
             rec.update(

@@ -1,9 +1,10 @@
 """What the doctor concludes from one probe: its verdict against the fp32 baseline.
 
-Each probe is a short run of the user's config (amp_lab/doctor/diagnose.py). It is judged first by
-the run-health rules every run applies to itself (amp_lab/numerics/health.py), then its loss
-curve is compared with the fp32 baseline step by step. The recommendations built on the
-verdicts are in amp_lab/doctor/advice.py.
+Each probe is a short run of the user's config (amp_lab/doctor/diagnose.py). Its health is what
+the probe judged of itself (summary.json `health`, the rule table of amp_lab/health/rules.py);
+then its loss curve is compared with the fp32 baseline step by step, against the `health.*`
+thresholds of the user's config. The recommendations built on the verdicts are in
+amp_lab/doctor/advice.py.
 """
 
 from __future__ import annotations
@@ -13,12 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from amp_lab.numerics import health
-
-STALL_SHARE = 0.4  # a probe whose loss fell by less than 40% of the baseline's fall stalls...
-BASE_DROP = 0.04  # ...when the fp32 baseline fell by more than 4% over the same steps
-DEVIATION = 0.15  # mean relative distance to the baseline's loss above which a probe deviates
-UNDERFLOW_SHARE = 0.5  # share of gradient elements exactly zero that counts as underflow
+from amp_lab.config import HealthConfig
+from amp_lab.health.rules import rule_names, words_of
 
 
 @dataclass
@@ -44,6 +41,16 @@ class Probe:
     @property
     def skip_rate(self) -> float:
         return self.summary.get("skipped_steps", 0) / max(1, self.summary.get("steps", 1))
+
+    @property
+    def findings(self) -> set[str]:
+        """The health rules that fired in this probe (its own judge's)."""
+        return rule_names(self.summary)
+
+    @property
+    def health(self) -> list[str]:
+        """Its findings in the judge's words, as summary.json and the report show them."""
+        return words_of(self.summary)
 
     @property
     def flushed(self) -> float | None:
@@ -88,35 +95,33 @@ def first_event(probe: Probe) -> dict[str, Any] | None:
     }
 
 
-# health rules (amp_lab/numerics/health.py) -> verdict, most severe first
+# health rules (amp_lab/health/rules.py) -> verdict, most severe first
 HEALTH_VERDICTS = [
-    ({health.FINAL_NONFINITE}, "diverged"),
-    ({health.UNDERFLOW}, "underflow"),
-    ({health.LOSS_RISES}, "rises"),
-    ({health.SKIPS, health.FINAL_SKIPPED, health.SCALE_COLLAPSE, health.SCALE_PINNED}, "skips"),
-    ({health.LOSS_STALLS}, "stalls"),
+    ({"diverged"}, "diverged"),
+    ({"underflow"}, "underflow"),
+    ({"loss_rises"}, "rises"),
+    ({"skips", "skip_burst", "not_training", "scale_collapse", "scale_pinned"}, "skips"),
+    ({"loss_stalls"}, "stalls"),
 ]
 TRAINS = ("ok", "deviates")  # a baseline that trains
 
 
-def verdict(probe: Probe, base: Probe) -> str:
+def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
     """ok | diverged | underflow | rises | skips | stalls | deviates | unavailable | crashed:
-    the run-health rules first (the same as every run's), then the comparison with fp32."""
+    the probe's own health findings first, then its loss against fp32's (`health.*`)."""
     if probe.unavailable:
         return "unavailable"
     if probe.crashed:
         return "crashed"
-    fired = health.rules(probe.summary)
+    fired = probe.findings
     drop = probe.drop()
     if probe.summary.get("diverged") or math.isnan(drop):
         return "diverged"
     for found, name in HEALTH_VERDICTS:
         if fired & found:
             return name
-    if probe.skip_rate > 0.25:
-        return "skips"
-    if probe is not base and drop < STALL_SHARE * base.drop() and base.drop() > BASE_DROP:
+    if probe is not base and drop < cfg.stall_share * base.drop() and base.drop() > cfg.base_drop:
         return "stalls"
-    if probe is not base and probe.deviation(base) > DEVIATION:
+    if probe is not base and probe.deviation(base) > cfg.deviation:
         return "deviates"
     return "ok"

@@ -1,11 +1,11 @@
 """Numerics telemetry (`diagnostics=off|light|full`): what the loss scale, the activations and the
 gradients do, read back only at log steps.
 
-Every step (light and full) costs one device op and no host sync: the scale after the step,
-whether it skipped and its loss go into a window buffer; the first non-finite step is found from
-it on the device when the window is read. Probe steps (every `diagnostics.every` steps) also
-measure fp16 headroom per module, fp16 underflow of the gradients, the gradient norm the
-optimizer gets and the update-to-weight ratio. Module hooks (module_probe.py) run on probe
+Every step's loss, skip flag and scale go into the monitor's one device buffer
+(amp_lab/health/monitor.py); at a log step the monitor hands this observer the window's scales
+and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`
+steps) also measure fp16 headroom per module, fp16 underflow of the gradients, the gradient norm
+the optimizer gets and the update-to-weight ratio. Module hooks (module_probe.py) run on probe
 steps, on every step in `full` mode, and in `light` mode after a log window that held a
 non-finite step, until one is attributed.
 The observer sees a StepView (amp_lab/step.py), not the step: the watched model, the scale, the
@@ -31,9 +31,8 @@ from amp_lab.numerics.optimizer_state import probe_state, read_state_probe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.precision.optimizer_state import CHOSEN_STATE
-from amp_lab.precision.scaler_internals import scale_tensor
 from amp_lab.records import DIAGNOSTICS_FILE
-from amp_lab.step import StepObserver, StepResult, StepView
+from amp_lab.step import Rows, StepObserver, StepResult, StepView
 
 log = logging.getLogger(__name__)
 
@@ -90,23 +89,10 @@ class Diagnostics(StepObserver):
         self.probe = ModuleProbe(model, self.device)
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
-        # per step of the open log window, by (step - 1) % log_every: the scale after the step,
-        # its skip flag and its loss, written by one op (read to the host when the window is,
-        # where the first non-finite step is found)
-        self.rows = torch.zeros(log_every, 3, device=self.device)
-        self.row_views = [list(row.unbind()) for row in self.rows]
-        self.scales, self.skips, _ = self.rows.unbind(1)
-        self.first_bad = -1  # the first step that skipped or had a non-finite loss; -1: none
-        self.no_skip = torch.zeros((), device=self.device)  # no scaler: nothing skips
-        self.one = torch.ones((), device=self.device)  # the scale of a step without a scaler
-        # a step without a scaler runs at scale 1 (see _scale), and none of its skips backs off
+        # a step without a scaler runs at scale 1, and none of its skips backs off
         self.tracker = ScaleTracker(scaler_cfg, dynamic and view.uses_scaler, view.host_scale())
-        # the first step of the open log window; None: the first step this run takes (a resume
-        # from a checkpoint written with diagnostics=off)
-        self.window_first: int | None = 1
         self.armed, self.probing = False, False
         self.step = 0
-        self.done = 0  # the last step whose end_step ran (its row is written)
         self.warnings: list[str] = []
         self.signatures: dict[str, str] = {}
         self.window: dict[str, Any] = {}
@@ -116,8 +102,6 @@ class Diagnostics(StepObserver):
     # -- the step ----------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         self.step = step
-        if self.window_first is None:
-            self.window_first = step
         self.probing = self.step % self.every == 0
         if self.probing or self.cfg.mode == "full" or self.armed:
             self.probe.attach()
@@ -149,13 +133,6 @@ class Diagnostics(StepObserver):
         self.window["params"] = [p for _, p, _ in found]
 
     def end_step(self, result: StepResult) -> None:
-        k = (self.step - 1) % self.scales.numel()
-        scale = scale_tensor(self.view.scaler)
-        skip = result.found_inf if torch.is_tensor(result.found_inf) else self.no_skip
-        torch._foreach_copy_(
-            self.row_views[k], [self.one if scale is None else scale, skip, result.loss]
-        )
-        self.done = self.step
         if result.loss.dtype != torch.float32:
             self.signatures.setdefault(
                 PitfallName.loss_in_low_precision.value, f"the loss is {result.loss.dtype}"
@@ -195,42 +172,13 @@ class Diagnostics(StepObserver):
         self.warnings.append(message)
         log.warning(message)
 
-    def _window_rows(self, step: int) -> list[int]:
-        """The rows of the open window's steps, `window_first` to `step`, in step order."""
-        if self.window_first is None:
-            return []
-        size = self.scales.numel()
-        k0 = (self.window_first - 1) % size
-        return [(k0 + i) % size for i in range(step - self.window_first + 1)]
-
-    def _read_rows(self, step: int) -> tuple[list[float], list[float]]:
-        """The open window's scales and skip flags up to `step`, in step order (one copy to the
-        host); its first step that skipped or had a non-finite loss is kept, unless an earlier
-        one is."""
-        order = self._window_rows(step)
-        if not order:
-            return [], []
-        scales, skips, losses = zip(*self.rows[order].tolist())
-        if self.first_bad < 0 and self.window_first is not None:
-            bad = [skip > 0 or not math.isfinite(loss) for skip, loss in zip(skips, losses)]
-            self.first_bad = self.window_first + bad.index(True) if any(bad) else -1
-        return list(scales), list(skips)
-
     # -- log steps (the only reads) -----------------------------------------------------------
-    def read(self, step: int) -> dict[str, Any]:
-        """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
-        if self.window_first is None:  # no step since a resume
-            return {}
-        scales, skips = self._read_rows(step)
-        events = self.tracker.feed(self.window_first, scales, skips)
-        warning = self.tracker.skip_warning(
-            self.window_first, skips, events, self.cfg.skip_warn_rate
-        )
-        if warning:
-            self._warn(warning)
+    def read(self, step: int, rows: Rows, first_bad: int | None) -> dict[str, Any]:
+        """Flat `diag/` and `amp/` keys for the train record from the monitor's window rows and
+        the probes; details go to diagnostics.jsonl."""
+        events = self.tracker.feed(rows.first_step, rows.scales, rows.skips)
         for name, evidence in self.tracker.signatures.items():
             self._signature(name, evidence)
-        first_bad = self.first_bad
         attributed = [self.probe.first[p].read() for p in ("forward", "backward")]
         for phase, found in zip(("forward", "backward"), attributed):
             if found and phase not in self.reported:
@@ -244,14 +192,13 @@ class Diagnostics(StepObserver):
                     found["max_abs"],
                 )
         # light mode: watch every step after a window with a non-finite step, until attributed
-        self.armed = any(skips) and not all(attributed)
+        self.armed = any(rows.skips) and not all(attributed)
         record: dict[str, Any] = {
             "amp/backoffs": sum(e["kind"] == "backoff" for e in events),
             "amp/growths": sum(e["kind"] == "growth" for e in events),
-            "diag/first_nonfinite_step": first_bad if first_bad >= 0 else None,
+            "diag/first_nonfinite_step": first_bad,
         }
         detail = {"step": step, "scale_events": events, **self._read_probes(record)}
-        self.window_first = step + 1
         if self.out_dir is not None:  # None on DDP ranks other than 0
             with (self.out_dir / DIAGNOSTICS_FILE).open("a", encoding="utf-8") as f:
                 f.write(json.dumps(detail) + "\n")
@@ -312,15 +259,10 @@ class Diagnostics(StepObserver):
 
     # -- resume: a checkpoint holds what the history so far says ------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The open log window's buffers and probe results, the scale history, the first
-        non-finite step and module, and what was already reported (tensors and plain data)."""
-        self._read_rows(self.done)  # the losses are not kept
+        """The open window's probe results, the scale history, the first non-finite module, and
+        what was already reported (tensors and plain data)."""
         t = self.tracker
         return {
-            "scales": self.scales.clone(),  # columns of the window rows, saved on their own
-            "skips": self.skips.clone(),
-            "first_bad": torch.tensor(self.first_bad),
-            "window_first": self.window_first,
             "armed": self.armed,
             "state_checked": self.state_checked,
             "window": self.window,
@@ -341,13 +283,10 @@ class Diagnostics(StepObserver):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # written with diagnostics=off: the history starts at the resumed step
-            self.window_first = None
             self.tracker.scale = self.view.host_scale()
             return
-        self.scales.copy_(state["scales"])
-        self.skips.copy_(state["skips"])
-        self.first_bad = int(state["first_bad"])
-        self.window_first, self.armed = state["window_first"], state["armed"]
+        # a checkpoint written before the monitor also holds window rows: the monitor's now
+        self.armed = state["armed"]
         self.state_checked = state["state_checked"]
         self.window = {
             k: v.to(self.device) if torch.is_tensor(v) else v for k, v in state["window"].items()
@@ -362,17 +301,16 @@ class Diagnostics(StepObserver):
         self.probe.act_max = None if act_max is None else act_max.to(self.device)
         self.probe.act_names = [tuple(n) for n in state["act_names"]]
 
-    def summary(self) -> dict[str, Any]:
-        """First non-finite step and module, scale events, signatures and warnings (a sync)."""
-        self._read_rows(self.done)  # a run that stopped mid-window
-        first_bad = self.first_bad
+    def summary(self, first_bad: int | None) -> dict[str, Any]:
+        """The first non-finite step (the monitor's) and module, scale events, signatures and
+        warnings (a sync)."""
         phases = {p: self.probe.first[p].read() for p in ("forward", "backward")}
         at_first = [v for v in phases.values() if v and v["step"] == first_bad]
         culprit = at_first[0] if at_first else next((v for v in phases.values() if v), None)
         return {
             "mode": self.cfg.mode,
             "nonfinite": {
-                "first_step": first_bad if first_bad >= 0 else None,
+                "first_step": first_bad,
                 "module": culprit and culprit["module"],
                 "phase": culprit and ("forward" if culprit is phases["forward"] else "backward"),
                 "dtype": culprit and culprit["dtype"],
@@ -388,9 +326,9 @@ class Diagnostics(StepObserver):
 
 
 class DiagnosticsOff(StepObserver):
-    """diagnostics=off: the core counters only; a run resumed with it keeps no history."""
+    """diagnostics=off: the monitor's counters and health only."""
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, first_bad: int | None) -> dict[str, Any]:
         return {"mode": "off"}
 
 

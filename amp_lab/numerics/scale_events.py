@@ -1,4 +1,4 @@
-"""Loss-scale events read from a log window: backoffs, growths, skip-rate warnings, misuse.
+"""Loss-scale events read from a log window: backoffs, growths, and GradScaler misuse.
 
 The step records the scale after each optimizer step and whether it skipped, on the device;
 at a log step these host lists are turned into events. Two signatures of GradScaler misuse
@@ -84,23 +84,3 @@ class ScaleTracker:
                 )
         self.events += window
         return window
-
-    def skip_warning(
-        self, first_step: int, skipped: list[float], window: list[dict], threshold: float
-    ) -> str | None:
-        """A sentence when the window's skip rate passes the threshold, else None."""
-        n_skip, n = int(sum(skipped)), len(skipped)
-        if not n or n_skip / n <= threshold:
-            return None
-        last = first_step + n - 1
-        first_skip = first_step + next(i for i, s in enumerate(skipped) if s)
-        moved = (
-            f"loss scale {window[0]['from']:g} -> {window[-1]['to']:g} "
-            f"({sum(e['kind'] == 'backoff' for e in window)} backoffs)"
-            if window
-            else f"loss scale stayed at {self.scale:g}"
-        )
-        return (
-            f"steps {first_step}-{last}: {n_skip}/{n} steps skipped ({n_skip / n:.0%} > "
-            f"diagnostics.skip_warn_rate={threshold:g}), first at step {first_skip}; {moved}"
-        )

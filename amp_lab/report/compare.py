@@ -157,12 +157,10 @@ def write_markdown(out: Path, data: dict[str, Any], plots: list[Path]) -> Path:
         "",
         *group_sections(data),
     ]
-    flagged = [r for r in data["runs"] if r["health"] or r["summary_health"]]
+    flagged = [r for r in data["runs"] if r["health"]]
     if flagged:
         parts += ["## Run health", ""]
-        parts += [
-            f"- `{r['label']}`: " + "; ".join(r["health"] + r["summary_health"]) for r in flagged
-        ]
+        parts += [f"- `{r['label']}`: " + "; ".join(r["health"]) for r in flagged]
         parts.append("")
     parts += [f"![{plot.stem}]({os.path.relpath(plot, out)})" for plot in plots]
     path = out / "report.md"

@@ -4,13 +4,20 @@ runs and context. report.md, the terminal tables, the plots and the W&B Report a
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Any
 
 from amp_lab.report.context import gather, run_device
 from amp_lab.report.figures import compare, figures
 from amp_lab.report.groups import DEFAULT_AXIS, Group, axis_keys, make_groups, set_references
 from amp_lab.report.runs import RunData
-from amp_lab.report.verdicts import RULES, THRESHOLDS, group_verdict, health
+from amp_lab.report.verdicts import (
+    THRESHOLDS,
+    group_verdict,
+    health,
+    merged_health,
+    rules_text,
+)
 
 
 def _json_safe(value: Any) -> Any:
@@ -35,22 +42,9 @@ def _status(runs: list[RunData]) -> str:
     return ", ".join(f"{n}× {s}" for s, n in counts.items())
 
 
-def _summary_health(run: RunData) -> list[str]:
-    """The runner's own health findings (`summary.json` `health`, amp_lab/numerics/health.py:
-    dicts with rule, step and evidence)."""
-    entries = run.summary.get("health")
-    if not isinstance(entries, list):
-        return []
-    return [
-        f"{e['rule']} at step {e.get('step')}: {e.get('evidence')}"
-        for e in entries
-        if isinstance(e, dict) and "rule" in e
-    ]
-
-
 def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
     ref = group.reference
-    comps = {cell.value: compare(cell, ref) for cell in group.cells}
+    comps = {cell.value: compare(cell, ref, THRESHOLDS) for cell in group.cells}
     cells = [
         {
             "value": cell.value,
@@ -59,7 +53,7 @@ def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
             "seeds": [run.seed for run in cell.runs],
             "n": len(cell.runs),
             "status": _status(cell.runs),
-            "health": sorted({p for run in cell.runs for p in health(run)}),
+            "health": merged_health(cell.runs),
             "figures": {k: s.as_dict() for k, s in figures(cell).items()},
             "delta": comps[cell.value].as_dict(),
         }
@@ -105,7 +99,6 @@ def build(
             "status": run.status,
             "device": run_device(run),
             "health": health(run),
-            "summary_health": _summary_health(run),
             "final_val_acc": run.summary.get("final_val_acc"),
             "final_val_loss": run.summary.get("final_val_loss"),
         }
@@ -115,8 +108,8 @@ def build(
         {
             "axis": by,
             "axis_keys": axis_keys(runs, by),
-            "thresholds": THRESHOLDS,
-            "rules": RULES,
+            "thresholds": asdict(THRESHOLDS),
+            "rules": rules_text(),
             "groups": data_groups,
             "runs": rows,
             "context": context,

@@ -2,7 +2,8 @@
 
 Δacc and Δloss are paired by seed (run minus the reference run with the same seed), so seed-to-
 seed noise common to both cancels; with no common seed they are the difference of the means
-(`paired: false`). The reference cell's deltas are its runs minus themselves: exactly zero.
+(`paired: false`, and no verdict: the noise is unknown). The reference cell's deltas are its runs
+minus themselves: exactly zero. Whether a Δ is a finding is amp_lab/health/compare.py's call.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from amp_lab.config import HealthConfig
+from amp_lab.health.compare import BETTER, MATCHES, WORSE, Difference, combine, paired
 from amp_lab.report.groups import Cell
 from amp_lab.report.runs import RunData
+
+NO_DIFFERENCE = Difference(None, None, 0, None)
 
 # summary.json keys shown per cell (mean ± std over its seeds)
 FIGURES = (
@@ -64,20 +69,24 @@ def figures(cell: Cell) -> dict[str, Stat]:
     return {key: Stat.of([run.summary.get(key) for run in cell.runs]) for key in FIGURES}
 
 
-def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
+def _pairs(runs: list[RunData], refs: list[RunData], key: str) -> list[float]:
+    """`key` of each run minus the reference run with the same seed (finite pairs only)."""
     ref_by_seed = {run.seed: run.summary.get(key) for run in refs if run.ok}
     pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
-    paired = [
+    return [
         a - b
         for a, b in pairs
         if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isfinite(a - b)
     ]
+
+
+def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
+    """The paired Δ over the seeds; with no seed in common, the difference of the means."""
+    paired = _pairs(runs, refs, key)
     if paired:
         return Stat.of(paired)
-    mine, theirs = (
-        Stat.of([run.summary.get(key) for run in runs]),
-        Stat.of(list(ref_by_seed.values())),
-    )
+    mine = Stat.of([run.summary.get(key) for run in runs])
+    theirs = Stat.of([run.summary.get(key) for run in refs if run.ok])
     if mine.mean is None or theirs.mean is None:
         return Stat(None, None, 0, False)
     return Stat(mine.mean - theirs.mean, None, mine.n, paired=False)
@@ -96,6 +105,21 @@ class Comparison:
     loss_rel: float | None  # mean Δloss / the reference's mean val loss
     speedup: float | None  # mean samples/s / the reference's
     memory_ratio: float | None  # mean peak memory / the reference's
+    # the judge's verdicts on the paired Δ (amp_lab/health/compare.py); loss relative to the
+    # reference's mean val loss, lower is better
+    acc_verdict: Difference = NO_DIFFERENCE
+    loss_verdict: Difference = NO_DIFFERENCE
+
+    @property
+    def paired(self) -> bool:
+        return self.acc.paired
+
+    @property
+    def verdict(self) -> int | str | None:
+        """BETTER, MATCHES, WORSE, `differs`, or None: inconclusive."""
+        if not self.paired:
+            return None
+        return combine(self.acc_verdict.sign, self.loss_verdict.sign)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,11 +128,22 @@ class Comparison:
             "loss_rel": self.loss_rel,
             "speedup": self.speedup,
             "memory_ratio": self.memory_ratio,
+            "acc_interval": asdict(self.acc_verdict),
+            "loss_rel_interval": asdict(self.loss_verdict),
+            "verdict": _verdict_name(self.verdict),
         }
 
 
-def compare(cell: Cell, ref: Cell | None) -> Comparison:
-    """The cell's deltas and ratios against `ref`."""
+def _verdict_name(verdict: int | str | None) -> str:
+    if isinstance(verdict, str):
+        return verdict  # differs
+    if verdict is None:
+        return "inconclusive"
+    return {BETTER: "better", MATCHES: "matches", WORSE: "worse"}[verdict]
+
+
+def compare(cell: Cell, ref: Cell | None, cfg: HealthConfig) -> Comparison:
+    """The cell's deltas, ratios and verdicts against `ref`."""
     if ref is None:
         none = Stat(None, None, 0)
         return Comparison(none, none, None, None, None)
@@ -116,10 +151,14 @@ def compare(cell: Cell, ref: Cell | None) -> Comparison:
     runs = refs if cell is ref else cell.runs  # the reference against its own completed runs
     mine, theirs = figures(Cell(cell.value, runs)), figures(Cell(ref.value, refs))
     loss = _delta(runs, refs, "final_val_loss")
+    ref_loss = theirs["final_val_loss"].mean
+    loss_rel = [d / ref_loss for d in _pairs(runs, refs, "final_val_loss")] if ref_loss else []
     return Comparison(
         acc=_delta(runs, refs, "final_val_acc"),
         loss=loss,
-        loss_rel=_ratio(loss.mean, theirs["final_val_loss"].mean),
+        loss_rel=_ratio(loss.mean, ref_loss),
         speedup=_ratio(mine["mean_samples_per_s"].mean, theirs["mean_samples_per_s"].mean),
         memory_ratio=_ratio(mine["peak_memory_mb"].mean, theirs["peak_memory_mb"].mean),
+        acc_verdict=paired(_pairs(runs, refs, "final_val_acc"), cfg.acc_pp / 100, cfg),
+        loss_verdict=paired(loss_rel, cfg.loss_rel, cfg, higher_is_better=False),
     )

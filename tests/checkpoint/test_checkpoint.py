@@ -163,9 +163,8 @@ def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
         "optimizer",
         "scheduler",
         "scaler",
-        "counters",
+        "monitor",
         "diagnostics",
-        "health",
     }
     assert payload["loop"]["step"] == 3 and payload["loop"]["epoch"] == 0
     assert payload["parts"]["scaler"]["_growth_tracker"] == 3  # fp16 default interval: 2000
@@ -445,7 +444,7 @@ def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(
         "trainer.compile_backend",
         "trainer.eval_every",
         "trainer.target_acc",
-        "trainer.max_bad_steps",
+        "health",
         "trainer.timing_warmup",
         "data.root",
         "data.prefetch_factor",

@@ -74,8 +74,8 @@ def test_compiled_step_skips_an_inf_update_and_backs_off_the_scale(tmp_path):
         ("skip", ["trainer.max_steps=2", "fault.inf_grad_at_step=2"]),
     ]:
         torch._dynamo.reset()  # each run compiles its own model and optimizer afresh
-        runs[name] = Trainer(build(settings(*run, *extra), tmp_path / name))
-        runs[name].fit()
+        runs[name] = build(settings(*run, *extra), tmp_path / name)
+        Trainer(runs[name]).fit()
     one, skip = runs["one"], runs["skip"]
     assert hasattr(skip.optimizer.step, "_torchdynamo_orig_callable")  # a compiled step
     rows = _rows(tmp_path / "skip")

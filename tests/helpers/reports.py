@@ -13,7 +13,7 @@ from amp_lab.trainer import Trainer
 from helpers.compose import settings
 
 # fp16 activations past 65504 in the first block: every fp16 step is non-finite, fp32's are not
-OVERFLOW = ("fault.overflow_module=blocks.0.mlp.fc1", "trainer.max_bad_steps=3")
+OVERFLOW = ("fault.overflow_module=blocks.0.mlp.fc1", "health.max_bad_steps=3")
 
 
 def run(root: Path, name: str, *overrides: str, steps: int = 4) -> Path:

@@ -129,7 +129,7 @@ def test_overflowing_module_is_named_in_light_mode(tmp_path):
     assert summary["skipped_steps"] == summary["steps"]
 
 
-def test_skip_warning_and_no_scaler_update_signature(tmp_path):
+def test_skipped_steps_are_judged_and_no_scaler_update_is_a_signature(tmp_path):
     common = [
         "precision=fp16",
         "scaler.init_scale=1e12",
@@ -139,7 +139,7 @@ def test_skip_warning_and_no_scaler_update_signature(tmp_path):
     right, _ = _fit(tmp_path / "right", *common)
     wrong, _ = _fit(tmp_path / "wrong", *common, "pitfall=no_scaler_update")
     assert right["final_loss_scale"] == pytest.approx(1e12 / 16)  # backs off on each overflow
-    assert "steps 1-4: 4/4 steps skipped" in right["diagnostics"]["warnings"][0]
+    assert "unstable: 4 of 4 steps skipped (100%)" in [h["words"] for h in right["health"]]
     assert "no_scaler_update" not in right["diagnostics"]["signatures"]
     assert wrong["final_loss_scale"] == pytest.approx(1e12)  # never moves
     assert wrong["skipped_steps"] == 4
@@ -176,7 +176,8 @@ def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
             build(settings(*TINY, "precision=fp16", *common, *extra), tmp_path / name)
         )
         before = [p.detach().clone() for p in trainer.run.model.parameters()]
-        trainer.run.train_step([_batch(trainer)])
+        result = trainer.run.train_step([_batch(trainer)])
+        trainer.run.monitor.add(result)
         moves[name] = torch.sqrt(
             sum(
                 ((a - p.detach()) ** 2).sum()
@@ -184,7 +185,7 @@ def test_clip_before_unscale_makes_updates_one_over_scale(tmp_path):
             )
         ).item()
         (tmp_path / name).mkdir()
-        trainer.run.train_step.diagnostics.read(1)
+        trainer.run.train_step.diagnostics.read(1, trainer.run.monitor.read(1), None)
         signatures = trainer.run.train_step.diagnostics.signatures
         assert ("clip_before_unscale" in signatures) == (name == "wrong")
     assert moves["ref"] == pytest.approx(0.05, rel=1e-3)

@@ -84,7 +84,7 @@ def test_min_scale_stops_the_run_as_diverged(tmp_path):
                 "scaler.min_scale=1",
                 "trainer.max_steps=20",
                 "trainer.log_every=2",
-                "trainer.max_bad_steps=50",
+                "health.max_bad_steps=50",
             ),
             tmp_path,
         )
@@ -140,7 +140,7 @@ def test_static_scaler_keeps_its_scale(tmp_path):
             ["scaler=hysteresis", "scaler.min_scale=2048", "scaler.init_scale=1024"],
             "must lie between scaler.min_scale",
         ),
-        (["scaler=hysteresis", "scaler.max_scale=0.5"], "must be > 0 and <= scaler.max_scale"),
+        (["scaler=hysteresis", "scaler.max_scale=0.5"], "must be <= scaler.max_scale=0.5"),
     ],
 )
 def test_bad_scaler_settings_are_one_line_errors(overrides, message):

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from helpers.reports import OVERFLOW, cells, report, run, summary
 
+from amp_lab.health.compare import BETTER, MATCHES, WORSE, Difference
 from amp_lab.report.compare import main
 from amp_lab.report.figures import Comparison, Stat
 from amp_lab.report.runs import load_runs
@@ -78,7 +79,7 @@ def test_diverged_mode_is_named_with_its_step_and_scale(tmp_path):
         for r in map(json.loads, (fp16 / "metrics.jsonl").read_text().splitlines())
         if r["kind"] == "train"
     ]
-    collapsed = f"diverged at step {first} (scale collapsed to 2^{math.log2(min(scales)):.0f})"
+    collapsed = f"diverged at step {first} (loss scale fell to 2^{math.log2(min(scales)):.0f})"
     assert cells(group)["fp16"]["health"] == [collapsed]
     assert group["verdict"].startswith(f"fp16 {collapsed}")
     assert cells(group)["fp16"]["status"] == "diverged"
@@ -244,43 +245,40 @@ def test_readme_findings_replace_only_the_marked_block(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "acc, std, n, rel, words",
+    "acc, loss, words",
     [
         (
-            0.004,
-            0.003,
-            3,
-            0.004,
-            "bf16 matches fp32 (Δacc +0.4 ± 0.3 pp, 3 seeds; loss within 0.4%)",
+            Difference(0.004, 0.003, 3, MATCHES),
+            Difference(0.004, 0.002, 3, MATCHES),
+            "bf16 matches fp32 (Δacc +0.4 ± 0.3 pp, Δloss +0.4 ± 0.2%, 3 seeds)",
         ),
         (
-            -0.03,
-            0.02,
-            3,
-            0.001,
-            "bf16 matches fp32 (Δacc -3.0 ± 2.0 pp, 3 seeds; loss within 0.1%)",
+            Difference(-0.03, 0.01, 3, WORSE),
+            Difference(0.001, 0.002, 3, MATCHES),
+            "bf16 is worse than fp32 (Δacc -3.0 ± 1.0 pp, Δloss +0.1 ± 0.2%, 3 seeds)",
         ),
         (
-            -0.03,
-            0.0,
-            1,
-            0.001,
-            "bf16 is worse than fp32 (Δacc -3.0 pp; loss within 0.1%; one seed: noise unknown)",
+            Difference(0.02, 0.01, 3, BETTER),
+            Difference(0.05, 0.01, 3, WORSE),
+            "bf16 differs from fp32 (Δacc +2.0 ± 1.0 pp, Δloss +5.0 ± 1.0%, 3 seeds)",
         ),
         (
-            0.0,
-            0.0,
-            1,
-            0.05,
-            "bf16 is worse than fp32 (Δacc +0.0 pp; loss +5%; one seed: noise unknown)",
+            Difference(0.121, 1.22, 2, None),
+            Difference(-0.2, 1.5, 2, None),
+            "bf16 vs fp32: inconclusive: 2 seeds, noise ±122.0 pp "
+            "(Δacc +12.1 ± 122.0 pp, Δloss -20.0 ± 150.0%)",
         ),
-        (0.02, 0.001, 2, -0.03, "bf16 is better than fp32 (Δacc +2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
-        (-0.02, 0.001, 2, -0.03, "bf16 differs from fp32 (Δacc -2.0 ± 0.1 pp, 2 seeds; loss -3%)"),
+        (
+            Difference(-0.03, None, 1, None),
+            Difference(0.001, None, 1, None),
+            "bf16 vs fp32: inconclusive: 1 seed, noise unknown (Δacc -3.0 pp, Δloss +0.1%)",
+        ),
     ],
 )
-def test_verdict_words_follow_the_thresholds(acc, std, n, rel, words):
-    """1 pp or 2 std of the paired Δ (whichever is larger) for accuracy, 2% for the loss."""
-    comp = Comparison(Stat(acc, std, n), Stat(rel, 0.0, n), rel, None, None)
+def test_verdict_words_say_the_judges_verdict_and_its_interval(acc, loss, words):
+    comp = Comparison(
+        Stat(acc.mean, 0.0, acc.n), Stat(loss.mean, 0.0, loss.n), 0, None, None, acc, loss
+    )
     assert accuracy_words("bf16", "fp32", comp) == words
 
 
@@ -316,16 +314,17 @@ def test_speed_is_judged_only_on_an_unloaded_gpu(tmp_path, monkeypatch):
     assert loaded["groups"][0]["verdict"].endswith(").")
 
 
-def test_the_runners_health_entries_are_shown(tmp_path):
+def test_the_runners_health_entries_are_shown_in_its_words(tmp_path):
     sweep = tmp_path / "sweep"
     run(sweep, "0_precision=fp32", "precision=fp32")
     bf16 = run(sweep, "1_precision=bf16", "precision=bf16")
     record = summary(bf16)
-    # as amp_lab/numerics/health.py writes its findings
-    record["health"] = [{"rule": "skips", "step": 3, "evidence": "2 of 4 steps skipped"}]
+    # as amp_lab/health/rules.py writes its findings
+    words = "unstable: 2 of 4 steps skipped (50%)"
+    record["health"] = [{"rule": "skips", "step": 4, "words": words, "evidence": "..."}]
     (bf16 / "summary.json").write_text(json.dumps(record))
     data = report(str(sweep))
     [row] = [r for r in data["runs"] if r["value"] == "bf16"]
-    assert row["summary_health"] == ["skips at step 3: 2 of 4 steps skipped"]
+    assert row["health"] == [words] and cells(data["groups"][0])["bf16"]["health"] == [words]
     md = (sweep / "report" / "report.md").read_text()
-    assert "- `1_precision=bf16`: skips at step 3: 2 of 4 steps skipped" in md
+    assert f"- `1_precision=bf16`: {words}" in md

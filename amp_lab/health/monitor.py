@@ -1,0 +1,184 @@
+"""The monitor: one device buffer fed by every step, read at log steps, judged by the rule table.
+
+Each optimizer step writes its loss, correct count, skip flag and the loss scale after it into one
+row of a device buffer: a single op, no host sync. At a log step (or a checkpoint), where the host
+reads anyway, the rows come to the host in one copy; the sums, the streak of skipped steps and the
+first non-finite step are a few float additions there. The window goes to the rule table
+(rules.py), and the monitor says whether the run must stop (`stop_reason`): that is decided here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch.amp import GradScaler
+
+from amp_lab.components.distributed import DistContext
+from amp_lab.config import HealthConfig
+from amp_lab.health.rules import DIVERGED, Finding, History, Window, judge
+from amp_lab.precision.scaling import scaler_stop_reason
+from amp_lab.step import Rows, StepResult
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    """The run's counters and its health judge; `read()` is the one host read of a log step."""
+
+    TOTALS = ("loss_sum", "loss_count", "correct", "samples")  # summed over the ranks
+    WINDOW = ("loss_sum", "loss_count", "correct", "samples", "skipped")
+
+    def __init__(
+        self,
+        cfg: HealthConfig,
+        device: torch.device,
+        log_every: int,
+        scaler: GradScaler,
+        history: History,
+    ) -> None:
+        self.cfg, self.device, self.scaler, self.history = cfg, device, scaler, history
+        self._allocate_rows(log_every)
+        self.pending = 0  # rows written since the last read
+        self.samples = 0  # samples since the last read: host ints, no device op
+        self.window: dict[str, float] = dict.fromkeys(self.WINDOW, 0.0)
+        self.streak = 0  # consecutive skipped steps, carried across windows
+        self.findings: list[Finding] = []
+        self.stop_reason: str | None = None
+        self.no_skip = torch.zeros((), device=device)  # a step without a scaler skips nothing
+        self.one = torch.ones((), device=device)  # the scale of a step without a scaler
+
+    def _allocate_rows(self, count: int, keep: torch.Tensor | None = None) -> None:
+        rows = torch.zeros(count, 4, device=self.device, dtype=torch.float64)
+        if keep is not None:
+            rows[: len(keep)] = keep
+        self.rows = rows
+        self.row_views = [list(row.unbind()) for row in rows]
+
+    # -- every step --------------------------------------------------------------------------
+    def add(self, result: StepResult) -> None:
+        """One device op per step: the step's values into the next row."""
+        if self.pending == len(self.row_views):  # more steps than a log window: a longer buffer
+            self._allocate_rows(2 * len(self.row_views), keep=self.rows)
+        skip = result.found_inf if torch.is_tensor(result.found_inf) else self.no_skip
+        scale = self.one if result.scale is None else result.scale
+        torch._foreach_copy_(
+            self.row_views[self.pending], [result.loss, result.correct, skip, scale]
+        )
+        self.pending += 1
+        self.samples += result.samples
+
+    # -- log steps ---------------------------------------------------------------------------
+    def read(self, step: int) -> Rows:
+        """Fold the window's rows into the sums (one device-to-host copy) and return them."""
+        h, n = self.history, self.pending
+        first = step - n + 1
+        self.pending = 0
+        values = self.rows[:n].tolist() if n else []
+        w = self.window
+        w["samples"] += self.samples
+        self.samples = 0
+        for i, (loss, correct, skip, _) in enumerate(values):
+            finite = math.isfinite(loss)
+            if finite:  # a nan loss is counted apart, not summed
+                w["loss_sum"] += loss
+                w["loss_count"] += 1
+            w["correct"] += correct
+            w["skipped"] += skip
+            h.skipped += int(skip)
+            self.streak = self.streak + 1 if skip > 0 else 0
+            h.worst_streak = max(h.worst_streak, self.streak)
+            if h.first_bad is None and (skip > 0 or not finite):
+                h.first_bad = first + i
+        h.steps = step
+        losses, _, skips, scales = zip(*values) if values else ((), (), (), ())
+        return Rows(first, list(losses), list(skips), list(scales))
+
+    def window_totals(self, dist: DistContext) -> dict[str, float]:
+        """The open window's sums, over every rank; the window is then closed."""
+        totals = dict(self.window)
+        if dist.active:  # the skip counts are equal on every rank: gradients are all-reduced
+            local = [totals[k] for k in self.TOTALS]
+            summed = dist.all_reduce(torch.tensor(local, dtype=torch.float64, device=self.device))
+            totals.update(zip(self.TOTALS, summed.tolist()))
+        self.window = dict.fromkeys(self.WINDOW, 0.0)
+        return totals
+
+    def judge(
+        self, rows: Rows, totals: dict[str, float], world: int, zero_grad_share: float | None
+    ) -> list[str]:
+        """The window rules on this log window; returns the warning lines of new findings."""
+        h = self.history
+        clean_before = rows.first_step - 1 > sum(w.skipped for w in h.windows)
+        h.windows.append(
+            Window(
+                rows.first_step,
+                rows.first_step + len(rows.skips) - 1,
+                round(totals["loss_count"] / world),
+                int(totals["skipped"]),
+                totals["loss_sum"] / totals["loss_count"] if totals["loss_count"] else math.nan,
+                rows.scales[-1] if rows.scales else float(self.scaler.get_scale()),
+                clean_before,
+                zero_grad_share,
+            )
+        )
+        h.floor = scaler_stop_reason(self.scaler)
+        return self._record(judge(h, self.cfg, False, self._fired()))
+
+    def finish(self) -> list[str]:
+        """The end rules over the whole run; returns the warning lines of new findings."""
+        return self._record(judge(self.history, self.cfg, True, self._fired()))
+
+    def _fired(self) -> set[str]:
+        return {f.rule for f in self.findings}
+
+    def _record(self, found: list[Finding]) -> list[str]:
+        self.findings += found
+        if any(f.rule == DIVERGED for f in found):
+            self.stop_reason = next(f.evidence for f in found if f.rule == DIVERGED)
+        return [f"run health: {f.evidence} (step {f.step})" for f in found]
+
+    @property
+    def diverged(self) -> bool:
+        return self.stop_reason is not None
+
+    def summary_line(self) -> str:
+        """The console's end line: the findings' words, or that there are none."""
+        if not self.findings:
+            return "run health: ok (no finding)"
+        return "run health: " + "; ".join(f.words for f in self.findings)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """summary.json's `health`."""
+        return [f.as_dict() for f in self.findings]
+
+    # -- checkpoints: the history so far, so a resumed run judges its whole run once ----------
+    # a checkpoint written before the monitor (counters and health apart) resumes with a fresh one
+    optional_in_checkpoint = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The open window (its rows as they are, so the resumed run reads it whole), the
+        history and the findings (tensors and plain data)."""
+        return {
+            "rows": self.rows[: self.pending].cpu(),
+            "samples": self.samples,
+            "window": dict(self.window),
+            "streak": self.streak,
+            "history": self.history.state_dict(),
+            "findings": [f.as_dict() for f in self.findings],
+            "stop_reason": self.stop_reason,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rows = state["rows"].to(self.device)
+        if len(rows) > len(self.row_views):
+            self._allocate_rows(len(rows))
+        self.rows[: len(rows)] = rows
+        self.pending, self.samples = len(rows), state["samples"]
+        self.window, self.streak = dict(state["window"]), state["streak"]
+        self.history.load_state_dict(state["history"])
+        self.findings = [Finding(**f) for f in state["findings"]]
+        self.stop_reason = state["stop_reason"]

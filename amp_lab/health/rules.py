@@ -1,0 +1,278 @@
+"""The rule table: each fact a run states about itself is one entry of RULES, decided here once.
+
+A rule reads a run's History (its log windows and running counts, fed by monitor.py from what
+the log steps read anyway) and the thresholds in `health.*`. When it fires it makes a Finding:
+`words` are what every surface shows (summary.json `health`, the console's end line, the
+report's cells, the doctor's table), `evidence` is the sentence with its threshold (the console's
+warning). A rule fires once per run. Window rules are checked at every log window, end rules
+when the run ends; `diverged` is checked at both, and stops the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from amp_lab.config import HealthConfig
+
+
+@dataclass
+class Window:
+    """One log window, as the monitor read it (host values)."""
+
+    first_step: int
+    last_step: int
+    finite: int  # steps whose loss was finite
+    skipped: int  # steps whose update was skipped (non-finite gradients)
+    loss: float  # mean of the finite losses (nan if none)
+    scale: float  # loss scale after the window
+    clean_before: bool = True  # a step before this window updated the weights
+    zero_grad_share: float | None = None  # a probe step's share of exactly-zero gradients
+
+    @property
+    def steps(self) -> int:
+        return self.last_step - self.first_step + 1
+
+
+@dataclass
+class History:
+    """What the rules judge: the run's log windows and its running counts."""
+
+    dynamic_scale: bool  # a dynamic loss scaler is meant to adapt the scale
+    init_scale: float
+    # ln(classes): a fresh classifier's cross-entropy. The first log window's mean can
+    # already hold a blown-up loss, so "rises" compares with the lower of the two
+    chance_loss: float = math.inf
+    allowed_holds: int = 0  # skipped steps in a row a scaler may hold its scale (hysteresis - 1)
+    windows: list[Window] = field(default_factory=list)
+    steps: int = 0
+    skipped: int = 0
+    worst_streak: int = 0  # the most consecutive skipped steps
+    first_bad: int | None = None  # the first step that skipped or had a non-finite loss
+    floor: str | None = None  # the scaler's own reason it cannot go on (hysteresis floor)
+
+    def span(self, windows: list[Window], steps: int) -> list[Window]:
+        """The fewest windows from the start of `windows` covering `steps` steps."""
+        taken, covered = [], 0
+        for w in windows:
+            taken.append(w)
+            covered += w.steps
+            if covered >= steps:
+                break
+        return taken
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "windows"} | {
+            "windows": [asdict(w) for w in self.windows]
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, [Window(**w) for w in value] if key == "windows" else value)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    step: int  # the last step the rule saw when it fired
+    words: str  # what every surface shows
+    evidence: str  # the sentence with its threshold
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Check = Callable[[History, HealthConfig, bool], "tuple[str, str] | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    label: str  # the finding in a few words, without figures: merged across seeds by the report
+    when: str  # window | end | any
+    check: Check  # (history, thresholds, at_end) -> (words, evidence) or None
+
+
+def _last(h: History) -> Window:
+    return h.windows[-1]
+
+
+def _final(h: History, cfg: HealthConfig) -> tuple[int, int, int]:
+    """(steps, finite, skipped) of the last health.window steps (whole log windows)."""
+    tail = h.span(h.windows[::-1], cfg.window)
+    return sum(w.steps for w in tail), sum(w.finite for w in tail), sum(w.skipped for w in tail)
+
+
+def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    if h.worst_streak >= cfg.max_bad_steps:
+        why = (
+            f"{h.worst_streak} consecutive skipped steps (>= health.max_bad_steps="
+            f"{cfg.max_bad_steps}): the gradients are non-finite at every step, the weights no "
+            "longer move"
+        )
+    elif h.floor is not None:
+        why = h.floor
+    elif at_end and h.windows and _final(h, cfg)[1] == 0:
+        why = f"every loss of the last {_final(h, cfg)[0]} steps is inf/nan"
+    else:
+        return None
+    step = h.first_bad if h.first_bad is not None else _last(h).last_step
+    scale = _last(h).scale
+    fell = f" (loss scale fell to 2^{math.log2(scale):.0f})" if _scaled_down(h, scale) else ""
+    return f"diverged at step {step}{fell}", f"the run diverged: {why}"
+
+
+def _scaled_down(h: History, scale: float) -> bool:
+    return h.dynamic_scale and 0 < scale < h.init_scale
+
+
+def _skips(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    rate = h.skipped / max(1, h.steps)
+    if h.skipped < 2 or rate <= cfg.skip_rate:  # one skip is the scaler doing its job
+        return None
+    words = f"unstable: {h.skipped} of {h.steps} steps skipped ({rate:.0%})"
+    return words, f"{words}, more than health.skip_rate={cfg.skip_rate:g}"
+
+
+def _skip_burst(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    tail = h.span(h.windows[::-1], cfg.window)  # the last health.window steps
+    steps, skipped = sum(w.steps for w in tail), sum(w.skipped for w in tail)
+    if not tail[-1].clean_before or steps < cfg.window or skipped / steps <= cfg.window_skip_rate:
+        return None
+    at = f"steps {tail[-1].first_step}-{tail[0].last_step}"
+    words = f"skip burst: {skipped} of {steps} steps skipped at {at}"
+    return words, (
+        f"{words}, more than health.window_skip_rate={cfg.window_skip_rate:g} after the run had "
+        "trained"
+    )
+
+
+def _underflow(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    share = w.zero_grad_share
+    # a window that skipped says nothing about underflow: its gradients held inf/nan
+    if share is None or w.skipped or share < cfg.zero_grad_share:
+        return None
+    words = f"underflow: {share:.0%} of gradient elements are zero"
+    return words, (
+        f"{words} (>= health.zero_grad_share={cfg.zero_grad_share:g}): they underflowed, so the "
+        "weights they belong to stop learning"
+    )
+
+
+def _scale_collapse(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    scale = _last(h).scale
+    if not h.dynamic_scale or scale >= cfg.min_scale:
+        return None
+    words = f"loss scale collapsed to {scale:g}"
+    return words, (
+        f"{words} (< health.min_scale={cfg.min_scale:g}, from {h.init_scale:g}): the gradients "
+        "overflow even unscaled"
+    )
+
+
+def _scale_pinned(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    if not h.dynamic_scale or h.worst_streak <= h.allowed_holds:
+        return None
+    if {w.scale for w in h.windows} != {h.init_scale}:
+        return None
+    words = f"loss scale pinned at {h.init_scale:g} through {h.skipped} skipped steps"
+    return words, f"{words}: the scaler never adapts (is scaler.update() called?)"
+
+
+def _not_training(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    steps, finite, skipped = _final(h, cfg)
+    if not steps or skipped < steps:
+        return None
+    words = f"no longer training: the last {steps} steps all skipped"
+    return words, f"{words} (health.window={cfg.window}): the weights no longer move"
+
+
+def _trend(h: History, cfg: HealthConfig) -> tuple[float, float, float, bool] | None:
+    """(start, first, end, apart), or None when the run is too short to compare. first and end
+    are the mean losses of the first and the last health.window steps (whole log windows),
+    start the lower of the first window's and ln(classes); apart: the two spans do not overlap."""
+    finite = [w for w in h.windows if w.finite and math.isfinite(w.loss)]
+    head, tail = h.span(finite, cfg.window), h.span(finite[::-1], cfg.window)
+    if not head or head[0].last_step >= tail[-1].last_step:
+        return None
+    start = min(head[0].loss, h.chance_loss)
+    return start, _mean(head), _mean(tail), head[-1].last_step < tail[-1].last_step
+
+
+def _rises(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    trend = _trend(h, cfg)
+    if trend is None or trend[2] <= trend[0] * (1 + cfg.rise):
+        return None
+    start, _, end, _ = trend
+    words = f"loss rising ({start:.3g} → {end:.3g})"
+    return words, (
+        f"{words}, more than {1 + cfg.rise:g}x (health.rise): the run does not train; lower the "
+        "LR, add warmup or clipping"
+    )
+
+
+def _stalls(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    trend = _trend(h, cfg)
+    if trend is None or h.steps < cfg.min_steps or not trend[3] or _rises(h, cfg, at_end):
+        return None  # a rising loss is the stronger finding
+    _, first, end, _ = trend
+    if end <= first * (1 - cfg.min_drop):
+        return None
+    words = f"loss stalled ({first:.3g} → {end:.3g} over {h.steps} steps)"
+    return words, (
+        f"{words}: it fell by less than health.min_drop={cfg.min_drop:g}; the run does not learn"
+    )
+
+
+def _mean(windows: list[Window]) -> float:
+    """Mean finite loss over windows, weighted by their finite steps."""
+    return sum(w.loss * w.finite for w in windows) / sum(w.finite for w in windows)
+
+
+DIVERGED = "diverged"
+RULES: dict[str, Rule] = {
+    rule.name: rule
+    for rule in (
+        Rule(DIVERGED, "diverged", "any", _diverged),
+        Rule("underflow", "underflow", "window", _underflow),
+        Rule("scale_collapse", "loss scale collapsed", "window", _scale_collapse),
+        Rule("skip_burst", "skip burst", "window", _skip_burst),
+        Rule("skips", "unstable", "end", _skips),
+        Rule("scale_pinned", "loss scale pinned", "end", _scale_pinned),
+        Rule("not_training", "no longer training", "end", _not_training),
+        Rule("loss_rises", "loss rising", "end", _rises),
+        Rule("loss_stalls", "loss stalled", "end", _stalls),
+    )
+}
+
+
+def judge(h: History, cfg: HealthConfig, at_end: bool, already: set[str]) -> list[Finding]:
+    """The rules due now (window rules, or end rules at the end) that fire and had not fired.
+    Once the run has diverged no other rule is judged: it would describe the aftermath."""
+    if not h.windows or DIVERGED in already:
+        return []
+    found: list[Finding] = []
+    for rule in RULES.values():  # `diverged` first
+        due = rule.when == "any" or rule.when == ("end" if at_end else "window")
+        if not due or rule.name in already:
+            continue
+        result = rule.check(h, cfg, at_end)
+        if result is not None:
+            found.append(Finding(rule.name, _last(h).last_step, *result))
+            if rule.name == DIVERGED:
+                break
+    return found
+
+
+def rule_names(summary: dict[str, Any]) -> set[str]:
+    """The rules that fired in a run, read from its summary.json."""
+    return {e["rule"] for e in summary.get("health") or []}
+
+
+def words_of(summary: dict[str, Any]) -> list[str]:
+    """What a run's summary.json says is wrong with it, in the judge's words (a rule's name for
+    a summary written before findings had words)."""
+    return [e.get("words") or e["rule"] for e in summary.get("health") or []]
