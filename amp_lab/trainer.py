@@ -54,7 +54,7 @@ from amp_lab.precision.scaling import build_scaler, scaler_stop_reason, uses_dyn
 from amp_lab.records import METRICS_FILE, SUMMARY_FILE
 from amp_lab.step import StepResult, TrainStep, evaluate, take
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink, Sinks
-from amp_lab.tracking.wandb_process import build_tracking_sinks
+from amp_lab.tracking.wandb_sink import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 
