@@ -120,6 +120,13 @@ def test_a_sweeps_runs_share_its_group_for_side_by_side_comparison(tmp_path):
         assert run.job_type == precision
         assert run.name == job_dir.split("_", 1)[1]  # the override_dirname: 0_<overrides>
         assert f"precision={precision}" in run.name and "model=test_vit" in run.name
+    # wandb prints nothing; amp_lab says once per job where its W&B run is
+    printed = (proc.stdout + proc.stderr).splitlines()
+    assert not [line for line in printed if line.startswith("wandb")]
+    for job in jobs:
+        [sync_dir] = job.glob("wandb/offline-run-*")
+        where = f"W&B offline run {runs[job.name].run_id}: {sync_dir}"
+        assert sum(line.endswith(where) for line in printed) == 1, where
 
 
 @pytest.mark.slow
