@@ -213,11 +213,12 @@ class WandbSink(Sink):
                 self.reason = f"offline init failed: {message}"
                 return None
             wandb.teardown()  # the failed run still holds its id in the W&B service
+            kept = self.out_dir / "wandb" / ATTEMPT_LOGS
             for stray in set((self.out_dir / "wandb").glob("run-*")) - before:
                 # the aborted online attempt's folder goes; its logs (wandb's retries) stay
-                kept = self.out_dir / "wandb" / ATTEMPT_LOGS
-                shutil.rmtree(kept, ignore_errors=True)
-                shutil.move(stray / "logs", kept)
+                if (stray / "logs").is_dir():
+                    shutil.rmtree(kept, ignore_errors=True)
+                    shutil.move(stray / "logs", kept)
                 shutil.rmtree(stray, ignore_errors=True)
             self._fall_back(f"init failed: {message}")
             return self._init(wandb, kwargs)
