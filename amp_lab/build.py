@@ -62,7 +62,7 @@ from amp_lab.records import METRICS_FILE
 from amp_lab.run import LoopState, Run
 from amp_lab.step import TrainStep
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink
-from amp_lab.tracking.wandb_process import build_tracking_sinks
+from amp_lab.tracking.wandb_sink import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 

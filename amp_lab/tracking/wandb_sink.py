@@ -9,8 +9,12 @@ the W&B config (`logger.mode`, `tracking`). The W&B files live in the run direct
 (`<run dir>/wandb/`), and the run id is kept in `<run dir>/wandb_run_id`, so a resumed job
 continues the same W&B run.
 
-This sink runs in a child process of its own (`wandb_process`): the training process runs no W&B
-code, and here every call is simply made in the order it arrives.
+The sink calls wandb from the training thread, in order; wandb's own service process
+(`wandb-core`) writes the files and talks to the server. wandb prints nothing on the terminal
+(`silent=True`): what it still has to say (its login, warnings, errors) goes to the run's log
+file, `<run dir>/<job>.log`, and its detailed logs stay under `<run dir>/wandb/` (those of a
+failed online start, with its retries, in `wandb/online-attempt-logs/`). amp_lab says where the
+W&B run is, in one line.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from amp_lab.tracking.sinks import Record, Sink
 log = logging.getLogger(__name__)
 
 METRIC_PREFIXES = ("train", "val", "amp", "throughput", "memory")  # all plotted against `step`
+ATTEMPT_LOGS = "online-attempt-logs"  # <run dir>/wandb/: wandb's logs of a failed online init
 INIT_TIMEOUT_S = 30.0  # online init gives up after this long (or $WANDB_INIT_TIMEOUT), then offline
 
 
@@ -49,6 +54,7 @@ def resolve_mode(cfg: LoggerConfig) -> str:
 
 
 def init_timeout() -> float:
+    """Seconds an online `wandb.init` may take before amp_lab falls back to offline."""
     return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
 
 
@@ -93,6 +99,19 @@ def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
     return group, name or out_dir.name
 
 
+def log_file_only(name: str) -> logging.Logger:
+    """The logger `name`, writing to the root logger's log files (Hydra's `<run dir>/<job>.log`)
+    and never to the terminal."""
+    quiet = logging.getLogger(name)
+    quiet.propagate = False
+    files: list[logging.Handler] = [
+        h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)
+    ]
+    quiet.handlers = files or [logging.NullHandler()]  # a job's own file: Hydra sets it per job
+    quiet.setLevel(logging.INFO)
+    return quiet
+
+
 def run_id(out_dir: Path) -> str:
     """The W&B run id stored in the run directory; a new one is created and stored if absent."""
     path = out_dir / WANDB_ID_FILE
@@ -111,6 +130,8 @@ class WandbSink(Sink):
         self.requested, self.reason = mode, ""  # self.mode becomes the mode really used
         self.run: Any = None
         self.summary_logged = False
+        self.stopped = ""  # why W&B stopped during the run, if it did
+        self.wandb: Any = None  # the wandb module, once start() has set it up
 
     def describe(self) -> Record:
         """The W&B mode asked for, the one used and why they differ (summary.json's `tracking`)."""
@@ -118,11 +139,13 @@ class WandbSink(Sink):
             "wandb_requested": self.requested,
             "wandb_mode": self.mode,
             "wandb_fallback": self.reason or None,
+            "wandb_stopped": self.stopped or None,
         }
 
     def start(self, info: Record) -> None:
         import wandb
 
+        self.wandb = wandb
         s, cfg = self.settings, self.settings.logger
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.mode == "online" and credentials() is None:  # wandb would prompt on a terminal
@@ -143,7 +166,7 @@ class WandbSink(Sink):
             settings=wandb.Settings(
                 init_timeout=init_timeout(),
                 console="off",
-                quiet=True,
+                silent=True,  # nothing on the terminal, from wandb or its wandb-core process
                 disable_git=True,
                 save_code=False,
             ),
@@ -155,6 +178,9 @@ class WandbSink(Sink):
         self.run.define_metric("time_s", step_metric="step")
         for prefix in METRIC_PREFIXES:
             self.run.define_metric(f"{prefix}/*", step_metric="step")
+        if not self.reason:  # a fall-back's warning has already said where the run is
+            where = self.run.url if self.mode == "online" else self.run.settings.sync_dir
+            log.info("W&B %s run %s: %s", self.mode, self.run.id, where)
 
     def _fall_back(self, reason: str) -> None:
         log.warning(
@@ -174,6 +200,9 @@ class WandbSink(Sink):
             # W&B's own analytics (a histogram per log call, posted to the W&B server every 60 s
             # and at exit) follow the process's setup mode, not the run's: offline sends nothing
             wandb.setup(settings=wandb.Settings(mode=self.mode))
+            # wandb's own fall-back for silent mode: its messages to a logger, not to stderr
+            wandb.termsetup(wandb.Settings(silent=True), log_file_only(f"{__name__}.wandb"))
+            log_file_only("opentelemetry")  # wandb's analytics: a rejected key's export errors
             return wandb.init(mode=self.mode, **kwargs)
         except Exception as err:  # noqa: BLE001 - W&B must never stop training
             message = redact(f"{type(err).__name__}: {err}").splitlines()[0]
@@ -184,8 +213,13 @@ class WandbSink(Sink):
                 self.reason = f"offline init failed: {message}"
                 return None
             wandb.teardown()  # the failed run still holds its id in the W&B service
+            kept = self.out_dir / "wandb" / ATTEMPT_LOGS
             for stray in set((self.out_dir / "wandb").glob("run-*")) - before:
-                shutil.rmtree(stray, ignore_errors=True)  # the aborted online attempt's folder
+                # the aborted online attempt's folder goes; its logs (wandb's retries) stay
+                if (stray / "logs").is_dir():
+                    shutil.rmtree(kept, ignore_errors=True)
+                    shutil.move(stray / "logs", kept)
+                shutil.rmtree(stray, ignore_errors=True)
             self._fall_back(f"init failed: {message}")
             return self._init(wandb, kwargs)
 
@@ -195,9 +229,8 @@ class WandbSink(Sink):
         try:
             self.run.log({k: v for k, v in record.items() if k != "kind"})
         except Exception as err:  # noqa: BLE001 - metrics.jsonl keeps the record anyway
-            log.warning(
-                "W&B log failed (%s); W&B logging stops, metrics.jsonl goes on", redact(str(err))
-            )
+            self.stopped = redact(f"log failed: {err}")
+            log.warning("W&B %s; W&B logging stops, metrics.jsonl goes on", self.stopped)
             self.run = None
 
     def finish(self, summary: Record) -> None:
@@ -210,17 +243,31 @@ class WandbSink(Sink):
             log.warning("W&B summary failed (%s)", redact(str(err)))
 
     def close(self) -> None:
-        """Finish the W&B run; after a crash, the crashed summary.json is its summary."""
-        if self.run is None:
-            return
+        """Finish the W&B run (after a crash, the crashed summary.json is its summary) and end
+        wandb's service, which returns once every record is on disk."""
         run, self.run = self.run, None
         path = self.out_dir / SUMMARY_FILE
         try:  # on a requeue, SLURM's SIGTERM may have ended the W&B service already
-            if not self.summary_logged and path.exists():
-                run.summary.update(json.loads(path.read_text()))
-            run.finish(exit_code=0 if self.summary_logged else 1)
-            import wandb
-
-            wandb.teardown()  # waits until the W&B service has written every record to disk
+            if run is not None:
+                if not self.summary_logged and path.exists():
+                    run.summary.update(json.loads(path.read_text()))
+                run.finish(exit_code=0 if self.summary_logged else 1)
         except Exception as err:  # noqa: BLE001 - a failing finish must not break the sweep
             log.warning("W&B finish failed (%s)", redact(str(err)))
+            run = None  # one warning is enough
+        if self.wandb is None:
+            return
+        wandb, self.wandb = self.wandb, None
+        try:
+            wandb.teardown()
+        # a dead service: teardown raises, or exits with the service's code, which must not
+        # replace the run's own exit; its warning was given when W&B stopped
+        except (Exception, SystemExit) as err:  # noqa: BLE001
+            if run is not None:
+                log.warning("W&B finish failed (%s)", redact(str(err)))
+
+
+def build_tracking_sinks(settings: AmpLabConfig, out_dir: Path) -> list[Sink]:
+    """The W&B sink for this run, or none when W&B is disabled."""
+    mode = resolve_mode(settings.logger)
+    return [] if mode == "disabled" else [WandbSink(settings, out_dir, mode)]

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -17,19 +18,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, settings
+from helpers import FAST, ROOT, run_cli, settings
 from helpers.sinks import Boom
 from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.build import build
 from amp_lab.config import ConfigError
 from amp_lab.records import WANDB_ID_FILE
-from amp_lab.tracking.sinks import Sink
-from amp_lab.tracking.wandb_process import build_tracking_sinks
-from amp_lab.tracking.wandb_sink import WandbSink, resolve_mode
+from amp_lab.tracking.wandb_sink import (
+    ATTEMPT_LOGS,
+    WandbSink,
+    build_tracking_sinks,
+    resolve_mode,
+    sweep_group,
+)
 from amp_lab.trainer import Trainer
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, like a real key
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours and cursor moves on a terminal
 
 
 def _jsonl(run_dir: Path, kind: str) -> list[dict]:
@@ -84,7 +90,46 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     assert run.summary["final_val_acc"] == pytest.approx(summary["final_val_acc"])
     assert run.summary["status"] == "completed" and run.summary["precision"]["name"] == "bf16"
     assert run.exit_code == 0
+    assert summary["tracking"] == {
+        "wandb_requested": "offline",
+        "wandb_mode": "offline",
+        "wandb_fallback": None,
+        "wandb_stopped": None,
+    }
     _no_key_anywhere(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_sweeps_runs_share_its_group_for_side_by_side_comparison(tmp_path):
+    """`python -m amp_lab -m ...` as a user types it (the default multirun/<date>/<time>): every
+    job's W&B run is in the sweep's group, with its precision as job type and its overrides as
+    name."""
+    fast = [o for o in FAST if not o.startswith(("logger.", "trainer.max_steps"))]
+    proc = run_cli(
+        "-m", "precision=fp32,bf16", *fast, "trainer.max_steps=2", "logger.mode=offline",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [sweep] = tmp_path.glob("multirun/*/*")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit())
+    assert len(jobs) == 2
+    runs = {job.name: read_run(f) for job in jobs for f in offline_runs(job)}
+    assert len(runs) == 2  # one W&B run per job
+    group = f"{sweep.parent.name}/{sweep.name}"  # the sweep's date/time
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", group)
+    for job_dir, run in runs.items():
+        precision = "bf16" if "precision=bf16" in job_dir else "fp32"
+        assert run.group == sweep_group(sweep / job_dir) == group
+        assert run.job_type == precision
+        assert run.name == job_dir.split("_", 1)[1]  # the override_dirname: 0_<overrides>
+        assert f"precision={precision}" in run.name and "model=test_vit" in run.name
+    # wandb prints nothing; amp_lab says once per job where its W&B run is
+    printed = (proc.stdout + proc.stderr).splitlines()
+    assert not [line for line in printed if line.startswith("wandb")]
+    for job in jobs:
+        [sync_dir] = job.glob("wandb/offline-run-*")
+        where = f"W&B offline run {runs[job.name].run_id}: {sync_dir}"
+        assert sum(line.endswith(where) for line in printed) == 1, where
 
 
 @pytest.mark.slow
@@ -235,102 +280,44 @@ def test_records_reach_wandb_in_order_and_a_failure_stops_only_wandb(tmp_path, c
     assert all("kind" not in values for values in run.calls)
     assert sink.run is None and run.summary == {}
     assert [r.message for r in caplog.records if "W&B" in r.message] == [
-        "W&B log failed (Connection lost); W&B logging stops, metrics.jsonl goes on"
+        "W&B log failed: Connection lost; W&B logging stops, metrics.jsonl goes on"
     ]
-
-
-@pytest.mark.slow
-def test_the_training_process_runs_no_wandb_code(tmp_path, monkeypatch):
-    """W&B lives in a child process: with wandb unimportable here, the run is still logged."""
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` here raises ImportError
-    summary = Trainer(build(settings("logger.mode=offline"), tmp_path)).fit()
-    run = read_run(offline_runs(tmp_path)[0])
-    assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4, 6]
-    assert run.summary["status"] == "completed" and run.exit_code == 0
-    assert summary["tracking"] == {
-        "wandb_requested": "offline",
-        "wandb_mode": "offline",
-        "wandb_fallback": None,
-        "wandb_stopped": None,
-    }
-
-
-def _wandb_children() -> list[int]:
-    """The pids of this process's W&B child processes."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):  # a process that just ended
-            continue
-        if ppid == os.getpid() and b"amp_lab.tracking.wandb_process" in cmdline:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-@pytest.mark.slow
-def test_a_dead_wandb_process_is_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
-    class KillWandb(Sink):
-        def log(self, record):
-            if record["step"] == 4:
-                [pid] = _wandb_children()
-                os.kill(pid, signal.SIGKILL)
-
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    with caplog.at_level(logging.WARNING, logger="amp_lab.tracking.wandb_process"):
-        summary = Trainer(build(settings("logger.mode=offline"), tmp_path), [KillWandb()]).fit()
-    assert summary["status"] == "completed"
-    assert [r["step"] for r in _jsonl(tmp_path, "train")] == [2, 4, 6]  # metrics.jsonl goes on
-    stopped = "W&B process ended (exit code -9)"
-    assert [r.message for r in caplog.records if "W&B" in r.message] == [
-        f"{stopped}; W&B logging stops, metrics.jsonl goes on"
-    ]
-    assert summary["tracking"]["wandb_stopped"] == stopped
-    written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["tracking"]["wandb_stopped"] == stopped
-    assert not _wandb_children()
+    assert sink.describe()["wandb_stopped"] == "log failed: Connection lost"
 
 
 STOPPED_RUN = """
 import os, signal, sys
+from pathlib import Path
 from helpers import settings
+from amp_lab.build import build
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as on a terminal, if pytest's is ignored
+
+def wandb_core():
+    \"\"\"The pid of this process's wandb-core, W&B's service process.\"\"\"
+    [pid] = [
+        int(stat.parent.name)
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if stat.read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())
+        and b"wandb-core" in (stat.parent / "cmdline").read_bytes()
+    ]
+    return pid
 
 class Stop(Sink):
     def log(self, record):
         if record["step"] == 4:
             {action}
 
-Trainer(settings("logger.mode=offline", "trainer.max_steps=8"), sys.argv[1], sinks=[Stop()]).fit()
+run = build(settings("logger.mode=offline", "trainer.max_steps=8"), sys.argv[1])
+Trainer(run, [Stop()]).fit()
 """
 
 
-def _finished_run(run_dir: Path):
-    """The W&B run once its exit record is on disk, else None (W&B may still be writing)."""
-    try:
-        run = read_run(offline_runs(run_dir)[0])
-    except Exception:  # noqa: BLE001 - a record half written
-        return None
-    return run if run.exit_code is not None else None
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("action", "code", "steps", "status"),
-    [
-        # Ctrl-C reaches the whole process group: W&B waits for the run to close it
-        ("os.killpg(0, signal.SIGINT)", 130, [2, 4], "interrupted: SIGINT at step 4"),
-        # no close at all: the W&B process finishes the run when the socket closes
-        ("os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL, [2], None),
-    ],
-    ids=["ctrl-c", "sigkill"],
-)
-def test_a_stopped_run_still_finishes_its_wandb_run(tmp_path, action, code, steps, status):
+def _stopped_run(tmp_path: Path, action: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """A run in a process of its own (and its own process group, for a Ctrl-C) that does
+    `action` at step 4."""
     script = tmp_path / "run.py"
     script.write_text(STOPPED_RUN.format(action=action))
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
@@ -340,20 +327,51 @@ def test_a_stopped_run_still_finishes_its_wandb_run(tmp_path, action, code, step
     proc = subprocess.run(
         [sys.executable, str(script), str(out)],
         env=env,
-        start_new_session=True,  # its own process group, for the Ctrl-C
+        start_new_session=True,
         capture_output=True,
         text=True,
         timeout=300,
     )
+    return proc, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("action", "code", "status"),
+    [
+        # Ctrl-C reaches the whole process group (wandb-core has a session of its own)
+        ("os.killpg(0, signal.SIGINT)", 130, "interrupted: SIGINT at step 4"),
+        # SLURM's SIGTERM at a time-out or requeue
+        ("os.killpg(0, signal.SIGTERM)", 128 + signal.SIGTERM, "interrupted: SIGTERM at step 4"),
+    ],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stopped_run_still_finishes_its_wandb_run(tmp_path, action, code, status):
+    """The run's own signal handling checkpoints, closes the sinks and so finishes the W&B run:
+    when the process has exited, every record is on disk and the run has its exit record."""
+    proc, out = _stopped_run(tmp_path, action)
     assert proc.returncode == code, proc.stderr[-2000:]
-    deadline = time.monotonic() + 120  # after a SIGKILL the W&B process finishes on its own
-    while (run := _finished_run(out)) is None:
-        assert time.monotonic() < deadline, "the W&B run was never finished"
-        time.sleep(0.5)
+    run = read_run(offline_runs(out)[0])
     assert run.exit_code == 1
-    assert [row["step"] for row in run.history if "train/loss" in row] == steps
-    if status:
-        assert run.summary["status"].startswith(status)
+    assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4]
+    assert run.summary["status"].startswith(status)
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_dead_wandb_service_is_one_warning_and_training_goes_on(tmp_path):
+    """wandb-core killed mid-run (the OOM killer's pick, a crash): one warning, training and
+    metrics.jsonl go on, summary.json says W&B stopped, and wandb's exit hook prints nothing."""
+    proc, out = _stopped_run(tmp_path, "os.kill(wandb_core(), signal.SIGKILL)")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["step"] for r in _jsonl(out, "train")] == [2, 4, 6, 8]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    stopped = summary["tracking"]["wandb_stopped"]
+    assert stopped.startswith("log failed: "), summary["tracking"]
+    warnings = [line for line in proc.stderr.splitlines() if "W&B" in line]
+    assert warnings == [f"W&B {stopped}; W&B logging stops, metrics.jsonl goes on"]
+    assert "Traceback" not in proc.stderr
 
 
 # -- online W&B as a new user meets it: on a terminal, no key / a bad key / no network ---------
@@ -463,17 +481,34 @@ def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
         timeout=150,
     )
     assert code == 0, output[-3000:]
-    assert "logging offline instead" in output and FAKE_KEY not in output
+    assert FAKE_KEY not in output
+    # amp_lab's fall-back warning is the one W&B line on the terminal: no wandb progress,
+    # retries or errors (wandb printed 40-odd "wandb: ERROR retrying" lines with no network)
+    lines = ANSI.sub("", output).splitlines()
+    assert not [line for line in lines if line.lstrip().startswith("wandb")]
+    [warning] = [line for line in lines if "W&B" in line]
+    assert "logging offline instead" in warning
+    assert "ERROR" not in output and "retrying" not in output
+    # ... and the run's log file has it, after wandb's own lines
+    [log_file] = run_dir.glob("*.log")
+    logged = log_file.read_text()
+    assert "logging offline instead" in logged
+    if case != "no key":  # wandb was started: what it had to say is in the log file
+        assert "wandb: " in logged
+    if case == "fake key, no network":  # wandb's retries, in its log of the online attempt
+        attempt_log = run_dir / "wandb" / ATTEMPT_LOGS / "debug-internal.log"
+        assert "connection refused" in attempt_log.read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     tracking = summary["tracking"]
     assert (tracking["wandb_requested"], tracking["wandb_mode"]) == ("online", "offline")
     assert ("no API key" in tracking["wandb_fallback"]) == (case == "no key")
-    # the aborted online attempt leaves no folder beside the offline run
+    # the aborted online attempt leaves no run folder beside the offline run, only its logs
     assert sorted(p.name.split("-")[0] for p in (run_dir / "wandb").glob("*run-*")) == ["offline"]
     run = read_run(offline_runs(run_dir)[0])
     assert run.config["logger"]["mode"] == "offline"
     assert run.config["tracking"]["wandb_fallback"] == tracking["wandb_fallback"]
+    assert run.group == ""  # a single run (not -m) has no group unless logger.group is set
     assert [row["step"] for row in run.history if "train/loss" in row] == [2, 4]
     if case == "fake key, no network":  # wandb retries until its time-out: setup, not training
         assert summary["setup_s"] >= 8 > summary["train_time_s"]
