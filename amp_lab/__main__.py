@@ -59,8 +59,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def run_hydra() -> None:
-    """main(), with Hydra's own errors (unknown option, bad value, bad override) as one line and
-    exit 2. HYDRA_FULL_ERROR=1 still shows Hydra's full report and traceback."""
+    """main(), with Hydra's own errors (unknown option, bad value, bad override) and sbatch's
+    refusal of a sweep's jobs as one line and exit 2. HYDRA_FULL_ERROR=1 still shows Hydra's full
+    report and traceback."""
     asked = os.environ.get("HYDRA_FULL_ERROR")
     if asked == "1":
         main()
@@ -70,6 +71,11 @@ def run_hydra() -> None:
         main()
     except (HydraException, OmegaConfBaseException) as err:
         print(f"amp_lab: error: {one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:
+        if (line := sweeps.slurm_error_line(err)) is None:
+            raise
+        print(f"amp_lab: error: {line}", file=sys.stderr)
         sys.exit(2)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR")

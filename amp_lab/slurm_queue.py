@@ -1,9 +1,11 @@
 """What squeue and sinfo say about a sweep's SLURM jobs, told while the sweep waits.
 
-hydra-submitit-launcher waits silently while a job pends; a job asking more than any node of its
-partition has pends forever (`PartitionConfig`, `Resources`). `PendingWatch` polls squeue in a
-thread while the sweep waits and, once a job has pended longer than a threshold, prints squeue's
-reason and, when the job asks more than the partition's nodes have, the override to change.
+hydra-submitit-launcher waits silently while a job pends; a job that sbatch takes but no node of
+its partition can start pends forever (`PartitionConfig`, `PartitionTimeLimit`). `PendingWatch`
+polls squeue in a thread while the sweep waits and, once a job has pended longer than a
+threshold, prints squeue's reason and, when the job asks more than the partition gives, the
+override to change. sinfo's facts about a partition also serve the advice for sbatch's refusals
+(amp_lab/slurm_submit.py).
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("amp_lab.sweeps")
-
-# sacct fails on clusters without job accounting; submitit then warns on every poll
-_SACCT = "Bypassing sacct error"
 
 
 @dataclass(frozen=True)
@@ -67,15 +66,46 @@ def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
     return jobs
 
 
+def sinfo(partition: str | None, fields: str) -> list[str]:
+    """sinfo's lines in the format `fields` (its -o), for one partition or (None) all."""
+    return _run(["sinfo", "-h", *(["-p", partition] if partition else []), "-o", fields]).split()
+
+
+def partitions() -> list[str]:
+    """The cluster's partitions, as sinfo lists them; the default one is marked with '*'."""
+    return list(dict.fromkeys(sinfo(None, "%P")))
+
+
 def partition_size(partition: str) -> tuple[int, float | None]:
     """(CPUs, GB) of the partition's largest node."""
-    out = _run(["sinfo", "-h", "-p", partition, "-o", "%c|%m"])
     sizes = [
-        (int(c), mem_gb(m)) for c, m in (line.split("|") for line in out.split()) if c.isdigit()
+        (int(c), mem_gb(m))
+        for c, m in (line.split("|") for line in sinfo(partition, "%c|%m"))
+        if c.isdigit()
     ]
     if not sizes:
         return 0, None
     return max(c for c, _ in sizes), max((m for _, m in sizes if m is not None), default=None)
+
+
+def minutes(limit: str) -> int | None:
+    """A SLURM time limit ('2-00:00:00', '4:00:00', '30:00', '90') in whole minutes; None for
+    'infinite' or anything else."""
+    found = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit.strip())
+    if not found:
+        return None
+    days, first, second, third = (int(g) if g else None for g in found.groups())
+    if days is not None or third is not None:  # D-H[:M[:S]] or H:M:S
+        hours, mins = first or 0, second or 0
+    else:  # M or M:S
+        hours, mins = 0, first or 0
+    return (days or 0) * 1440 + hours * 60 + mins
+
+
+def max_minutes(partition: str) -> int | None:
+    """The partition's time limit per job (sinfo's MaxTime) in minutes; None when unlimited."""
+    limits = [m for m in map(minutes, sinfo(partition, "%l")) if m is not None]
+    return max(limits, default=None)
 
 
 def advice(jobs: list[QueuedJob], seconds: float) -> str:
@@ -87,6 +117,12 @@ def advice(jobs: list[QueuedJob], seconds: float) -> str:
         f"SLURM job{'s' if len(jobs) > 1 else ''} {names} pending for {seconds:.0f} s "
         f"({job.reason}): {'each ' if len(jobs) > 1 else ''}asks {asks}"
     )
+    limit = max_minutes(job.partition) if job.reason == "PartitionTimeLimit" else None
+    if limit is not None:
+        return (
+            f"{line}; partition {job.partition} allows {limit} min per job: set "
+            f"hydra.launcher.timeout_min={limit}"
+        )
     cpus, mem = partition_size(job.partition)
     too_big = [
         name
@@ -123,9 +159,6 @@ class PendingWatch:
         self.thread = threading.Thread(target=self._run, name="amp_lab-pending", daemon=True)
 
     def start(self) -> None:
-        submitit_log = logging.getLogger("submitit")
-        if not any(isinstance(f, OnceSacctWarning) for f in submitit_log.filters):
-            submitit_log.addFilter(OnceSacctWarning())
         self.thread.start()
 
     def close(self) -> None:
@@ -147,23 +180,3 @@ class PendingWatch:
                 due.setdefault((job.reason, job.cpus, job.mem_gb, job.partition), []).append(job)
         for jobs in due.values():  # jobs alike (a sweep's array) share one line
             log.warning("%s", advice(jobs, now - self.first_seen[jobs[0].job_id]))
-
-
-class OnceSacctWarning(logging.Filter):
-    """submitit's sacct warning (every poll, through each of its handlers) becomes one line of
-    amp_lab's that says what it means."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if _SACCT not in record.getMessage():
-            return True
-        if not self.seen:
-            self.seen = True
-            log.warning(
-                "sacct is unavailable on this cluster (no job accounting): submitit "
-                "reads job states from the jobs' own files"
-            )
-        return False

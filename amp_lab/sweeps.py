@@ -6,7 +6,8 @@ process, whose return value never reaches here. So the job leaves a marker, `ref
 folder (`job N: reason`), and `SkippedJobs` (a Hydra callback, in conf/config.yaml) clears the
 markers under the sweep folder when a launch starts and gathers them when it ends; the `amp_lab`
 command then exits 2. A job that starts removes its folder's marker (a relaunch that now runs).
-On SLURM the callback also watches the queue while the sweep waits (amp_lab/slurm_queue.py).
+On SLURM the callback also watches the queue while the sweep waits (amp_lab/slurm_queue.py) and
+has sbatch's refusal and sacct's complaint said in one line each (amp_lab/slurm_submit.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -24,9 +25,13 @@ from omegaconf import DictConfig
 from amp_lab.records import HYDRA_DIR, REFUSED_FILE, SUMMARY_FILE
 from amp_lab.slurm_queue import PendingWatch
 
+if TYPE_CHECKING:  # imported on a SLURM launch only: submitit takes 0.1 s to import
+    from amp_lab.slurm_submit import SlurmSubmit
+
 skipped: list[str] = []  # "job N: reason" of this launch, for the command's exit code
-# the queue watch of this launch; not on the callback, which the launcher pickles into each job
-watches: list[PendingWatch] = []
+# the queue watch and the submission of this SLURM launch; not on the callback, which the
+# launcher pickles into each job
+watches: list[PendingWatch | SlurmSubmit] = []
 log = logging.getLogger(__name__)
 
 # conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose, so
@@ -34,6 +39,18 @@ log = logging.getLogger(__name__)
 # every process that composes it imports this module: the sweep's and each submitit job's (the
 # job unpickles the task, whose module imports this one).
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
+
+
+def slurm_error_line(err: BaseException) -> str | None:
+    """One line for sbatch's refusal of this launch's jobs (or a machine without SLURM), or None
+    when err is another error; the launch has ended either way."""
+    line = None
+    while watches:
+        watch = watches.pop()
+        watch.close()
+        if not isinstance(watch, PendingWatch):
+            line = line or watch.error_line(err)
+    return line
 
 
 def mark_refused(job_dir: Path, job: str, reason: str) -> None:
@@ -85,9 +102,18 @@ class SkippedJobs(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         for marker in sweep_dir.rglob(REFUSED_FILE):
             marker.unlink(missing_ok=True)
-        if str(config.hydra.launcher.get("_target_", "")).endswith("SlurmLauncher"):
-            watches.append(PendingWatch(sweep_dir, self.pending_warn_s))
-            watches[-1].start()
+        launcher = config.hydra.launcher
+        if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+            from amp_lab.slurm_submit import SlurmSubmit
+
+            tasks = int(launcher.get("tasks_per_node") or 1)
+            started: list[PendingWatch | SlurmSubmit] = [
+                SlurmSubmit(sweep_dir, launcher.get("partition"), tasks),
+                PendingWatch(sweep_dir, self.pending_warn_s),
+            ]
+            for watch in started:
+                watch.start()
+            watches.extend(started)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         while watches:

@@ -79,7 +79,9 @@ KillWait=10
 InactiveLimit=0
 JobRequeue=1
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+# a time limit, as real partitions have (the GPU preset's 240 min fits); EnforcePartLimits stays
+# SLURM's default (NO): a job over it pends (PartitionTimeLimit) instead of being refused
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=04:00:00 State=UP
 EOF
     if [[ ! -e /etc/slurm/slurm.conf ]] || grep -qF "$MARKER" /etc/slurm/slurm.conf; then
         mkdir -p /etc/slurm

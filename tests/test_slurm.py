@@ -161,16 +161,53 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     assert "Requeued job" in submitit_log
 
 
-def test_the_readme_cpu_example_runs_on_a_small_cluster_as_typed(cluster, tmp_path, monkeypatch):
-    """README's first SLURM command, on this 2-CPU node: the jobs fit, run, and the sweep ends
-    with each job's state and the next command; no Hydra deprecation warning in the job logs."""
-    monkeypatch.delenv("OMP_NUM_THREADS")  # threads follow the CPUs SLURM gave the job
-    sweep = tmp_path / "sweep"
+def _refusal(tmp_path, *overrides: str) -> str:
+    """A two-job SLURM sweep that sbatch refuses: exit code 2 within seconds, stderr one
+    `amp_lab: error:` line (no traceback, no sbatch lines besides), the sweep folder kept."""
+    sweep = tmp_path / "refused"
     result = run_cli(
         "-m",
-        "precision=fp32,fp16,bf16",
-        "hydra/launcher=submitit_slurm_cpu",
-        "hydra.launcher.partition=debug",
+        "precision=fp32,bf16",
+        *overrides,
+        f"hydra.sweep.dir={sweep}",
+        *JOB,
+        "trainer.max_steps=2",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("amp_lab: error: sbatch refused the sweep's jobs: "), line
+    assert (sweep / "multirun.yaml").is_file()  # what was written before sbatch stays
+    return line
+
+
+def _node() -> dict[str, int]:
+    """The test node's CPUs and memory (sinfo's RealMemory, MB) in whole GB."""
+    out = subprocess.run(["sinfo", "-h", "-o", "%c %m"], capture_output=True, text=True, check=True)
+    cpus, mem_mb = out.stdout.split()
+    return {"cpus": int(cpus), "gb": int(mem_mb) // 1024}
+
+
+def test_the_readme_gpu_command_is_refused_in_one_line_whose_override_runs_as_typed(
+    cluster, tmp_path, monkeypatch
+):
+    """README's GPU command on this cluster without GPUs: sbatch's refusal as one line with the
+    override. With it (README's CPU command) the jobs fit, run, and the sweep ends with each job's
+    state and the next command; sacct's "accounting storage is disabled" is said once, not at
+    every poll; no Hydra deprecation warning in the job logs."""
+    monkeypatch.delenv("OMP_NUM_THREADS")  # threads follow the CPUs SLURM gave the job
+    readme = ["-m", "precision=fp32,fp16,bf16", "hydra.launcher.partition=debug"]
+    line = _refusal(tmp_path, *readme[1:], "hydra/launcher=submitit_slurm")
+    assert line.endswith(
+        "Invalid generic resource (gres) specification; partition debug has no GPUs: use "
+        "hydra/launcher=submitit_slurm_cpu (or hydra.launcher.gpus_per_node=null)"
+    ), line
+    override = re.search(r"use (\S+)", line).group(1)
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        *readme,
+        override,
         f"hydra.sweep.dir={sweep}",
         *JOB,
         "trainer.max_steps=4",
@@ -185,7 +222,9 @@ def test_the_readme_cpu_example_runs_on_a_small_cluster_as_typed(cluster, tmp_pa
     assert tail[0] == f"amp_lab: sweep {sweep}: 3 job(s)"
     assert [line.split(": ", 1)[1].split(",")[0] for line in tail[1:4]] == ["completed"] * 3
     assert tail[4] == f"next: amp_lab report {sweep}"
-    assert result.stderr.count("sacct is unavailable") <= 1 and "Bypassing" not in result.stderr
+    said = result.stdout + result.stderr
+    assert said.count("Slurm accounting storage is disabled") == 1, said[-3000:]
+    assert "Bypassing" not in said
     [script] = list((sweep / ".submitit").glob("*/*_submission.sh"))
     assert "#SBATCH --cpus-per-task=2" in script.read_text()
     assert "--gpus" not in script.read_text()
@@ -195,9 +234,101 @@ def test_the_readme_cpu_example_runs_on_a_small_cluster_as_typed(cluster, tmp_pa
     assert summary["threads"]["cpus"] == summary["threads"]["threads"] == 2
 
 
-def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp_path):
-    """The GPU preset on this 2-CPU node: the jobs can never start; the sweep says why and what
-    to set instead of waiting in silence."""
+@pytest.mark.parametrize(
+    "override, reason, fix",
+    [
+        (
+            "hydra.launcher.partition=nosuch",
+            "invalid partition specified: nosuch; Invalid partition name specified",
+            "set hydra.launcher.partition=debug, the partition sinfo lists",
+        ),
+        (
+            "hydra.launcher.mem_gb=512",
+            "Memory specification can not be satisfied; "
+            "Requested node configuration is not available",
+            "partition debug's largest node has {gb} GB: set hydra.launcher.mem_gb={gb}",
+        ),
+    ],
+)
+def test_sbatchs_refusal_is_one_line_with_its_reason_and_the_override(
+    cluster, tmp_path, override, reason, fix
+):
+    line = _refusal(tmp_path, "hydra/launcher=submitit_slurm_cpu", override)
+    assert line.endswith(f"jobs: {reason}; {fix.format(**_node())}"), line
+
+
+@pytest.mark.parametrize(
+    "sbatch_said, fix",
+    [
+        # SLURM's ESLURM_INVALID_ACCOUNT, as sbatch prints it
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition "
+            "combination specified",
+            "set hydra.launcher.account=ACCOUNT, one of yours (sacctmgr -n show assoc "
+            "user=$USER format=account,partition lists them)",
+        ),
+        # said by this cluster with EnforcePartLimits=ALL in its slurm.conf
+        (
+            "sbatch: error: Batch job submission failed: Requested time limit is invalid "
+            "(missing or exceeds some limit)",
+            "partition debug allows 240 min per job: set hydra.launcher.timeout_min=240",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: More processors requested than permitted",
+            "partition debug's largest node has {cpus} CPUs: set "
+            "hydra.launcher.cpus_per_task={cpus}",
+        ),
+    ],
+)
+def test_refusals_this_cluster_does_not_make_get_their_override_from_sinfo(
+    cluster, sbatch_said, fix
+):
+    """This cluster keeps no accounting, so sbatch takes any account, and it leaves SLURM's
+    EnforcePartLimits at NO, so a job over the time limit or the node's CPUs pends (the pending
+    tests below) instead of being refused. The line for sbatch's own words of such a refusal."""
+    from amp_lab.slurm_submit import refusal
+
+    taken = subprocess.run(  # held, then cancelled: it never runs
+        [
+            "sbatch",
+            "--parsable",
+            "--hold",
+            "--account=nosuch",
+            "--time=300",
+            "-c",
+            "8",
+            "--wrap=true",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    subprocess.run(["scancel", taken.stdout.strip()], check=False)
+    assert taken.returncode == 0, taken.stderr  # else test these refusals on the cluster
+    reason = sbatch_said.split("failed: ")[1]
+    line = refusal(sbatch_said, "debug")
+    assert line == f"sbatch refused the sweep's jobs: {reason}; {fix.format(**_node())}"
+
+
+def test_a_slurm_sweep_on_a_machine_without_slurm_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun (python is sys.executable, absolute)
+    result = run_cli(
+        "-m",
+        "hydra/launcher=submitit_slurm_cpu",
+        f"hydra.sweep.dir={tmp_path / 's'}",
+        *JOB,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        "amp_lab: error: there is no SLURM on this machine (no srun): start the sweep on the "
+        "cluster's login node, or run its jobs here with hydra/launcher=submitit_local"
+    )
+
+
+def _told_while_pending(tmp_path, *overrides: str) -> str:
+    """The line a two-job SLURM sweep whose jobs sbatch takes but cannot start prints within
+    about 5 s; the jobs are then cancelled."""
     sweep = tmp_path / "sweep"
     cmd = [
         sys.executable,
@@ -205,9 +336,7 @@ def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp
         "amp_lab",
         "-m",
         "precision=fp32,fp16",
-        "hydra/launcher=submitit_slurm",
-        "hydra.launcher.partition=debug",
-        "hydra.launcher.gpus_per_node=null",
+        *overrides,
         "hydra.callbacks.skipped_jobs.pending_warn_s=5",
         f"hydra.sweep.dir={sweep}",
         *JOB,
@@ -230,11 +359,35 @@ def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp
         subprocess.run(["scancel", *ids], check=False)
         proc.kill()
         proc.wait()
+    return told
+
+
+def test_a_pending_job_is_told_with_squeues_reason_and_the_override(cluster, tmp_path):
+    """The GPU preset on this 2-CPU node: the jobs can never start; the sweep says why and what
+    to set instead of waiting in silence."""
+    told = _told_while_pending(
+        tmp_path,
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.gpus_per_node=null",
+    )
     assert re.search(
         r"SLURM jobs \d+_0, \d+_1 pending for \d+ s \((PartitionConfig|Resources)"
         r"\): each asks 8 CPUs / 64 GB; partition debug has 2 CPUs / \d+ GB per "
         r"node: set hydra.launcher.cpus_per_task / hydra.launcher.mem_gb",
         told,
+    ), told
+
+
+def test_a_job_over_the_partitions_time_limit_is_told_the_limit(cluster, tmp_path):
+    """sbatch takes it here (EnforcePartLimits=NO) and it pends; the line names the limit."""
+    told = _told_while_pending(
+        tmp_path, "hydra/launcher=submitit_slurm_cpu", "hydra.launcher.timeout_min=300"
+    )
+    assert re.search(
+        r"SLURM jobs \d+_0, \d+_1 pending for \d+ s \(PartitionTimeLimit\): each asks 2 CPUs / "
+        r"4 GB; partition debug allows 240 min per job: set hydra.launcher.timeout_min=240$",
+        told.strip(),
     ), told
 
 

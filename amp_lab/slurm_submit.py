@@ -1,0 +1,189 @@
+"""What sbatch and sacct say to a SLURM sweep's own process, as one line each.
+
+- sbatch refuses jobs the cluster can never run (no GPUs, an unknown partition, more memory or
+  time than the partition gives). submitit prints sbatch's stderr, then raises it with a
+  50-line traceback; `refusal()` makes it one line: sbatch's reason and the override that fixes
+  it, from what sinfo says of the partition. `amp_lab` prints it and exits 2; the sweep folder
+  stays.
+- On a cluster without job accounting sacct can only fail ("Slurm accounting storage is
+  disabled"), and submitit calls it at every poll, its stderr on the terminal each time. The
+  sweep says it once, and submitit asks sacct nothing: it knows a job ended from the job's
+  result file, as it did when sacct failed.
+`SlurmSubmit` holds what the sweep's process changes for this (its sys.stderr, submitit's job
+watcher) from the start of a launch (amp_lab/sweeps.py's callback) to its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+from amp_lab.slurm_queue import max_minutes, partition_size, partitions, sinfo
+
+log = logging.getLogger("amp_lab.sweeps")
+
+# what sacct prints, at each call, on a cluster that keeps no job accounting
+NO_ACCOUNTING = "accounting storage is disabled"
+# submitit's warning when sacct fails (it then polls on: the job states come from their files)
+_SACCT = "Bypassing sacct error"
+
+
+def _fix(reason: str, partition: str, tasks_per_node: int) -> str | None:
+    """The override for sbatch's reason (lower case), from what sinfo says of the partition."""
+    if re.search(r"generic resource|\bgres\b", reason):
+        gres = [g for g in sinfo(partition, "%G") if g != "(null)"]
+        if not gres:
+            return (
+                f"partition {partition} has no GPUs: use hydra/launcher=submitit_slurm_cpu "
+                "(or hydra.launcher.gpus_per_node=null)"
+            )
+        return (
+            f"partition {partition} has {', '.join(gres)}: ask within it "
+            "(hydra.launcher.gpus_per_node, hydra.launcher.gres)"
+        )
+    if "account" in reason:  # before 'partition': "Invalid account or account/partition ..."
+        return (
+            "set hydra.launcher.account=ACCOUNT, one of yours "
+            "(sacctmgr -n show assoc user=$USER format=account,partition lists them)"
+        )
+    if "partition" in reason:
+        names = [n.rstrip("*") for n in partitions()]
+        if len(names) == 1:
+            return f"set hydra.launcher.partition={names[0]}, the partition sinfo lists"
+        return f"set hydra.launcher.partition to one that sinfo lists: {', '.join(names)}"
+    if "qos" in reason:
+        return (
+            "set hydra.launcher.qos=QOS, one you may use "
+            "(sacctmgr -n show assoc user=$USER format=qos lists them)"
+        )
+    if "time limit" in reason and (limit := max_minutes(partition)) is not None:
+        return (
+            f"partition {partition} allows {limit} min per job: set "
+            f"hydra.launcher.timeout_min={limit}"
+        )
+    cpus, mem = partition_size(partition)
+    if "memory" in reason and mem:
+        return (
+            f"partition {partition}'s largest node has {int(mem)} GB: set "
+            f"hydra.launcher.mem_gb={int(mem)}"
+        )
+    if "processors" in reason and cpus:
+        return (
+            f"partition {partition}'s largest node has {cpus} CPUs: set "
+            f"hydra.launcher.cpus_per_task={max(1, cpus // tasks_per_node)}"
+        )
+    return None
+
+
+def refusal(
+    sbatch_said: str, partition: str | None, tasks_per_node: int = 1, script: Path | None = None
+) -> str:
+    """sbatch's refusal of a sweep's jobs as one line: sbatch's own reason, then the override
+    that fixes it (or the submission script, whose options sbatch refused)."""
+    said = [
+        re.sub(r"^(sbatch: error: )?(Batch job submission failed: )?", "", line.strip())
+        for line in sbatch_said.splitlines()
+        if line.strip()
+    ]
+    reason = "; ".join(dict.fromkeys(said)) or "no reason given"
+    if not partition:  # the cluster's default partition, marked '*' by sinfo
+        partition = next((n.rstrip("*") for n in partitions() if n.endswith("*")), "")
+    fix = _fix(reason.lower(), partition, tasks_per_node) or (
+        f"its sbatch options are in {script}" if script else "see `sbatch --help`"
+    )
+    return f"sbatch refused the sweep's jobs: {reason}; {fix}"
+
+
+def no_accounting() -> str:
+    """sacct's own line when this cluster keeps no job accounting, else ''."""
+    try:
+        said = subprocess.run(
+            ["sacct", "-n", "-j", "1"], capture_output=True, text=True, timeout=30
+        ).stderr.strip()
+    except (OSError, subprocess.SubprocessError):  # no SLURM client here, a slow controller
+        return ""
+    return said if NO_ACCOUNTING in said else ""
+
+
+class _NoSacct(SlurmInfoWatcher):
+    """submitit's job watcher on a cluster without job accounting: it never calls sacct."""
+
+    def _make_command(self) -> list[str] | None:
+        return None
+
+
+class _StderrWithoutSbatch:
+    """sys.stderr, less the sbatch errors that submitit prints before it raises them: amp_lab's
+    one line says them, with the override that fixes them."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.dropped = stream, False
+
+    def write(self, text: str) -> int:
+        dropped, self.dropped = self.dropped, text.startswith("sbatch: error:")
+        if self.dropped or (dropped and text == "\n"):  # the newline print() writes after it
+            return len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+class OnceSacctWarning(logging.Filter):
+    """submitit's warning that sacct failed (every poll, through each of its handlers) becomes
+    one line of amp_lab's that says what it means."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SACCT not in record.getMessage():
+            return True
+        if not self.seen:
+            self.seen = True
+            log.warning(
+                "sacct failed: until it answers, submitit reads job states from the jobs' own files"
+            )
+        return False
+
+
+class SlurmSubmit:
+    """A SLURM launch's submission and polls, told in amp_lab's words from start() to close()."""
+
+    def __init__(self, sweep_dir: Path, partition: str | None, tasks_per_node: int) -> None:
+        self.sweep_dir, self.partition, self.tasks_per_node = sweep_dir, partition, tasks_per_node
+        self.stderr, self.watcher = sys.stderr, SlurmJob.watcher
+
+    def start(self) -> None:
+        submitit_log = logging.getLogger("submitit")
+        if not any(isinstance(f, OnceSacctWarning) for f in submitit_log.filters):
+            submitit_log.addFilter(OnceSacctWarning())
+        if said := no_accounting():
+            log.warning("sacct: %s: submitit reads job states from the jobs' own files", said)
+            SlurmJob.watcher = _NoSacct(delay_s=600)
+        sys.stderr = _StderrWithoutSbatch(self.stderr)
+
+    def close(self) -> None:
+        sys.stderr, SlurmJob.watcher = self.stderr, self.watcher
+
+    def error_line(self, err: BaseException) -> str | None:
+        """One line for sbatch's refusal of the launch's jobs, or for a machine without SLURM;
+        None for any other error."""
+        if isinstance(err, RuntimeError) and 'detect "srun"' in str(err):  # submitit's check
+            return (
+                "there is no SLURM on this machine (no srun): start the sweep on the cluster's "
+                "login node, or run its jobs here with hydra/launcher=submitit_local"
+            )
+        sbatch = err.__cause__  # submitit's FailedJobError holds sbatch's stderr, from its exit
+        if not (isinstance(sbatch, subprocess.CalledProcessError) and sbatch.cmd[0] == "sbatch"):
+            return None
+        scripts = (self.sweep_dir / ".submitit").glob(".submission_file_*.sh")
+        script = max(scripts, key=lambda path: path.stat().st_mtime, default=None)
+        return refusal(str(err), self.partition, self.tasks_per_node, script)
