@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab import sweeps
-from amp_lab.config import CONF_DIR, ConfigError, register, validate
+from amp_lab.compose import validate
+from amp_lab.config import CONF_DIR, ConfigError, register
 from amp_lab.errors import one_line
 
 log = logging.getLogger("amp_lab")
@@ -29,7 +30,7 @@ register()
 
 
 TOOLS = {
-    "doctor": "amp_lab.doctor.diagnose",
+    "doctor": "amp_lab.doctor.cli",
     "report": "amp_lab.report.compare",
     "bench": "amp_lab.bench.cli",
 }

@@ -41,7 +41,7 @@ from amp_lab.components.compile import (
     optimizer_to_compile,
 )
 from amp_lab.components.data import DataSource, EpochBatchSampler, build_data
-from amp_lab.components.distributed import DistContext
+from amp_lab.components.distributed import DistContext, resolve_device
 from amp_lab.components.distributed import setup as setup_distributed
 from amp_lab.components.ema import build_ema
 from amp_lab.components.fsdp import FsdpPlan, resolve_plan, shard_model
@@ -56,7 +56,7 @@ from amp_lab.health.rules import History
 from amp_lab.numerics.diagnostics import build_diagnostics
 from amp_lab.numerics.pitfalls import prepare_model, step_class
 from amp_lab.precision.fp32_modules import keep_in_fp32
-from amp_lab.precision.modes import PrecisionPolicy, resolve_device, resolve_precision
+from amp_lab.precision.modes import PrecisionPolicy, resolve_precision
 from amp_lab.precision.scaling import build_scaler, uses_dynamic_scaling
 from amp_lab.records import METRICS_FILE
 from amp_lab.run import LoopState, Run
@@ -65,12 +65,6 @@ from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink
 from amp_lab.tracking.wandb_sink import build_tracking_sinks
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 class Placement(NamedTuple):
@@ -91,11 +85,13 @@ def placement(settings: AmpLabConfig, out_dir: Path) -> Placement:
         settings = replace(settings, data=replace(settings.data, num_workers=threads.workers))
     dist = setup_distributed(t.strategy, t.device)
     out_dir = Path(dist.broadcast(str(out_dir)))
-    seed_everything(t.seed)
+    random.seed(t.seed)  # every RNG the run draws from; torch's seeds every CUDA device too
+    np.random.seed(t.seed)
+    torch.manual_seed(t.seed)
+    fsdp = resolve_plan(settings) if dist.shards else None
     device = resolve_device(dist.device(t.device))
     torch.backends.cudnn.benchmark = device.type == "cuda"  # time conv algorithms once
     policy = resolve_precision(settings.precision.name, device, settings.precision)
-    fsdp = resolve_plan(settings) if dist.shards else None
     return Placement(settings, out_dir, threads, dist, device, policy, fsdp)
 
 
@@ -167,6 +163,7 @@ def optimization(settings: AmpLabConfig, feed: Feed, net: torch.nn.Module) -> Op
 class Precision(NamedTuple):
     before_unscale: Callable[[], None]  # the pure modes copy 16-bit grads into the masters
     scaler: GradScaler
+    dynamic: bool  # the scaler adapts the scale (backs off, grows): judged so by the monitor
 
 
 def precision(
@@ -174,7 +171,8 @@ def precision(
 ) -> Precision:
     """fp8 layers, 16-bit weights with fp32 masters in the optimizer's param groups, the scaler."""
     before_unscale = where.policy.prepare(net, opt.optimizer)
-    return Precision(before_unscale, build_scaler(settings.scaler, where.policy))
+    scaler = build_scaler(settings.scaler, where.policy)
+    return Precision(before_unscale, scaler, uses_dynamic_scaling(settings.scaler, where.policy))
 
 
 class Stepping(NamedTuple):
@@ -197,6 +195,7 @@ def step(
     if t.compile != CompileMode.off:
         check_backend(t.compile_backend)
         forward = compile_model(parallel, t.compile_backend)
+    loss = build_loss(settings.data)
     # of the class the pitfall lab picks; the step builds its numerics observer from its view
     make_step = step_class(settings.pitfall.name, settings.fault)
     train_step = make_step(
@@ -213,11 +212,11 @@ def step(
             build_diagnostics,
             settings.diagnostics,
             settings.scaler,
-            uses_dynamic_scaling(settings.scaler, where.policy),
+            prec.dynamic,
             t.log_every,
             where.out_dir if where.dist.is_main else None,
         ),
-        loss=build_loss(settings.data),
+        loss=loss,
     )
     return Stepping(train_step, ema)
 
@@ -226,7 +225,7 @@ def monitor(settings: AmpLabConfig, where: Placement, feed: Feed, prec: Precisio
     """The run's per-step counters and its health judge (amp_lab/health/)."""
     s = settings.scaler
     history = History(
-        uses_dynamic_scaling(s, where.policy),
+        prec.dynamic,
         float(prec.scaler.get_scale()),
         math.log(feed.data.spec.num_classes),
         s.hysteresis - 1 if s.kind == ScalerKind.hysteresis else 0,

@@ -15,15 +15,10 @@ import math
 import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab.choices import (
     ClipMode,
@@ -607,54 +602,3 @@ def changed_settings(saved: Mapping[str, str], settings: AmpLabConfig) -> list[s
         for k, v in flat_settings(settings).items()
         if saved.get(k, v) != v and k.split(".")[0] not in free and k not in free
     ]
-
-
-def _unknown_keys(cfg: DictConfig) -> list[str]:
-    """Keys the schema does not have, each with the nearest real one: `+scaler.init_scal=1`
-    adds a key Hydra accepts and the schema would silently drop."""
-    found = []
-    schema = AmpLabConfig()
-    for group in map(str, cfg):
-        section = getattr(schema, group, None)
-        if section is None:
-            found.append((group, [f.name for f in fields(schema)]))
-        elif is_dataclass(section):
-            names = [f.name for f in fields(section)]  # model/optim.kwargs: free-form dicts
-            found += [
-                (f"{group}.{key}", [f"{group}.{n}" for n in names])
-                for key in cfg[group]
-                if key not in names
-            ]
-    return [
-        f"{key}; did you mean {close[0]}?" if (close := get_close_matches(key, names, 1)) else key
-        for key, names in found
-    ]
-
-
-def validate(cfg: DictConfig) -> AmpLabConfig:
-    """Turn the composed config into typed objects, running every cross-field check once."""
-    unknown = _unknown_keys(cfg)
-    if unknown:
-        raise ConfigError(
-            f"unknown setting {', '.join(unknown)} (python -m amp_lab --help "
-            "lists the groups; conf/ holds every key)"
-        )
-    try:
-        settings = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as err:  # __post_init__ errors arrive wrapped
-        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
-        raise ConfigError(str(cause) if cause else str(err).splitlines()[0]) from err
-    assert isinstance(settings, AmpLabConfig)
-    return settings
-
-
-def compose_settings(overrides: list[str]) -> AmpLabConfig:
-    """The validated config `python -m amp_lab <overrides>` would run (ConfigError when bad)."""
-    register()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return validate(compose(config_name="config", overrides=overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        from amp_lab.errors import one_line  # errors.py reads this module's schema
-
-        raise ConfigError(f"{one_line(err)} (overrides: {' '.join(overrides)})") from err

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from amp_lab.build import build
-from amp_lab.config import validate
+from amp_lab.compose import validate
 from amp_lab.trainer import Trainer
 
 STUDIES = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))

@@ -7,7 +7,7 @@ from helpers import CONF_DIR, ROOT, compose_cfg
 from hydra import compose, initialize_config_dir
 
 from amp_lab.build import build
-from amp_lab.config import validate
+from amp_lab.compose import validate
 from amp_lab.trainer import Trainer
 
 

@@ -44,8 +44,10 @@ from amp_lab.bench.record import environment, write_report
 from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
 from amp_lab.build import build
 from amp_lab.choices import CompileMode
-from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
-from amp_lab.precision.modes import PRECISION_MODES, resolve_device, resolve_precision
+from amp_lab.components.distributed import resolve_device
+from amp_lab.compose import compose_settings
+from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
 from amp_lab.trainer import Trainer
 
 # Per device kind: models, batch size, image size, compile settings when not given.

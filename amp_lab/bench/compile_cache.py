@@ -33,7 +33,8 @@ import torch
 from amp_lab.bench.throughput import batch_stream, warm_up
 from amp_lab.build import build
 from amp_lab.components.metrics import synchronize
-from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
+from amp_lab.compose import compose_settings
+from amp_lab.config import AmpLabConfig, ConfigError
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from amp_lab.build import build
-from amp_lab.config import compose_settings
+from amp_lab.compose import compose_settings
 from amp_lab.records import METRICS_FILE
 from amp_lab.trainer import Trainer
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from amp_lab.bench.image_folder import write_image_folder
 from amp_lab.bench.timm_peer import timm_args, timm_rate
-from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
-from amp_lab.precision.modes import resolve_device
+from amp_lab.components.distributed import resolve_device
+from amp_lab.compose import compose_settings
+from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.records import SUMMARY_FILE
 
 

@@ -24,7 +24,15 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from amp_lab.config import ConfigError
-from amp_lab.precision.modes import resolve_device
+
+
+def resolve_device(requested: str) -> torch.device:
+    """auto picks CUDA when present; asking for CUDA without one is a clear error."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu")
+    return torch.device(requested)
 
 
 def _slurm_master_addr() -> str:

@@ -1,7 +1,7 @@
-"""`python -m amp_lab.doctor`: see amp_lab.doctor.diagnose."""
+"""`python -m amp_lab.doctor`: see amp_lab.doctor.cli."""
 
 import sys
 
-from amp_lab.doctor.diagnose import main
+from amp_lab.doctor.cli import main
 
 sys.exit(main())

@@ -12,28 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from amp_lab.config import AmpLabConfig, ConfigError, compose_settings
+from amp_lab.compose import compose_settings
+from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.doctor.advice import Advice, baseline_fixes
+from amp_lab.doctor.probes import Doctor, key
 from amp_lab.doctor.verdict import Probe, first_event, verdict
 
-if TYPE_CHECKING:
-    from amp_lab.doctor.diagnose import Doctor
-
 FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]
-
-
-def key(override: str) -> str:
-    """The config key an override sets (`+a.b=1` -> `a.b`)."""
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def command(user: list[str], override: str | None) -> str:
-    """One runnable line: the user's overrides with the recommended ones in their place."""
-    new = override.split() if override else []
-    kept = [o for o in user if key(o) not in {key(n) for n in new}]
-    return " ".join(["python -m amp_lab", *kept, *new])
 
 
 def _normalised(settings: AmpLabConfig) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from amp_lab.doctor.diagnose import parse_args, run
+
 # tiny and quick on 2 CPU cores: a one-block ViT on 16 px digits, small batches
 SUITE_BASE = [
     "model=test_vit",
@@ -109,7 +111,6 @@ CASES = [
 
 def run_case(case: Case, out: Path) -> dict[str, Any]:
     """The doctor on one case, its output in <out>/<case>.txt; the figures the table shows."""
-    from amp_lab.doctor.diagnose import parse_args, run
 
     args = parse_args(
         [

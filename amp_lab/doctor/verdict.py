@@ -1,6 +1,6 @@
 """What the doctor concludes from one probe: its verdict against the fp32 baseline.
 
-Each probe is a short run of the user's config (amp_lab/doctor/diagnose.py). Its health is what
+Each probe is a short run of the user's config (amp_lab/doctor/probes.py). Its health is what
 the probe judged of itself (summary.json `health`, the rule table of amp_lab/health/rules.py);
 then its loss curve is compared with the fp32 baseline step by step, against the `health.*`
 thresholds of the user's config. The recommendations built on the verdicts are in

@@ -79,15 +79,6 @@ PRECISION_MODES = {
 }
 
 
-def resolve_device(requested: str) -> torch.device:
-    """auto picks CUDA when present; asking for CUDA without one is a clear error."""
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu")
-    return torch.device(requested)
-
-
 def _check_device_runs(mode: PrecisionMode, device: torch.device) -> None:
     if device.type == "cuda":
         major, _ = torch.cuda.get_device_capability(device)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from amp_lab.report.compare import group_sections
+from amp_lab.report.tables import group_sections
 
 START, END = "<!-- amp_lab.report:start -->", "<!-- amp_lab.report:end -->"
 

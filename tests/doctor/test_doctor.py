@@ -7,10 +7,11 @@ import math
 
 import pytest
 
-from amp_lab.config import compose_settings
+from amp_lab.compose import compose_settings
 from amp_lab.doctor.advice import BASELINE
-from amp_lab.doctor.diagnose import Doctor, main
+from amp_lab.doctor.cli import main
 from amp_lab.doctor.fixes import applied_by, verify_fix
+from amp_lab.doctor.probes import Doctor
 from amp_lab.doctor.verdict import Probe
 
 TINY = [

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from amp_lab.doctor.diagnose import main
+from amp_lab.doctor.cli import main
 from amp_lab.doctor.suite import CASES, HEALTHY, figures, run_case
 
 FAST = {"healthy"}  # the no-alarm case; the failure classes run in the slow tier

@@ -87,7 +87,7 @@ def test_every_surface_reports_the_judges_findings_in_the_same_words(tmp_path, c
 @pytest.mark.slow
 def test_the_doctors_probes_report_their_own_findings(tmp_path):
     """A real doctor run: each probe's doctor.json health is its summary.json's."""
-    from amp_lab.doctor.diagnose import main
+    from amp_lab.doctor.cli import main
 
     out = tmp_path / "doctor"
     assert main([*TINY, "model=test_vit", "lr.base=1", "--steps", "24", "--out", str(out)]) == 0

@@ -8,7 +8,8 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from amp_lab.config import AmpLabConfig, compose_settings, register
+from amp_lab.compose import compose_settings
+from amp_lab.config import AmpLabConfig, register
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "amp_lab" / "conf"

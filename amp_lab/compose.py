@@ -1,0 +1,56 @@
+"""From a command line's overrides to validated settings: Hydra's composition, the schema's checks,
+and every error as amp_lab's one line (amp_lab/errors.py)."""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from amp_lab.config import CONF_DIR, AmpLabConfig, ConfigError, register
+from amp_lab.errors import did_you_mean, one_line
+
+
+def _unknown_keys(cfg: DictConfig) -> list[str]:
+    """Keys the schema does not have, each with the nearest real one: `+scaler.init_scal=1`
+    adds a key Hydra accepts and the schema would silently drop."""
+    found = []
+    schema = AmpLabConfig()
+    for group in map(str, cfg):
+        section = getattr(schema, group, None)
+        if section is None:
+            found.append(group)
+        elif is_dataclass(section):
+            names = {f.name for f in fields(section)}  # model/optim.kwargs: free-form dicts
+            found += [f"{group}.{key}" for key in cfg[group] if key not in names]
+    return [f"{key}{did_you_mean(key)}" for key in found]
+
+
+def validate(cfg: DictConfig) -> AmpLabConfig:
+    """Turn the composed config into typed objects, running every cross-field check once."""
+    unknown = _unknown_keys(cfg)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting {', '.join(unknown)} (python -m amp_lab --help "
+            "lists the groups; conf/ holds every key)"
+        )
+    try:
+        settings = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:  # __post_init__ errors arrive wrapped
+        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
+        raise ConfigError(str(cause) if cause else str(err).splitlines()[0]) from err
+    assert isinstance(settings, AmpLabConfig)
+    return settings
+
+
+def compose_settings(overrides: list[str]) -> AmpLabConfig:
+    """The validated config `python -m amp_lab <overrides>` would run (ConfigError when bad)."""
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return validate(compose(config_name="config", overrides=overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"{one_line(err)} (overrides: {' '.join(overrides)})") from err

@@ -1,0 +1,39 @@
+"""`python -m amp_lab.doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`,
+or `--suite`: a diagnosis of the user's config (diagnose.py) or the doctor's benchmark
+(suite.py). Bad input is one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from rich.console import Console
+
+from amp_lab.config import ConfigError
+from amp_lab.doctor import suite
+from amp_lab.doctor.diagnose import parse_args, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    quiet = [
+        logging.getLogger(name)
+        for name in ("amp_lab.build", "amp_lab.trainer", "amp_lab.numerics.diagnostics")
+    ]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:  # the probes' warnings go to doctor.json
+        logger.setLevel(logging.ERROR)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    try:
+        if args.suite:
+            return suite.main(args, console)
+        run(args, console)
+    except ConfigError as err:
+        print(f"amp_lab: error: {err}", file=sys.stderr)
+        return 2
+    finally:  # as they were: `amp_lab doctor` may run inside a longer-lived process
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    return 0

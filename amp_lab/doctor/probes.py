@@ -1,0 +1,203 @@
+"""The doctor's probes: short in-process runs of the user's config in fp32, autocast without and
+with the loss scaler, and bf16, with the same seed and data order; and the greedy search for
+modules to keep in fp32. What they saw is judged in verdict.py and advice.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from amp_lab.choices import Strategy
+from amp_lab.compose import compose_settings
+from amp_lab.config import ConfigError
+from amp_lab.doctor.verdict import Probe
+from amp_lab.records import METRICS_FILE
+
+# keys the doctor sets itself; the user's values for them are replaced per probe
+PROBE_KEYS = (
+    "precision",
+    "scaler.enabled",
+    "trainer.max_steps",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.progress",
+    "trainer.resume",
+    "trainer.strategy",
+    "checkpoint.enabled",
+    "diagnostics",
+    "diagnostics.mode",
+    "diagnostics.every",
+    "hydra.run.dir",
+)
+log = logging.getLogger("amp_lab.doctor")
+
+
+class Doctor:
+    """Runs the probes of one user config and collects what they saw."""
+
+    def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
+        self.user, self.steps, self.out = overrides, steps, out
+        self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
+        self.health = self.settings.health  # the judge's thresholds, the user's own
+        import torch  # torch and timm load only after the config parsed
+
+        from amp_lab.build import build
+        from amp_lab.precision.modes import PRECISION_MODES
+
+        kept = [o for o in overrides if key(o) not in PROBE_KEYS]
+        # every probe starts afresh (an earlier doctor's files in --out are set aside)
+        self.common = [
+            *kept,
+            f"trainer.max_steps={steps}",
+            "trainer.log_every=1",
+            "trainer.eval_every=0",
+            "trainer.progress=false",
+            "diagnostics=full",
+            "diagnostics.every=1",
+            "trainer.resume=false",
+            "trainer.strategy=single",  # the probes are short runs on one process
+            "checkpoint.enabled=false",
+        ]
+        if self.settings.trainer.strategy == "fsdp":  # its policy is checked, its probes not
+            from amp_lab.components.fsdp import resolve_plan
+
+            resolve_plan(self.settings)
+            log.info("trainer.strategy=fsdp: the doctor's probes run on one process, unsharded")
+        # the user's own config is valid on this machine: it builds (in a folder it never
+        # writes to, so an --out that holds a run is left alone)
+        single = replace(self.settings.trainer, strategy=Strategy.single)
+        build(replace(self.settings, trainer=single), out / "probes" / "config_check")
+        # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
+        mode = PRECISION_MODES[self.settings.precision.name]
+        self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
+        # what the user runs (a fix is verified on it): their precision and scaler, or, for
+        # an fp32 config, the autocast+scaler probe's
+        own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
+        self.own = (
+            own
+            if mode.autocast_dtype is not None
+            else [f"precision={self.low}", "scaler.enabled=true"]
+        )
+        scaler = self.settings.scaler
+        self.user_scaled = mode.autocast_dtype is None or (
+            scaler.kind != "static"
+            and (mode.dynamic_scaling if scaler.enabled is None else scaler.enabled)
+        )
+
+    def plan(self) -> list[tuple[str, list[str]]]:
+        plan = [
+            ("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
+            ("autocast", [f"precision={self.low}", "scaler.enabled=false"]),
+            ("autocast+scaler", [f"precision={self.low}", "scaler.enabled=true"]),
+        ]
+        if self.low != "bf16":
+            plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
+        return plan
+
+    def run_probe(self, name: str, extra: list[str]) -> Probe:
+        """A short in-process run; its files go to <out>/probes/<name>."""
+        from amp_lab.build import build  # torch and timm load only when a probe runs
+        from amp_lab.trainer import Trainer
+
+        replaced = {key(e) for e in extra}
+        probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
+        try:
+            trainer = Trainer(build(compose_settings(probe.overrides), self.out / "probes" / name))
+        except ConfigError as err:
+            if name != "bf16":
+                raise
+            probe.unavailable = str(err)  # bf16 only where the device has it
+            return probe
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # the probe's own progress, table
+                probe.summary = trainer.fit()
+        except Exception as err:  # noqa: BLE001 - a probe that crashes is a finding, not the end
+            probe.crashed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if name == "fp32":
+                raise ConfigError(
+                    f"the fp32 baseline crashed ({probe.crashed}); fix that first: "
+                    f"python -m amp_lab {' '.join(self.user)} precision=fp32 "
+                    "shows the traceback"
+                ) from err
+            log.warning("probe %s crashed: %s", name, probe.crashed)
+            return probe
+        rows = [
+            json.loads(line)
+            for line in (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
+        ]
+        probe.records = [r for r in rows if r["kind"] == "train"]
+        probe.losses = [r["train/loss"] for r in probe.records]
+        log.info("probe %s: %s", name, " ".join(extra))
+        return probe
+
+    def search_fp32(self, start: list[str], scaled: Probe, max_rounds: int = 6) -> dict[str, Any]:
+        """Greedy: add the module named by the forward attribution until a probe runs clean.
+        `scaled` (the autocast+scaler probe) is the run with the `start` set; a set already run
+        is not run again (the probes are deterministic for a seed)."""
+        extra = [f"precision={self.low}", "scaler.enabled=true"]
+        chosen = list(start)
+        tried: list[dict[str, Any]] = []
+        runs: dict[tuple[str, ...], Probe] = {tuple(start): scaled}
+
+        def clean(modules: list[str]) -> bool:
+            key = tuple(modules)
+            if key not in runs:
+                runs[key] = self.run_probe(
+                    f"search_{len(runs) - 1}",
+                    [*extra, f"precision.fp32_modules=[{','.join(modules)}]"],
+                )
+            probe = runs[key]
+            forward = (probe.diag.get("nonfinite") or {}).get("forward")
+            ok = not (forward or probe.crashed or probe.summary.get("diverged"))
+            if not tried or tried[-1]["fp32_modules"] != list(modules):
+                tried.append(
+                    {
+                        "fp32_modules": list(modules),
+                        "clean": ok,
+                        "forward_nonfinite": forward,
+                        "crashed": probe.crashed,
+                    }
+                )
+            return ok
+
+        def result(found: bool) -> dict[str, Any]:
+            return {
+                "found": found,
+                "verified": found,
+                "fp32_modules": chosen,
+                "tried": tried,
+                "probe_runs": len(runs) - 1,
+            }
+
+        for _ in range(max_rounds):
+            if clean(chosen):
+                break
+            culprit = tried[-1]["forward_nonfinite"]
+            if culprit is None or culprit["module"] in chosen:
+                return result(False)
+            chosen.append(culprit["module"])
+        else:
+            return result(False)
+        for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
+            smaller = [m for m in chosen if m != module]
+            if clean(smaller):  # drop modules the others already cover
+                chosen = smaller
+        return result(clean(chosen))  # the final set, run with every module of it
+
+
+def key(override: str) -> str:
+    """The config key an override sets (`+a.b=1` -> `a.b`)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def command(user: list[str], override: str | None) -> str:
+    """One runnable line: the user's overrides with the recommended ones in their place."""
+    new = override.split() if override else []
+    kept = [o for o in user if key(o) not in {key(n) for n in new}]
+    return " ".join(["python -m amp_lab", *kept, *new])
