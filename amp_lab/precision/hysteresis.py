@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.amp import GradScaler
 
-from amp_lab.precision.lean import LeanGradScaler
 from amp_lab.precision.scaler_internals import (
     clear_step_state,
     scale_and_growth_tracker,
@@ -29,7 +29,7 @@ from amp_lab.precision.scaler_internals import (
 _EXTRA = ("hysteresis", "min_scale", "max_scale", "_hysteresis_tracker", "_floor_hit")
 
 
-class HysteresisGradScaler(LeanGradScaler):
+class HysteresisGradScaler(GradScaler):
     """GradScaler with hysteresis, min_scale (stop) and max_scale; state_dict carries them all."""
 
     def __init__(
