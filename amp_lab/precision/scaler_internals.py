@@ -19,7 +19,9 @@ CHECKED_TORCH = ("2.14",)
 RECHECK = (
     "GradScaler._per_optimizer_states[id(optimizer)]['found_inf_per_device'] (written "
     "by unscale_, cleared by update), _get_scale_async(), _check_scale_growth_tracker(), "
-    "the update() body (torch._amp_update_scale_ on _scale and _growth_tracker), and "
+    "the update() body (torch._amp_update_scale_ on _scale and _growth_tracker, which "
+    "HysteresisGradScaler.update restates: the double product cast to fp32 once, growth on "
+    "`==`, no growth to inf; also in aten's AmpGradScalerKernels), and "
     "torch._amp_foreach_non_finite_check_and_unscale_"
 )
 
