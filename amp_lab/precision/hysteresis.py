@@ -10,7 +10,11 @@ Differences from torch's GradScaler (which backs off on every overflow and has n
 - min_scale: backoff never goes below it. An overflow that is due to back off while the scale is
   already at min_scale means loss scaling cannot help any more (DeepSpeed raises there): the
   scaler records it and the Trainer stops the run as diverged at its next log step.
-All state lives in device tensors updated with tensor ops: no host sync per step.
+At hysteresis=1, with the bounds out of reach, it is torch's GradScaler bit for bit: the new scale
+is computed as torch's `_amp_update_scale_` does (the fp32 scale times the factor in double, cast
+to fp32 once), it grows when the count of clean steps reaches growth_interval exactly, and a
+growth whose result is not finite leaves the scale as it was. All state lives in device tensors
+updated with tensor ops: no host sync per step.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.amp import GradScaler
 
-from amp_lab.precision.lean import LeanGradScaler
 from amp_lab.precision.scaler_internals import (
     clear_step_state,
     scale_and_growth_tracker,
@@ -29,7 +33,7 @@ from amp_lab.precision.scaler_internals import (
 _EXTRA = ("hysteresis", "min_scale", "max_scale", "_hysteresis_tracker", "_floor_hit")
 
 
-class HysteresisGradScaler(LeanGradScaler):
+class HysteresisGradScaler(GradScaler):
     """GradScaler with hysteresis, min_scale (stop) and max_scale; state_dict carries them all."""
 
     def __init__(
@@ -80,14 +84,14 @@ class HysteresisGradScaler(LeanGradScaler):
         # a backoff due while already at the floor: loss scaling has run out of room
         floor_hit |= (backoff & (scale <= self.min_scale)).int()
         grown = growth + 1
-        grow = ~overflow & (grown >= self.get_growth_interval())
-        new = torch.where(
-            backoff,
-            scale * self.get_backoff_factor(),
-            torch.where(grow, scale * self.get_growth_factor(), scale),
-        )
+        due = ~overflow & (grown == self.get_growth_interval())  # torch's test: `==`
+        # as torch's kernel: the fp32 scale times the factor in double, rounded to fp32 once
+        larger = (scale.double() * self.get_growth_factor()).float()
+        smaller = (scale.double() * self.get_backoff_factor()).float()
+        grow = due & larger.isfinite()  # torch never grows the scale to inf
+        new = torch.where(backoff, smaller, torch.where(grow, larger, scale))
         scale.copy_(new.clamp(self.min_scale, self.max_scale))
-        growth.copy_(torch.where(overflow | grow, 0, grown))
+        growth.copy_(torch.where(overflow | due, 0, grown))
         tracker.copy_(left.clamp(min=0))
         clear_step_state(self)
 

@@ -6,38 +6,25 @@ fused), and `update()` adjusts the scale. Modes without dynamic scaling use a St
 pinned at 1.0: nothing is scaled, but a non-finite step is still skipped and counted instead of
 being written into the weights. `scaler.kind=static` uses the same class at a chosen fixed
 scale; `scaler.kind=hysteresis` is the Megatron/DeepSpeed scaler of hysteresis.py. All of them
-unscale and step through LeanGradScaler, torch's GradScaler without its per-parameter Python.
+are torch's GradScaler: its scale(), unscale_() and step() as they are, only update() differs.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch.amp import GradScaler
 
 from amp_lab.config import ScalerConfig
 from amp_lab.precision.hysteresis import HysteresisGradScaler
-from amp_lab.precision.lean import LeanGradScaler
 from amp_lab.precision.modes import PrecisionPolicy
-from amp_lab.precision.scaler_internals import scale_tensor
 
 
-class StaticGradScaler(LeanGradScaler):
+class StaticGradScaler(GradScaler):
     """A GradScaler whose scale never moves: skipping works, backoff and growth do not."""
 
     def __init__(self, device: str, scale: float) -> None:
         super().__init__(device, init_scale=scale)
         self._fixed_scale = scale
-
-    def scale(self, outputs: Any) -> Any:
-        """At a fixed scale of 1 the outputs themselves: multiplying by 1 changes no bit and
-        costs an op in the forward and one in the backward."""
-        if self._fixed_scale != 1.0 or not self.is_enabled():
-            return super().scale(outputs)
-        if scale_tensor(self) is None:
-            super().scale(outputs)  # creates the scale on the outputs' device
-        return outputs
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         super().update(self._fixed_scale if new_scale is None else new_scale)
@@ -68,7 +55,7 @@ def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
             cfg.min_scale,
             cfg.max_scale,
         )
-    return LeanGradScaler(
+    return GradScaler(
         device,
         init_scale=cfg.init_scale,
         growth_factor=cfg.growth_factor,

@@ -12,7 +12,6 @@ import torch
 
 from amp_lab.components.data import EpochBatchSampler
 from amp_lab.components.metrics import ThroughputMeter
-from amp_lab.precision import scaler_internals
 from amp_lab.trainer import Trainer
 
 HOST_READS = ["item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy"]
@@ -86,18 +85,11 @@ def _paused(watch: HostReadWatch, original):
     return paused
 
 
-def skip_on_the_device(monkeypatch) -> None:
-    """Have the scaler hand its skip flag to the fused optimizer on the device, as on a GPU,
-    instead of reading it on the host, as it does on a CPU."""
-    monkeypatch.setattr(scaler_internals, "flag_read_on_host", lambda flag: False)
-
-
 def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
     """Run trainer.fit() with host reads counted (and, on CUDA, syncs raising) between logs.
-    On a CPU the scaler would read its skip flag on the host (it waits for nothing there); here
-    it takes the GPU's path, the flag handed to the fused optimizer on the device."""
+    torch's GradScaler hands its skip flag to a fused optimizer on the device; an optimizer
+    without that support has its flag read on the host by GradScaler's step (counted here)."""
     watch = HostReadWatch(trainer.run.device.type == "cuda")
-    skip_on_the_device(monkeypatch)
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, _wrap(watch, name, getattr(torch.Tensor, name)))
     for cls, name in [

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 from helpers import run_cli, settings
-from helpers.host_reads import skip_on_the_device
 
 from amp_lab.build import build
 from amp_lab.config import ConfigError
@@ -44,7 +43,6 @@ def test_light_mode_reads_nothing_back_on_non_logging_steps(tmp_path, monkeypatc
         )
     )
     assert trainer.run.settings.diagnostics.mode == "light"  # the default
-    skip_on_the_device(monkeypatch)  # the GPU's path: no read of the skip flag
     current, calls = {"step": 0}, {}
     for name in SYNCS:
         original = getattr(torch.Tensor, name)
