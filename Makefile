@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
+# pytest workers for make test / test-fast (pytest-xdist); auto: one per CPU. A test file runs
+# whole in one worker (--dist loadfile): its module fixtures (a sweep, a wheel) are built once.
+TEST_JOBS ?= auto
 SOURCES := amp_lab tests
 
 .PHONY: help run test test-fast bench doctor-bench studies check lint format-check typecheck format clean
@@ -57,10 +60,10 @@ study-%: $(VENV)/.installed
 		--readme experiments/$*/README.md
 
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(ARGS)
 
 test-fast: $(VENV)/.installed-dev  ## unit tests only (-m "not slow"), about 2.5 minutes
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not slow" $(ARGS)
 
 check: lint format-check typecheck  ## what CI checks before the tests: lint, format, types
 

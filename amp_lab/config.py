@@ -63,6 +63,9 @@ FREE_ON_RESUME = {"free_on_resume": True}
 
 @dataclass
 class ModelConfig:
+    """The timm model: any name `timm.create_model` knows (presets in conf/model/). Channels,
+    classes and image size follow the data; weights are never downloaded."""
+
     name: str = "test_convnext"  # any timm model name; weights are never downloaded
     kwargs: dict[str, Any] = field(default_factory=dict)  # extra timm.create_model arguments
     channels_last: bool = False  # NHWC memory format: faster convolutions under AMP on GPUs
@@ -77,7 +80,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: DatasetName = DatasetName.digits
+    """The data set, its transforms and its loader: `digits` (scikit-learn's, shipped with it),
+    `synthetic` (random tensors on the device), `cifar10`, `cifar100`, `imagefolder` (local
+    files under `root`, never downloaded); timm's training transforms and mixup."""
+
+    name: DatasetName = DatasetName.digits  # the data set (the group's options set the rest)
     # local data root (cifar10/cifar100/imagefolder)
     root: str | None = field(default=None, metadata=FREE_ON_RESUME)
     img_size: int = 32  # images are resized to img_size x img_size
@@ -99,14 +106,14 @@ class DataConfig:
     # (None: the model's pretrained config, else timm's 0.875)
     # normalisation; None: the model's pretrained config, else the data set's own statistics
     mean: list[float] | None = None
-    std: list[float] | None = None
+    std: list[float] | None = None  # as mean
     # timm.data.Mixup on every training batch (any data set, digits included); with mixup or
     # cutmix on, the targets are soft and the loss is soft-target cross-entropy in fp32
     mixup_alpha: float = 0.0  # Beta(alpha, alpha) blend of two images; 0: off
     cutmix_alpha: float = 0.0  # Beta(alpha, alpha) box pasted from another image; 0: off
     mixup_prob: float = 1.0  # share of batches mixed at all
     mixup_switch_prob: float = 0.5  # with both on: share of mixed batches that use cutmix
-    mixup_mode: MixupMode = MixupMode.batch
+    mixup_mode: MixupMode = MixupMode.batch  # one blend per batch, per pair or per element
     label_smoothing: float = 0.0  # target smoothing (inside the soft targets when mixing)
     num_classes: int = 10  # synthetic only: classes
     channels: int = 3  # synthetic only: input channels
@@ -183,7 +190,9 @@ class DataConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: PrecisionName = PrecisionName.fp32
+    """The precision mode (one row of amp_lab/precision/modes.py) and its options."""
+
+    name: PrecisionName = PrecisionName.fp32  # the mode (docs/precision.md)
     # module-name patterns (fnmatch: `*norm*`, `head`, `*.attn`) run with autocast off, fp32 inputs
     fp32_modules: list[str] = field(default_factory=list)
     # bf16_pure/fp16_pure: the optimizer steps fp32 master copies of the 16-bit weights (apex O2)
@@ -196,6 +205,9 @@ class PrecisionConfig:
 
 @dataclass
 class ScalerConfig:
+    """The loss scaler: torch's GradScaler (`dynamic`), a fixed scale (`static`) or DeepSpeed's
+    `hysteresis`; on exactly when the precision mode needs it, unless `enabled` says otherwise."""
+
     init_scale: float = 65536.0  # 2**16; 32768 is gentler on early overflows
     growth_factor: float = 2.0  # scale *= growth_factor after growth_interval clean steps
     backoff_factor: float = 0.5  # scale *= backoff_factor on every overflow (skipped step)
@@ -240,13 +252,16 @@ class ScalerConfig:
 
 @dataclass
 class LRConfig:
+    """The learning rate: its base, the batch-size rule, warmup and schedule (the schedule steps
+    once per optimizer step)."""
+
     base: float = 1e-3  # learning rate at ref_batch, before scaling
     rule: LRRule = LRRule.none  # batch-size scaling (sqrt suits Adam-like optimizers)
     ref_batch: int = 256  # the global batch that `base` was tuned for
     scale: float = 1.0  # extra multiplier; 0.5-0.8 is the usual start when moving fp32 -> fp16
     warmup_steps: int = 0  # optimizer steps of warmup (wins over warmup_epochs when > 0)
     warmup_epochs: float = 0.0  # warmup length in epochs
-    warmup_type: WarmupType = WarmupType.linear
+    warmup_type: WarmupType = WarmupType.linear  # the LR's rise from warmup_init to the peak
     warmup_init: float = 0.0  # LR at step 0, as a fraction of the peak LR
     schedule: Schedule = Schedule.cosine  # after warmup
     min_factor: float = 0.0  # cosine/onecycle end at min_factor x peak
@@ -269,6 +284,8 @@ class LRConfig:
 
 @dataclass
 class OptimConfig:
+    """The optimizer (timm's factory), its weight decay and the dtype of its state."""
+
     name: str = "adamw"  # adamw | sgd | any timm.optim.create_optimizer_v2 name
     weight_decay: float = 0.05  # decoupled for adamw; never applied to norms and biases
     momentum: float = 0.9  # sgd-like optimizers
@@ -323,6 +340,8 @@ STATE_OPTIMIZERS = ("adamw", "adam")  # torchao.optim has these two in every low
 
 @dataclass
 class EmaConfig:
+    """A model EMA (timm's ModelEmaV3), evaluated beside the model."""
+
     # timm's ModelEmaV3: ema = decay * ema + (1 - decay) * weights, every `every` optimizer
     # steps, evaluated beside the model (val/acc_ema); 0: no EMA
     decay: float = 0.0
@@ -342,14 +361,18 @@ class EmaConfig:
 
 @dataclass
 class TrainerConfig:
+    """The run itself: device, seed, length, batch and accumulation, clipping, logging, evaluation,
+    compilation, resume, parallel strategy and CPU threads."""
+
+    # auto: CUDA when there is a GPU; cuda without one is a start-up error
     device: Device = field(default=Device.auto, metadata=FREE_ON_RESUME)
     seed: int = 0  # model init, data split and shuffling all follow it
-    epochs: int = 10
+    epochs: int = 10  # passes over the training data (unless max_steps)
     max_steps: int = 0  # optimizer steps; wins over epochs when > 0
     batch_size: int = 64  # per micro-batch; the global batch is batch_size x grad_accum
     grad_accum: int = 1  # micro-batches per optimizer step
     clip_grad: float = 0.0  # 0 disables clipping
-    clip_mode: ClipMode = ClipMode.norm
+    clip_mode: ClipMode = ClipMode.norm  # clip the total gradient norm, or each value
     log_every: int = 10  # optimizer steps between train logs (the only steps that sync)
     # optimizer steps between evaluations; 0: at the end of each epoch
     eval_every: int = field(default=0, metadata=FREE_ON_RESUME)
@@ -418,6 +441,8 @@ class FsdpConfig:
 
 @dataclass
 class LoggerConfig:
+    """Weights & Biases: offline by default, never fatal and never a prompt (docs/tracking.md)."""
+
     mode: LoggerMode = LoggerMode.offline  # WANDB_MODE wins unless this is disabled
     project: str = "amp_lab"  # W&B project
     entity: str | None = None  # W&B team or user; None: the account's default entity
@@ -427,6 +452,8 @@ class LoggerConfig:
 
 @dataclass
 class CheckpointConfig:
+    """Checkpoints: atomic files, resumed automatically; a stop signal checkpoints and stops."""
+
     enabled: bool = True  # write checkpoints: periodic ones and one on a stop signal
     every_steps: int = 0  # optimizer steps between periodic checkpoints; 0: off
     every_minutes: float = 10.0  # wall-clock minutes between periodic checkpoints; 0: off
@@ -455,6 +482,9 @@ class CheckpointConfig:
 
 @dataclass
 class DiagnosticsConfig:
+    """Numerics telemetry (docs/diagnostics.md): probes of fp16 headroom, gradient underflow and
+    optimizer state, and non-finite attribution."""
+
     # light: probes every `every` steps, no per-step sync; full: hooks on every step (the exact
     # first non-finite module); off: only the run's counters and health
     mode: DiagnosticsMode = DiagnosticsMode.light
@@ -502,7 +532,7 @@ class HealthConfig:
     # the doctor: a probe stalls when its loss fell by less than this share of the baseline's
     # fall, where the fp32 baseline fell by more than base_drop over the same steps
     stall_share: float = 0.4
-    base_drop: float = 0.04
+    base_drop: float = 0.04  # see stall_share
 
     def __post_init__(self) -> None:
         for name in ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate"):
@@ -522,12 +552,16 @@ class HealthConfig:
 
 @dataclass
 class PitfallConfig:
+    """The pitfall lab: a classic AMP mistake reproduced on purpose (docs/diagnostics.md)."""
+
     # a classic AMP mistake reproduced on purpose (amp_lab/numerics/pitfalls.py)
     name: PitfallName = PitfallName.none
 
 
 @dataclass
 class FaultConfig:
+    """Injected numerical faults for the pitfall lab (keys, no options)."""
+
     inf_grad_at_step: int = 0  # optimizer step (1-based) whose gradients get an inf; 0: never
     overflow_module: str | None = None  # module whose activations are multiplied by the factor
     overflow_factor: float = 1e6  # large enough that the module's fp16 output passes 65504
@@ -541,6 +575,8 @@ class FaultConfig:
 
 @dataclass
 class AmpLabConfig:
+    """Every group of a run's settings."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 
 from amp_lab.build import build
 from amp_lab.choices import Choice, DatasetName, DiagnosticsMode, PitfallName, PrecisionName
-from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.config import AmpLabConfig, ConfigError, flat_settings
 from amp_lab.numerics.pitfalls import VARIANTS
 from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.trainer import Trainer
@@ -371,3 +372,16 @@ def test_hydra_settings_live_in_conf_hydra():
         "hydra/launcher",
         "trainer.device",
     ]
+
+
+def test_the_configuration_reference_is_the_schema():
+    """docs/configuration.md holds every key of the schema with its default and its comment,
+    as written from the schema: a new key without its entry, or a changed default, fails here."""
+    from helpers.config_doc import PAGE, configuration_markdown
+
+    expected = configuration_markdown()
+    if os.environ.get("UPDATE_DOCS"):
+        PAGE.write_text(expected)
+    assert PAGE.read_text() == expected, "run UPDATE_DOCS=1 python -m pytest tests/test_config.py"
+    for key in flat_settings(AmpLabConfig()):  # trainer.ema: its keys, trainer.ema.decay, ...
+        assert f"| `{key}" in expected, key

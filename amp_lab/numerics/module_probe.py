@@ -23,8 +23,8 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def _max_abs(t: torch.Tensor) -> torch.Tensor:
     """max |x| as an fp32 device scalar (exact: a maximum needs no wider accumulator); inf and
-    nan propagate. From one min/max reduction: torch's inf-norm kernel, the obvious call, took
-    ~15x as long on a CPU (a 32x24x8x8 activation: 131 us against 7 us)."""
+    nan propagate. From one min/max reduction: torch's inf-norm kernel, the obvious call, is an
+    order of magnitude slower on a CPU (docs/benchmarks.md)."""
     low, high = torch.aminmax(t.detach())
     return torch.maximum(high, low.neg()).float()
 
