@@ -170,7 +170,8 @@ def _resume_worker(rank: int, port: int, out_dir: str) -> None:
         )
     )
     with open(os.path.join(out_dir, f"start_rank{rank}.txt"), "a") as f:
-        f.write(f"{trainer.state.step} {trainer.scaler.get_scale()}\n")  # where each rank starts
+        # where each rank starts
+        f.write(f"{trainer.run.state.step} {trainer.run.scaler.get_scale()}\n")
     trainer.fit()
 
 

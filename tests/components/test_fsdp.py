@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -174,20 +175,18 @@ def test_fsdp_fp32_matches_ddp_fp32_step_by_step_on_a_sharded_memory_budget(tmp_
 def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
     as_rank(rank, port)
     torch.set_num_threads(1)
-    trainer = Trainer(
-        build(
-            settings(
-                "precision=fp16",
-                "scaler.init_scale=1024",
-                *scaler,
-                "trainer.strategy=fsdp",
-                "trainer.batch_size=8",
-                "trainer.max_steps=4",
-                "trainer.log_every=1",
-                "checkpoint.enabled=false",
-            ),
-            out_dir,
-        )
+    run = build(
+        settings(
+            "precision=fp16",
+            "scaler.init_scale=1024",
+            *scaler,
+            "trainer.strategy=fsdp",
+            "trainer.batch_size=8",
+            "trainer.max_steps=4",
+            "trainer.log_every=1",
+            "checkpoint.enabled=false",
+        ),
+        out_dir,
     )
     forwards = {"n": 0}
 
@@ -197,19 +196,25 @@ def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
             if forwards["n"] == 2:
                 output.register_hook(lambda g: g * float("inf"))
 
-    trainer.run.model.head.register_forward_hook(poison)
-    step, weights, scales = trainer.run.train_step, [], []
+    run.model.head.register_forward_hook(poison)
+    weights, scales = [], []
 
-    def step_and_gather(*args: object, **kwargs: object) -> object:
-        result = step(*args, **kwargs)
-        # the whole model after each step, gathered from both ranks' shards (a collective)
-        weights.append(
-            torch.cat([p.full_tensor().flatten() for p in trainer.run.model.parameters()])
-        )
-        scales.append(trainer.run.scaler.get_scale())
-        return result
+    class StepAndGather:
+        """The run's step, then the whole model gathered from both ranks' shards (a collective)."""
 
-    trainer.run.train_step = step_and_gather  # the loop calls it as it calls the step
+        def __init__(self, step: object) -> None:
+            self.step = step
+
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            result = self.step(*args, **kwargs)
+            weights.append(torch.cat([p.full_tensor().flatten() for p in run.model.parameters()]))
+            scales.append(run.scaler.get_scale())
+            return result
+
+        def __getattr__(self, name: str) -> object:  # the loop reads the step's diagnostics
+            return getattr(self.step, name)
+
+    trainer = Trainer(replace(run, train_step=StepAndGather(run.train_step)))
     summary = trainer.fit()
     torch.save(
         {"skipped": summary["skipped_steps"], "scales": scales, "weights": weights},
