@@ -229,8 +229,11 @@ def test_precision_modes_the_cnn_predicts_alike_the_vit_is_within_a_small_noise(
     # the 359 val images in one seed
     assert cnn["fp16"]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
     assert cnn["bf16"]["delta"]["acc"]["mean"] == pytest.approx(1 / 359 / 3)
+    for mode in ("fp32", "fp16", "bf16"):
+        assert 0.938 < _mean(cnn[mode], "final_val_acc") < 0.94  # 93.9-94.0%
     for mode in ("fp16", "bf16"):
         assert f"{mode} matches fp32" in groups["model.name=test_convnext"]["verdict"]
+        assert abs(cnn[mode]["delta"]["loss_rel"]) < 0.0004  # within 0.04%
         acc = vit[mode]["delta"]["acc"]
         assert acc["n"] == 3 and 0 < acc["std"] < 0.005 and abs(acc["mean"]) <= 0.004
         assert abs(vit[mode]["delta"]["loss_rel"]) < 0.0007  # within 0.07%
