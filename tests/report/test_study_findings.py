@@ -137,7 +137,10 @@ def test_optimizer_state_only_fp16_moments_break_adamw_and_the_states_hold_their
         grid = cells(group)
         assert _mean(grid["fp32"], "final_val_acc") > 0.79  # the runs learn: 80%
         assert grid["fp16"]["health"] == ["diverged in 3 of 3 seeds"]
-        assert "fp16 diverged in 3 of 3 seeds" in group["verdict"]
+        assert (
+            "fp16 diverged in 3 of 3 seeds; no val accuracy to compare with fp32"
+            in group["verdict"]
+        )
         for state in matching:
             assert f"{state} matches fp32" in group["verdict"], (mode, state)
         for state, pp in noise.items():
