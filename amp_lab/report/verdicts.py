@@ -109,7 +109,9 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
         clause += f", {speed}"
     problems = merged_health(cell.runs)
     if problems:
-        clause = f"{cell.value} {', '.join(problems)}; " + clause.removeprefix(cell.value).lstrip()
+        clause = f"{cell.value} {', '.join(problems)}; " + clause.removeprefix(cell.value).lstrip(
+            ": "
+        )
     return clause
 
 

@@ -27,36 +27,71 @@ def _mean(cell: dict, figure: str) -> float:
     return cell["figures"][figure]["mean"]
 
 
-def _within_noise(cell: dict) -> bool:
-    """Δacc within 2 std of the paired Δ over seeds (the report's noise band)."""
-    acc = cell["delta"]["acc"]
-    return acc["n"] == 3 and abs(acc["mean"]) <= 2 * acc["std"]
+def _interval(cell: dict, figure: str = "acc") -> tuple[float, float]:
+    """The 95% paired t-interval of the cell's Δ over its 3 seeds (the report's verdict rule):
+    `acc` as a fraction, `loss_rel` relative to the reference's val loss."""
+    diff = cell["delta"][f"{figure}_interval"]
+    assert diff["n"] == 3
+    return diff["mean"] - diff["half_width"], diff["mean"] + diff["half_width"]
 
 
-def test_scaler_grid_high_scale_pays_in_skipped_steps_and_loss_not_beyond_noise():
-    groups = _groups("scaler_grid")
-    for interval in (10, 100):
-        grid = cells(groups[f"scaler.growth_interval={interval}"])
-        assert _mean(grid["65536"], "final_val_acc") > 0.7  # the runs learn: 75-76%
+def _straddles(cell: dict, figure: str, threshold: float) -> bool:
+    """The interval covers zero and reaches past ±threshold: the seeds cannot tell."""
+    low, high = _interval(cell, figure)
+    return low < 0 < high and (low < -threshold or high > threshold)
+
+
+def _inconclusive(group: dict, value: str, noise: str) -> bool:
+    """The verdict calls `value` inconclusive against the group's reference, `noise` being the
+    half-width of its Δacc interval in pp as the verdict prints it."""
+    cell = cells(group)[value]
+    half = cell["delta"]["acc_interval"]["half_width"]
+    words = f"{value} vs {group['reference']}: inconclusive: 3 seeds, noise ±{noise} pp"
+    return (
+        words in group["verdict"]
+        and cell["delta"]["verdict"] == "inconclusive"
+        and f"{100 * half:.1f}" == noise
+    )
+
+
+def test_scaler_grid_high_scale_is_worse_on_val_loss_yet_healthy_by_the_skip_rule():
+    data = json.loads((ROOT / "experiments/scaler_grid/report/report.json").read_text())
+    groups = {group["name"]: group for group in data["groups"]}
+    assert data["thresholds"]["skip_rate"] == 0.2
+    # 2^24's seeds ended at 2^17, 2^17, 2^18 (interval 10) and 2^16, 2^16, 2^17 (interval 100)
+    for interval, (least, most), scales in ((10, (10, 11), 2**19), (100, (7, 8), 2**18)):
+        group = groups[f"scaler.growth_interval={interval}"]
+        grid = cells(group)
+        assert _mean(grid["65536"], "final_val_acc") > 0.75  # the runs learn: 75-77%
         high = grid["16777216"]
-        assert len(high["health"]) >= 1 and all("unstable" in h for h in high["health"])
-        assert 7 <= _mean(high, "skipped_steps") <= 11
-        assert 2**16 <= _mean(high, "final_loss_scale") <= 2**17  # backed off
-        assert high["delta"]["loss_rel"] > 0.1  # val loss 14-15% above 65536's
-        assert _within_noise(high)  # accuracy: -1.1 ± 2.7 pp, noise
+        assert "16777216 is worse than 65536" in group["verdict"]
+        # 7-11 of 60 steps skipped (12-18%): under health.skip_rate, no run calls itself unstable
+        assert high["health"] == [] and least <= _mean(high, "skipped_steps") <= most < 0.2 * 60
+        assert 3 * _mean(high, "final_loss_scale") == pytest.approx(scales)  # backed off
+        low, top = _interval(high, "loss_rel")
+        assert 0.1 < low and top < 0.21  # val loss +14.0 ± 3.1% and +15.7 ± 4.7% over 65536's
         assert _mean(grid["1024"], "skipped_steps") == 0
+    assert not any(r["health"] for r in data["runs"] if "init_scale=16777216" in r["label"])
+    fast_high = cells(groups["scaler.growth_interval=10"])["16777216"]
+    assert _straddles(fast_high, "acc", 0.01)  # accuracy -1.8 ± 2.8 pp: noise
+    slow_high = cells(groups["scaler.growth_interval=100"])["16777216"]
+    assert -0.038 < _interval(slow_high)[0] and _interval(slow_high)[1] < -0.023  # -3.1 ± 0.7 pp
     slow = groups["scaler.growth_interval=100"]
     assert "1024 matches 65536" in slow["verdict"]
+    assert -0.01 < _interval(cells(slow)["1024"])[0] and _interval(cells(slow)["1024"])[1] < 0.01
     assert _mean(cells(slow)["65536"], "skipped_steps") == 0
     assert cells(slow)["1024"]["figures"]["final_loss_scale"]["mean"] == 1024  # no underflow
     fast = groups["scaler.growth_interval=10"]
     probing = cells(fast)["1024"]
     assert "1024 is better than 65536" in fast["verdict"]  # on loss: 65536's probes skip
-    assert _mean(cells(fast)["65536"], "skipped_steps") >= 2
-    assert _mean(cells(fast)["65536"], "final_loss_scale") == 2**17
+    assert _mean(cells(fast)["65536"], "skipped_steps") == 3
+    # 65536's seeds ended at 2^17, 2^18, 2^18
+    assert 3 * _mean(cells(fast)["65536"], "final_loss_scale") == pytest.approx(2**17 + 2**19)
     assert _mean(probing, "final_loss_scale") == 2**16  # grew from 2^10, no skip
-    assert -0.05 < probing["delta"]["loss_rel"] < -0.02  # 65536's val loss 3.4% above
-    assert abs(probing["delta"]["acc"]["mean"]) < 0.01
+    assert -0.04 < probing["delta"]["loss_rel"] < -0.035  # -3.6 ± 2.2% of 65536's val loss
+    assert _interval(probing, "loss_rel")[1] < 0
+    assert probing["delta"]["acc"]["mean"] == pytest.approx(0.016, abs=5e-4)  # +1.6 ± 3.9 pp
+    assert _straddles(probing, "acc", 0.01)
 
 
 def _run_accs(study: str, *words: str) -> list[float]:
@@ -64,19 +99,23 @@ def _run_accs(study: str, *words: str) -> list[float]:
     return [r["final_val_acc"] for r in data["runs"] if all(w in r["label"] for w in words)]
 
 
-def test_fp16_lr_warmup_warmup_rescues_the_too_high_lr_only():
+def test_fp16_lr_warmup_warmup_gains_stay_inside_the_noise_the_lower_lr_does_not():
     groups = _groups("fp16_lr_warmup")
     high, low = cells(groups["lr.scale=1"]), cells(groups["lr.scale=0.5"])
-    assert "15 is better than 0" in groups["lr.scale=1"]["verdict"]
-    assert high["15"]["delta"]["acc"]["mean"] > 0.1 and high["15"]["delta"]["loss_rel"] < -0.1
-    assert not _within_noise(high["15"])
-    assert _within_noise(low["15"])  # +0.6 ± 10.4 pp
-    assert -0.05 < low["15"]["delta"]["loss_rel"] < -0.02  # "better" on loss alone
+    assert _inconclusive(groups["lr.scale=1"], "15", "18.0")
+    assert 0.14 < high["15"]["delta"]["acc"]["mean"] < 0.15  # +14.6 ± 18.0 pp
+    assert -0.04 < _interval(high["15"])[0] < 0 < 0.32 < _interval(high["15"])[1] < 0.33
+    assert -0.19 < high["15"]["delta"]["loss_rel"] < -0.18  # -18.5 ± 36.6%
+    assert _interval(high["15"], "loss_rel")[1] > 0
+    assert _inconclusive(groups["lr.scale=0.5"], "15", "7.0")
+    assert -0.01 < _interval(low["15"])[0] < 0 < 0.13 < _interval(low["15"])[1] < 0.14
+    assert -0.14 < low["15"]["delta"]["loss_rel"] < -0.13  # -13.4 ± 26.3%
+    assert _interval(low["15"], "loss_rel")[1] > 0
     spread = _run_accs("fp16_lr_warmup", "lr.scale=0.5", "warmup_steps=0,")
-    assert len(spread) == 3 and min(spread) < 0.55 and max(spread) > 0.7
-    # the lower LR without warmup beats the high LR with it
+    assert len(spread) == 3 and min(spread) < 0.58 and max(spread) > 0.68  # 57-69%
+    # the lower LR without warmup beats the high LR with it: 62.5% against 34.3%
     assert _mean(low["0"], "final_val_acc") > _mean(high["15"], "final_val_acc") + 0.2
-    assert 0 < _mean(high["0"], "skipped_steps") < 1 and 0 < _mean(high["15"], "skipped_steps") < 1
+    assert _mean(high["0"], "skipped_steps") == 0 and 0 < _mean(high["15"], "skipped_steps") < 1
     assert _mean(low["0"], "skipped_steps") == _mean(low["15"], "skipped_steps") == 0
 
 
@@ -85,18 +124,31 @@ def test_optimizer_state_only_fp16_moments_break_adamw_and_the_states_hold_their
     runs = json.loads(
         (ROOT / "experiments" / "optimizer_state" / "report" / "report.json").read_text()
     )["runs"]
-    fp16_runs = [r for r in runs if "state_dtype=fp16," in r["label"]]
-    assert len(fp16_runs) == 6 and all(r["health"][0].startswith("diverged") for r in fp16_runs)
+    for mode, steps in (("fp32", (4, 4, 5)), ("bf16_pure", (4, 5, 5))):
+        fp16 = [r for r in runs if f"state_dtype=fp16,precision={mode}," in r["label"]]
+        assert sorted(r["health"] for r in fp16) == [[f"diverged at step {s}"] for s in steps]
     fp32_state = [r["final_val_acc"] for r in runs if "state_dtype=fp32," in r["label"]]
     assert 0.77 <= min(fp32_state) and max(fp32_state) <= 0.85  # the seeds span 77-85%
-    for mode, step in (("fp32", 4), ("bf16_pure", 5)):
+    for mode, matching, noise in (
+        ("fp32", ("bf16", "int8"), {"int4": "1.7", "fp8": "2.5"}),
+        ("bf16_pure", ("bf16",), {"int8": "1.4", "int4": "3.7", "fp8": "1.1"}),
+    ):
         group = groups[f"precision.name={mode}"]
         grid = cells(group)
-        assert _mean(grid["fp32"], "final_val_acc") > 0.75  # the runs learn: 80%
-        assert grid["fp16"]["health"] == [f"diverged at step {step}"]
-        for state in ("bf16", "int8", "fp8"):
+        assert _mean(grid["fp32"], "final_val_acc") > 0.79  # the runs learn: 80%
+        assert grid["fp16"]["health"] == ["diverged in 3 of 3 seeds"]
+        assert (
+            "fp16 diverged in 3 of 3 seeds; no val accuracy to compare with fp32"
+            in group["verdict"]
+        )
+        for state in matching:
             assert f"{state} matches fp32" in group["verdict"], (mode, state)
-        assert _within_noise(grid["int4"]) or abs(grid["int4"]["delta"]["acc"]["mean"]) <= 0.01
+        for state, pp in noise.items():
+            assert _inconclusive(group, state, pp), (mode, state)
+            assert _straddles(grid[state], "acc", 0.01), (mode, state)
+        for state in ("bf16", "int8", "int4", "fp8"):
+            assert abs(grid[state]["delta"]["acc"]["mean"]) < 0.007  # within 0.7 pp
+            assert abs(grid[state]["delta"]["loss_rel"]) < 0.023  # within 2.3%
         state_bytes = {s: _mean(c, "optimizer_state_bytes") for s, c in grid.items()}
         assert state_bytes == {
             "fp32": 2_045_520,  # 8 bytes per parameter: 255,690 parameters
@@ -106,75 +158,92 @@ def test_optimizer_state_only_fp16_moments_break_adamw_and_the_states_hold_their
             "fp8": 554_192,
             "int4": 315_344,
         }
-    assert "int4 matches fp32" in groups["precision.name=fp32"]["verdict"]
     pure_int4 = cells(groups["precision.name=bf16_pure"])["int4"]
-    assert "int4 is better than fp32" in groups["precision.name=bf16_pure"]["verdict"]
-    assert -0.03 < pure_int4["delta"]["loss_rel"] < -0.02  # just past the 2% threshold
+    assert -0.023 < pure_int4["delta"]["loss_rel"] < -0.022  # -2.3 ± 9.3%: was "better"
+    assert _straddles(pure_int4, "loss_rel", 0.02)
 
 
-def test_beyond_autocast_every_mode_matches_bf16_within_a_noise_of_about_a_point():
+def test_beyond_autocast_no_mode_is_told_from_bf16_within_a_noise_of_one_to_three_points():
     (group,) = _groups("beyond_autocast").values()
     grid = cells(group)
-    assert group["reference"] == "bf16" and _mean(grid["bf16"], "final_val_acc") > 0.75
-    for mode in ("bf16_pure", "fp16", "fp8"):
-        assert f"{mode} matches bf16" in group["verdict"]
+    assert group["reference"] == "bf16" and _mean(grid["bf16"], "final_val_acc") > 0.8  # 80.1%
+    for mode, noise in (("bf16_pure", "1.4"), ("fp16", "1.1"), ("fp8", "2.5")):
+        assert _inconclusive(group, mode, noise)
         acc = grid[mode]["delta"]["acc"]
-        assert acc["n"] == 3 and abs(acc["mean"]) < 0.01 and acc["std"] < 0.015
-        assert abs(grid[mode]["delta"]["loss_rel"]) < 0.004
+        assert acc["n"] == 3 and abs(acc["mean"]) < 0.007 and acc["std"] < 0.011
+        assert _straddles(grid[mode], "acc", 0.01)  # each interval reaches below -1 pp
+        assert abs(grid[mode]["delta"]["loss_rel"]) < 0.006  # within 0.6%
         assert _mean(grid[mode], "skipped_steps") == 0 and not grid[mode]["health"]
 
 
-def test_recipe_precision_every_mode_matches_fp32_under_both_recipes():
+def test_recipe_precision_fp16_matches_fp32_under_both_recipes_bf16_is_inside_the_noise():
     groups = list(_groups("recipe_precision").values())
     plain, deit = sorted(groups, key=lambda g: float(g["settings"]["data.mixup_alpha"]))
     assert (plain["settings"]["data.mixup_alpha"], deit["settings"]["data.mixup_alpha"]) == (
         "0",
         "0.8",
     )
-    for group in (plain, deit):
+    for group, noise in (
+        (plain, {"bf16": "1.2", "bf16_pure": "0.7"}),
+        (deit, {"bf16": "2.0", "bf16_pure": "4.8"}),
+    ):
         grid = cells(group)
+        assert "fp16 matches fp32" in group["verdict"]
+        for mode, pp in noise.items():
+            assert _inconclusive(group, mode, pp), mode
+            assert _straddles(grid[mode], "acc", 0.01), mode
         for mode in ("fp16", "bf16", "bf16_pure"):
-            assert f"{mode} matches fp32" in group["verdict"]
-            assert abs(grid[mode]["delta"]["acc"]["mean"]) < 0.01  # no mode a point away
-            assert abs(grid[mode]["delta"]["loss_rel"]) < 0.014  # within 1.3%
+            assert abs(grid[mode]["delta"]["acc"]["mean"]) < 0.009  # no mode a point away
+            assert abs(grid[mode]["delta"]["loss_rel"]) < 0.017  # within 1.7%
             assert _mean(grid[mode], "skipped_steps") == 0
     plain_acc, deit_acc = (_mean(cells(g)["fp32"], "final_val_acc") for g in (plain, deit))
-    assert plain_acc > 0.75 and 0.05 < plain_acc - deit_acc < 0.1  # the recipe: -7.7 pp
+    assert plain_acc > 0.8 and 0.075 < plain_acc - deit_acc < 0.08  # the recipe: -7.7 pp
 
 
 def test_grad_accum_matches_the_large_batch_and_updates_the_scaler_once_per_step():
     groups = _groups("grad_accum")
     exact = cells(groups["precision.name=fp32"])
-    assert _mean(exact["1 batch_size=64"], "final_val_acc") > 0.75
+    assert _mean(exact["1 batch_size=64"], "final_val_acc") > 0.77  # 77.5%
     for setting in ("2 batch_size=32", "4 batch_size=16"):
         assert f"{setting} matches 1 batch_size=64" in groups["precision.name=fp32"]["verdict"]
         assert exact[setting]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
-        assert abs(exact[setting]["delta"]["loss_rel"]) < 1e-6
+        assert 0 < exact[setting]["delta"]["loss_rel"] < 3.5e-6  # 3.3e-6 and 3.4e-6
     scaled = cells(groups["precision.name=fp16"])
-    for setting in ("2 batch_size=32", "4 batch_size=16"):
-        assert f"{setting} matches 1 batch_size=64" in groups["precision.name=fp16"]["verdict"]
-        assert abs(scaled[setting]["delta"]["loss_rel"]) < 0.011
+    for setting, noise in (("2 batch_size=32", "0.4"), ("4 batch_size=16", "1.4")):
+        assert _inconclusive(groups["precision.name=fp16"], setting, noise)
+        assert abs(scaled[setting]["delta"]["loss_rel"]) < 0.011  # -0.7% and -1.1%
+        assert _straddles(scaled[setting], "loss_rel", 0.02)  # ± 2.5% and ± 3.5%
+    low, high = _interval(scaled["2 batch_size=32"])
+    assert -0.01 < low and high < 0.01  # accuracy -0.2 ± 0.4 pp: only the loss is in doubt
     # 4 doublings in 40 steps at growth_interval=10: once per optimizer step, not per micro-batch
     assert _mean(scaled["4 batch_size=16"], "final_loss_scale") == 2**20
     assert _mean(scaled["4 batch_size=16"], "skipped_steps") == 0
     for setting in ("1 batch_size=64", "2 batch_size=32"):
-        assert _mean(scaled[setting], "skipped_steps") >= 1
+        assert 1 <= _mean(scaled[setting], "skipped_steps") < 1.5
         assert 2**17 <= _mean(scaled[setting], "final_loss_scale") <= 2**18
     seeds = _run_accs("grad_accum")
     assert 0.72 < min(seeds) and max(seeds) < 0.82  # the seeds span 73-81%
 
 
-def test_precision_modes_the_cnn_predicts_alike_the_vit_matches_within_a_small_noise():
+def test_precision_modes_the_cnn_predicts_alike_the_vit_is_within_a_small_noise():
     groups = _groups("precision_modes")
     cnn, vit = cells(groups["model.name=test_convnext"]), cells(groups["model.name=test_vit"])
+    # the CNN: every seed ends on the same accuracy in fp16 (the artefact); bf16 moved one of
+    # the 359 val images in one seed
+    assert cnn["fp16"]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
+    assert cnn["bf16"]["delta"]["acc"]["mean"] == pytest.approx(1 / 359 / 3)
+    for mode in ("fp32", "fp16", "bf16"):
+        assert 0.938 < _mean(cnn[mode], "final_val_acc") < 0.94  # 93.9-94.0%
     for mode in ("fp16", "bf16"):
-        # the CNN: every seed ends on the same accuracy in every mode (the artefact)
-        assert cnn[mode]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
-        assert f"{mode} matches fp32" in groups["model.name=test_vit"]["verdict"]
+        assert f"{mode} matches fp32" in groups["model.name=test_convnext"]["verdict"]
+        assert abs(cnn[mode]["delta"]["loss_rel"]) < 0.0004  # within 0.04%
         acc = vit[mode]["delta"]["acc"]
-        assert acc["n"] == 3 and 0 < acc["std"] < 0.01 and abs(acc["mean"]) <= 0.003
-        assert abs(vit[mode]["delta"]["loss_rel"]) < 0.0003  # within 0.03%
-    assert _mean(vit["fp32"], "final_val_acc") > 0.75  # 79.1%: the ViT learns in 60 steps
+        assert acc["n"] == 3 and 0 < acc["std"] < 0.005 and abs(acc["mean"]) <= 0.004
+        assert abs(vit[mode]["delta"]["loss_rel"]) < 0.0007  # within 0.07%
+    assert "fp16 matches fp32" in groups["model.name=test_vit"]["verdict"]
+    assert _inconclusive(groups["model.name=test_vit"], "bf16", "1.1")
+    assert _straddles(vit["bf16"], "acc", 0.01)  # -0.4 ± 1.1 pp
+    assert _mean(vit["fp32"], "final_val_acc") > 0.79  # 79.1%: the ViT learns in 60 steps
     assert _mean(vit["fp16"], "skipped_steps") == 0
     assert _mean(vit["fp16"], "final_loss_scale") == 2**16
 
@@ -187,7 +256,7 @@ def _rank0_state_bytes() -> int:
     return sum(8 * math.ceil(p.shape[0] / 2) * p[0].numel() for p in model.parameters())
 
 
-def test_fsdp_precision_every_policy_matches_ddp_and_the_state_per_rank_halves():
+def test_fsdp_precision_no_policy_is_told_from_ddp_and_the_state_per_rank_halves():
     groups = _groups("fsdp_precision")
     fp32, bf16 = (cells(groups[f"precision.name={m}"]) for m in ("fp32", "bf16"))
     ddp = "ddp param_dtype=auto reduce_dtype=auto"
@@ -196,31 +265,37 @@ def test_fsdp_precision_every_policy_matches_ddp_and_the_state_per_rank_halves()
     masters = "fsdp param_dtype=fp32 reduce_dtype=auto"
     shard_bytes = _rank0_state_bytes()
     assert shard_bytes == 8 * 255_690 // 2 + 1_536  # cls_token, pos_embed stay whole on rank 0
-    for mode, grid, acc, std in (("fp32", fp32, 0.822, 0.030), ("bf16", bf16, 0.818, 0.036)):
+    for mode, grid, acc, std in (("fp32", fp32, 0.822, 0.030), ("bf16", bf16, 0.822, 0.034)):
         assert grid[ddp]["reference"] and grid[ddp]["figures"]["final_val_acc"] == {
             "mean": pytest.approx(acc, abs=5e-4),
             "std": pytest.approx(std, abs=5e-4),
             "n": 3,
             "paired": True,
         }  # the runs learn: 82%
-        verdict = groups[f"precision.name={mode}"]["verdict"]
         for policy in (gathered, reduced, masters):
-            assert f"{policy} matches {ddp} " in verdict, (mode, policy)
             assert _mean(grid[policy], "skipped_steps") == 0 and not grid[policy]["health"]
             assert _mean(grid[policy], "optimizer_state_bytes") == shard_bytes
             for key in ("param_bytes", "grad_bytes"):  # fp32 shards and their gradients
                 assert _mean(grid[policy], key) == shard_bytes // 2, (mode, policy, key)
         assert _mean(grid[ddp], "optimizer_state_bytes") == 8 * 255_690  # 2 fp32 moments each
         assert _mean(grid[ddp], "param_bytes") == _mean(grid[ddp], "grad_bytes") == 4 * 255_690
+    for policy in (gathered, reduced, masters):
+        assert f"{policy} matches {ddp} " in groups["precision.name=fp32"]["verdict"], policy
+    assert f"{masters} matches {ddp} " in groups["precision.name=bf16"]["verdict"]
+    for policy, noise in ((gathered, "0.4"), (reduced, "0.7")):  # bf16: the val loss is in doubt
+        assert _inconclusive(groups["precision.name=bf16"], policy, noise)
+        low, high = _interval(bf16[policy])
+        assert -0.01 < low and high < 0.01  # accuracy within ±1 pp
+        assert _straddles(bf16[policy], "loss_rel", 0.02)  # ± 5.2%
     for policy in (gathered, masters):  # fp32: FSDP2 computes what DDP computes
         assert fp32[policy]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
-        assert 0 <= fp32[policy]["delta"]["loss_rel"] < 2e-7
+        assert 0 < fp32[policy]["delta"]["loss_rel"] < 4.5e-7  # 4.3e-7: summation order
     assert bf16[masters]["delta"]["acc"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
     assert bf16[masters]["delta"]["loss"] == {"mean": 0.0, "std": 0.0, "n": 3, "paired": True}
     for grid, policy, acc, std, loss_rel in (
-        (bf16, gathered, 0.007, 0.007, -0.011),
-        (fp32, reduced, -0.001, 0.002, -0.0002),
-        (bf16, reduced, 0.006, 0.003, -0.012),
+        (bf16, gathered, 0.001, 0.0016, -0.0082),
+        (fp32, reduced, 0.0, 0.0, -0.00025),
+        (bf16, reduced, 0.0028, 0.0028, -0.0092),
     ):
         delta = grid[policy]["delta"]
         assert delta["acc"]["mean"] == pytest.approx(acc, abs=5e-4), policy
