@@ -102,7 +102,7 @@ def test_the_help_names_pages_that_exist():
 def test_the_readme_tour_runs_in_a_fresh_clone(tmp_path):
     clone = tmp_path / "amp_lab"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    env = {**os.environ, "PYTHONPATH": str(clone), "COLUMNS": "200", "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "PYTHONPATH": str(clone), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     for command, shown in tour((clone / "README.md").read_text()):
         words = command.split()
         assert words[0] == "python", command
