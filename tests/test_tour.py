@@ -98,6 +98,14 @@ def test_the_help_names_pages_that_exist():
         assert (ROOT / page).is_file(), page
 
 
+@pytest.mark.parametrize("doc", ["README.md", "docs/precision.md"])
+def test_every_precision_mode_has_a_row_in_the_mode_tables(doc):
+    from amp_lab.precision.modes import PRECISION_MODES
+
+    rows = re.findall(r"^\| `(\w+)` \| (?:off|bf16|fp16) \|", (ROOT / doc).read_text(), flags=re.M)
+    assert sorted(rows) == sorted(PRECISION_MODES)
+
+
 @pytest.mark.slow
 def test_the_readme_tour_runs_in_a_fresh_clone(tmp_path):
     clone = tmp_path / "amp_lab"
