@@ -212,7 +212,7 @@ def test_a_precision_mode_is_one_table_row_plus_one_config_file():
 @pytest.mark.parametrize(
     "doc, section",
     [
-        ("README.md", r"^amp_lab/\n(.*?)^```"),  # the tree
+        ("CONTRIBUTING.md", r"^amp_lab/\n(.*?)^```"),  # the tree
         ("CONTRIBUTING.md", r"^## Where things go\n(.*?)^## "),
     ],
 )

@@ -192,8 +192,8 @@ def _node() -> dict[str, int]:
 def test_the_readme_gpu_command_is_refused_in_one_line_whose_override_runs_as_typed(
     cluster, tmp_path, monkeypatch
 ):
-    """README's GPU command on this cluster without GPUs: sbatch's refusal as one line with the
-    override. With it (README's CPU command) the jobs fit, run, and the sweep ends with each job's
+    """docs/sweeps.md's GPU command on this cluster without GPUs: sbatch's refusal as one line with
+    the override. With it (its CPU command) the jobs fit, run, and the sweep ends with each job's
     state and the next command; sacct's "accounting storage is disabled" is said once, not at
     every poll; no Hydra deprecation warning in the job logs."""
     monkeypatch.delenv("OMP_NUM_THREADS")  # threads follow the CPUs SLURM gave the job

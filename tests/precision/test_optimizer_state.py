@@ -419,7 +419,7 @@ def test_bf16_state_steps_without_host_reads_and_skips_an_inf_step_on_the_device
 
 
 def test_torchao_states_read_the_inf_flag_on_the_host_each_step(monkeypatch, tmp_path):
-    """What the README says: torchao's low-bit optimizers take no on-device inf flag, so
+    """What docs/precision.md says: torchao's low-bit optimizers take no on-device inf flag, so
     GradScaler reads it on the host before each of their steps (not only at state creation)."""
     trainer = Trainer(build(settings("optim.state_dtype=int8", *LOOP), tmp_path))
     watch = watched_fit(monkeypatch, trainer)
