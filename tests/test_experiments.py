@@ -31,6 +31,19 @@ def _sweep_jobs(experiment: str) -> list[list[str]]:
     return [list(job) for job in itertools.product(*axes)]
 
 
+def _distinct_builds(experiment: str) -> list[list[str]]:
+    """The study's jobs less those that differ from an earlier one by the seed alone (the seed
+    builds nothing differently)."""
+    seen: set[tuple[str, ...]] = set()
+    jobs = []
+    for job in _sweep_jobs(experiment):
+        key = tuple(o for o in job if not o.startswith("trainer.seed="))
+        if key not in seen:
+            seen.add(key)
+            jobs.append(job)
+    return jobs
+
+
 def test_the_studies_are_there_with_readme_and_cpu_variant():
     assert STUDIES == [
         "beyond_autocast",
@@ -85,7 +98,7 @@ def _build_on_two_ranks(rank: int, port: int, experiment: str, out: str) -> None
     """mp.spawn worker: each job built in one gloo world of two ranks, as torchrun runs them."""
     as_rank(rank, port)
     torch.set_num_threads(1)
-    for i, job in enumerate(_sweep_jobs(experiment)):  # the first job's group serves them all
+    for i, job in enumerate(_distinct_builds(experiment)):  # the first job's group serves all
         Trainer(build(validate(compose_cfg(experiment, *job, fast=False)), Path(out) / str(i)))
     torch.distributed.destroy_process_group()
 
@@ -96,7 +109,7 @@ def test_every_job_of_every_cpu_study_builds(study, tmp_path):
     """Each job's model takes its images and its mode runs here: the CPU variants are what a
     user without a GPU runs first (a study of DDP/FSDP jobs on two gloo ranks, as it runs)."""
     experiment = f"+experiment/cpu={study}"
-    jobs = [validate(compose_cfg(experiment, *job, fast=False)) for job in _sweep_jobs(experiment)]
+    jobs = [validate(compose_cfg(experiment, *j, fast=False)) for j in _distinct_builds(experiment)]
     if any(job.trainer.strategy != "single" for job in jobs):
         mp.spawn(_build_on_two_ranks, (free_port(), experiment, str(tmp_path)), nprocs=2)
         return

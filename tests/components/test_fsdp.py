@@ -172,9 +172,23 @@ def test_fsdp_fp32_matches_ddp_fp32_step_by_step_on_a_sharded_memory_budget(tmp_
     assert s_ddp["optimizer_state_bytes"] == 2 * s_ddp["param_bytes"]  # AdamW's two moments
 
 
-def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
+# per scaler kind: its overrides, and the scale each step ends with when rank 1's second step
+# has an inf
+INF_SCALERS = {
+    "dynamic": ([], [1024.0, 512.0, 512.0, 512.0]),  # torch's GradScaler backs off on it
+    "hysteresis": (["scaler.kind=hysteresis"], [1024.0] * 4),  # hysteresis=2: one keeps the scale
+    "static": (["scaler.kind=static"], [1024.0] * 4),  # fixed at init_scale
+}
+
+
+def _inf_worker(rank: int, port: int, out_dir: str) -> None:
     as_rank(rank, port)
     torch.set_num_threads(1)
+    for kind, (scaler, _) in INF_SCALERS.items():  # one run per kind, each in a group of its own
+        _inf_run(rank, os.path.join(out_dir, kind), scaler)
+
+
+def _inf_run(rank: int, out_dir: str, scaler: list[str]) -> None:
     run = build(
         settings(
             "precision=fp16",
@@ -223,28 +237,21 @@ def _inf_worker(rank: int, port: int, out_dir: str, scaler: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "scaler, scales",
-    [
-        ([], [1024.0, 512.0, 512.0, 512.0]),  # torch's GradScaler backs off on the overflow
-        (["scaler.kind=hysteresis"], [1024.0] * 4),  # hysteresis=2: one overflow keeps the scale
-        (["scaler.kind=static"], [1024.0] * 4),  # fixed at init_scale
-    ],
-    ids=["dynamic", "hysteresis", "static"],
-)
-def test_an_inf_on_one_fsdp_rank_makes_both_skip_with_equal_scales(tmp_path, scaler, scales):
+def test_an_inf_on_one_fsdp_rank_makes_both_skip_with_equal_scales(tmp_path):
     """The found-inf flag of the sharded gradients is reduced over the ranks (torch's DTensor
     dispatch does it inside GradScaler.unscale_), so rank 0, whose own shards are finite,
-    skips too."""
-    mp.spawn(_inf_worker, args=(free_port(), str(tmp_path), scaler), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1
-    assert ranks[0]["scales"] == ranks[1]["scales"] == scales
-    before, skipped, after = ranks[0]["weights"][:3]
-    assert torch.equal(skipped, before)  # the step with the inf changed no shard
-    assert not torch.equal(after, skipped)  # the next one trains again
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["amp/skipped_steps"] for r in rows if r["kind"] == "train"] == [0, 1, 1, 1]
+    skips too: under each scaler kind."""
+    mp.spawn(_inf_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    for kind, (_, scales) in INF_SCALERS.items():
+        ranks = [torch.load(tmp_path / kind / f"rank{r}.pt") for r in range(2)]
+        assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1, kind
+        assert ranks[0]["scales"] == ranks[1]["scales"] == scales, kind
+        before, skipped, after = ranks[0]["weights"][:3]
+        assert torch.equal(skipped, before), kind  # the step with the inf changed no shard
+        assert not torch.equal(after, skipped), kind  # the next one trains again
+        lines = (tmp_path / kind / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        assert [r["amp/skipped_steps"] for r in rows if r["kind"] == "train"] == [0, 1, 1, 1]
 
 
 @pytest.mark.slow
