@@ -39,6 +39,8 @@
 #   PEER_SCRIPT timm's train.py from a checkout of timm (pip's timm wheel does not ship it, so
 #               carry the file to the GPU machine and name it here) [unset: peer skipped]
 #   PEER_EPOCHS [2]
+#   STEPS, WARMUP   timed and warm-up steps of the throughput, compile and feed parts [20, 5]
+#   OVERHEAD_STEPS  steps per overhead round, also the runs' log interval [10]
 #   FEED_WORKERS  loader workers of the feed and peer parts [the CPUs, at most 16]
 #   IMAGES_DIR  where the synthetic JPEG folder is written [a temporary folder, removed at the end]
 #   BUDGET_S    seconds for all parts [470]
@@ -46,6 +48,7 @@
 #   DEVICE      [cuda]; cpu runs the same parts on the CPU, to try the flow before GPU time is
 #               spent (fp8 emulated and eager there), e.g. DEVICE=cpu MODELS=test_vit
 #               MODES="fp32 bf16" STEP_MODEL=test_vit FP8_MODELS=test_vit FP8_BATCH_SIZE=4 BATCH_SIZE=4 IMG_SIZE=16
+#               STEPS=4 WARMUP=1 OVERHEAD_STEPS=2
 #               BUDGET_S=1200
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -130,7 +133,11 @@ JOBS=$("$PYTHON" -c "import os, torch
 n = (torch.cuda.get_device_properties(0).total_memory // (16 << 30) if '$DEVICE' == 'cuda'
      else os.cpu_count())
 print(max(1, min(n, ${#MODELS[@]} * ${#MODES[@]})))")
-TIMED=(--steps 20 --warmup 5)  # the same in compile_cache and the compiled rows: same graphs
+# the same in compile_cache and the compiled rows: same graphs
+TIMED=(--steps "${STEPS:-20}" --warmup "${WARMUP:-5}")
+# the overhead's rounds: its steps are the runs' log interval, the one step that syncs
+OVERHEAD_STEPS=${OVERHEAD_STEPS:-10}
+OVERHEAD=(--steps "$OVERHEAD_STEPS" --rounds 3)
 FP8_TIMED=(--steps 10 --warmup 3 --batch-size "${FP8_BATCH_SIZE:-64}")  # vit_huge: ~60 GB at 64
 FP8_SETS=("bf16 fp8|precision.fp8_recipe=tensorwise" "fp8|precision.fp8_recipe=rowwise")
 if [ -z "${IMAGES_DIR:-}" ]; then
@@ -148,14 +155,14 @@ part images 60 "$PYTHON" -m amp_lab.bench.image_folder "$IMAGES_DIR" --size "$IM
   --train $((20 * BATCH_SIZE)) --val "$BATCH_SIZE"
 wait  # nothing timed runs next to the compile processes
 part overhead 80 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" --variants default \
-  --precisions "${MODES[@]}" --steps 10 --rounds 3 --override "${OVR[@]}" \
-  --out "$OUT_DIR/overhead"
+  --precisions "${MODES[@]}" "${OVERHEAD[@]}" \
+  --override "${OVR[@]}" trainer.log_every="$OVERHEAD_STEPS" --out "$OUT_DIR/overhead"
 for model in "${MODELS[@]}"; do
   part "throughput_compiled_$model" 45 "${BENCH[@]}" --parts throughput --models "$model" \
     --precisions "${MODES[@]}" --compile on "${TIMED[@]}" --override "${OVR[@]}" \
     --out "$OUT_DIR/throughput_compiled_$model"
 done
-if "$PYTHON" -c "from amp_lab.config import compose_settings as c; c(['trainer.compile=step'])" \
+if "$PYTHON" -c "from amp_lab.compose import compose_settings as c; c(['trainer.compile=step'])" \
     2> /dev/null; then
   part compile_step 60 "${BENCH[@]}" --parts throughput --models "$STEP_MODEL" \
     --precisions bf16 --compile on "${TIMED[@]}" --override "${OVR[@]}" trainer.compile=step \
@@ -187,8 +194,8 @@ part throughput_eager 40 "${BENCH[@]}" --parts throughput --models "${MODELS[@]}
   --precisions "${MODES[@]}" --compile off "${TIMED[@]}" --override "${OVR[@]}" \
   --out "$OUT_DIR/throughput_eager"
 part overhead_full 30 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" \
-  --variants diagnostics=full --precisions "${MODES[0]}" --steps 10 --rounds 3 \
-  --override "${OVR[@]}" --out "$OUT_DIR/overhead_full"
+  --variants diagnostics=full --precisions "${MODES[0]}" "${OVERHEAD[@]}" \
+  --override "${OVR[@]}" trainer.log_every="$OVERHEAD_STEPS" --out "$OUT_DIR/overhead_full"
 
 {
   echo "# amp_lab GPU check — $(date -u +%Y-%m-%dT%H:%M:%SZ)"
