@@ -1,11 +1,9 @@
 """What squeue and sinfo say about a sweep's SLURM jobs, told while the sweep waits.
 
-hydra-submitit-launcher waits silently while a job pends; a job that sbatch takes but no node of
-its partition can start pends forever (`PartitionConfig`, `PartitionTimeLimit`). `PendingWatch`
-polls squeue in a thread while the sweep waits and, once a job has pended longer than a
+hydra-submitit-launcher waits silently while a job pends, and a job no node of its partition can
+start pends forever. `PendingWatch` polls squeue in a thread and, once a job has pended past a
 threshold, prints squeue's reason and, when the job asks more than the partition gives, the
-override to change. sinfo's facts about a partition also serve the advice for sbatch's refusals
-(amp_lab/slurm_submit.py).
+override to change. sinfo's facts also serve slurm_submit.py's advice.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The monitor: one device buffer fed by every step, read at log steps, judged by the rule table.
 
-Each optimizer step writes its loss, correct count, skip flag and the loss scale after it into one
-row of a device buffer: a single op, no host sync. At a log step (or a checkpoint), where the host
-reads anyway, the rows come to the host in one copy; the sums, the streak of skipped steps and the
-first non-finite step are a few float additions there. The window goes to the rule table
-(rules.py), and the monitor says whether the run must stop (`stop_reason`): that is decided here
-and nowhere else.
+Each optimizer step writes its loss, correct count, skip flag and loss scale into one row of a
+device buffer: one op, no host sync. At a log step the rows come to the host in one copy, the
+window goes to the rule table (rules.py), and the monitor alone decides whether the run must
+stop (`stop_reason`).
 """
 
 from __future__ import annotations

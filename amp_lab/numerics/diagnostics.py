@@ -1,15 +1,10 @@
-"""Numerics telemetry (`diagnostics=off|light|full`): what the loss scale, the activations and the
-gradients do, read back only at log steps.
+"""Numerics telemetry (`diagnostics=off|light|full`), read back only at log steps.
 
-Every step's loss, skip flag and scale go into the monitor's one device buffer
-(amp_lab/health/monitor.py); at a log step the monitor hands this observer the window's scales
-and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`
-steps) also measure fp16 headroom per module, fp16 underflow of the gradients, the gradient norm
-the optimizer gets and the update-to-weight ratio. Module hooks (module_probe.py) run on probe
-steps, on every step in `full` mode, and in `light` mode after a log window that held a
-non-finite step, until one is attributed.
-The observer sees a StepView (amp_lab/step.py), not the step: the watched model, the scale, the
-clip settings and the weights that must stay fp32; the loop gives it the step number.
+At a log step the monitor (amp_lab/health/monitor.py) hands this observer the window's scales
+and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`)
+also measure fp16 headroom per module, gradient underflow, the gradient norm the optimizer gets
+and the update-to-weight ratio. Module hooks (module_probe.py) run on probe steps, on every step
+in `full` mode, and in `light` mode after a window with a non-finite step until it is attributed.
 """
 
 from __future__ import annotations
