@@ -94,7 +94,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
         rec.update(
             verified=False,
             verification=(
-                f"not verified: with it the run {said} (loss {_curve(fix)}, "
+                f"not verified: with it the run {said} (loss {fix.curve()}, "
                 f"health: {'; '.join(fix.health) or 'ok'})"
             ),
         )
@@ -102,7 +102,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
         rec.update(
             verified=True,
             verification=(
-                f"verified: loss {_curve(fix)}, within {fix.deviation(base):.0%} of fp32 "
+                f"verified: loss {fix.curve()}, within {fix.deviation(base):.0%} of fp32 "
                 f"(tolerance health.deviation={doctor.health.deviation:.0%}), no health finding"
             ),
         )
@@ -128,7 +128,7 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
                 verified=True,
                 tried=tried,
                 verification=(
-                    f"verified: fp32 with {candidate} trains (loss {_curve(probe)}, no health "
+                    f"verified: fp32 with {candidate} trains (loss {probe.curve()}, no health "
                     "finding); then run the doctor again for the precision"
                 ),
             )
@@ -141,7 +141,3 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
             + "; ".join(t["override"] for t in tried)
         ),
     )
-
-
-def _curve(probe: Probe) -> str:
-    return f"{probe.losses[0]:.3g} -> {probe.losses[-1]:.3g}" if probe.losses else "n/a"

@@ -62,6 +62,12 @@ class Probe:
         """Share of nonzero gradient elements fp16 would flush at this probe's loss scale."""
         return self.mean("diag/grad_flush_scaled_share")
 
+    def curve(self, digits: int = 3) -> str:
+        """The loss's first and last values, `2.3 -> 0.41`."""
+        if not self.losses:
+            return "n/a"
+        return f"{self.losses[0]:.{digits}g} -> {self.losses[-1]:.{digits}g}"
+
     def drop(self) -> float:
         """Relative fall of the mean loss from the first third of the steps to the last third
         (nan: not finite); thirds, because single batches are noisy."""
