@@ -1,10 +1,9 @@
 """Verified fixes: the doctor runs what it recommends before it says so.
 
-The top recommendation (and the next ones while `--budget` seconds last) is run as a probe of
-the user's own config plus its override. It is verified when that probe is healthy (the run-health
-rules), no value goes non-finite in the forward pass and its loss tracks the fp32 baseline within
-`health.deviation`; a fix that moves an overflow to another module is not verified, and says
-where it went. A baseline that does not train gets fp32 probes of the LR/warmup/clipping fixes.
+The top recommendation (and the next ones within `--budget` seconds) runs as a probe of the
+user's config plus its override; it is verified when that probe is healthy, nothing goes
+non-finite in the forward pass and its loss tracks fp32 within `health.deviation`. A baseline
+that does not train gets fp32 probes of the LR/warmup/clipping fixes.
 """
 
 from __future__ import annotations

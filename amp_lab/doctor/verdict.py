@@ -1,10 +1,7 @@
 """What the doctor concludes from one probe: its verdict against the fp32 baseline.
 
-Each probe is a short run of the user's config (amp_lab/doctor/probes.py). Its health is what
-the probe judged of itself (summary.json `health`, the rule table of amp_lab/health/rules.py);
-then its loss curve is compared with the fp32 baseline step by step, against the `health.*`
-thresholds of the user's config. The recommendations built on the verdicts are in
-amp_lab/doctor/advice.py.
+A probe's health is what it judged of itself (summary.json `health`, health/rules.py); then its
+loss curve is compared with the fp32 baseline's, against the user's `health.*` thresholds.
 """
 
 from __future__ import annotations

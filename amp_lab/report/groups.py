@@ -1,10 +1,8 @@
 """Comparison groups: runs compared along one axis, each group against its own reference.
 
-The axis is a settings key or a whole group (`precision`: the mode and its own options). Runs equal
-in every other setting, seeds and the settings in IGNORED aside, form a group; inside a group the
-runs with one axis value form a cell (its seeds). A group's reference cell is its fp32 run on the
-precision axis, the schema's default value on another axis, or what `--ref` names. So no run is
-ever compared across models, data sets or batch sizes.
+Runs equal in every setting but the axis (seeds and IGNORED aside) form a group; its runs at one
+axis value form a cell. A group's reference is its fp32 cell on the precision axis, the schema's
+default on another axis, or what `--ref` names: no run is compared across models or data sets.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Finished (or crashed) runs read back from their directories, for reports.
 
-A run directory holds `metrics.jsonl`, `summary.json`, `settings.json` (the run's settings, flat)
-and `.hydra/{config,overrides}.yaml`. A run
-killed before its summary still loads, from its metrics alone, and is marked incomplete. A file
-that cannot be parsed is left out with a warning (and a line of metrics.jsonl that is not a
-record is skipped), so one damaged run does not stop a report over a sweep.
+A run killed before its summary loads from its metrics alone, marked incomplete; an unreadable
+file is left out with a warning, so one damaged run does not stop a report over a sweep.
 """
 
 from __future__ import annotations
