@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -151,7 +152,7 @@ class Monitor:
 
     def entries(self) -> list[dict[str, Any]]:
         """summary.json's `health`."""
-        return [f.as_dict() for f in self.findings]
+        return [asdict(f) for f in self.findings]
 
     # -- checkpoints: the history so far, so a resumed run judges its whole run once ----------
     # a checkpoint written before the monitor (counters and health apart) resumes with a fresh one
@@ -166,7 +167,7 @@ class Monitor:
             "window": dict(self.window),
             "streak": self.streak,
             "history": self.history.state_dict(),
-            "findings": [f.as_dict() for f in self.findings],
+            "findings": [asdict(f) for f in self.findings],
             "stop_reason": self.stop_reason,
         }
 

@@ -78,9 +78,6 @@ class Finding:
     words: str  # what every surface shows
     evidence: str  # the sentence with its threshold
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 Check = Callable[[History, HealthConfig, bool], "tuple[str, str] | None"]
 

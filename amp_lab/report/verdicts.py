@@ -63,7 +63,7 @@ def _interval(diff: Difference, scale: float, unit: str) -> str:
 
 def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
     """The accuracy-and-loss clause of a verdict, by the judge's paired intervals."""
-    acc, loss = comp.acc_verdict, comp.loss_verdict
+    acc, loss = comp.acc_interval, comp.loss_rel_interval
     if acc.mean is None:
         return f"{value}: no val accuracy to compare with {ref}"
     figures = [f"Δacc {_interval(acc, 100, ' pp')}"]
