@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -338,9 +339,4 @@ def evaluate(
 
 def take(iterator: Iterator[Batch], n: int) -> list[Batch]:
     """The next n micro-batches (fewer at the end of an epoch)."""
-    batches = []
-    for batch in iterator:
-        batches.append(batch)
-        if len(batches) == n:
-            break
-    return batches
+    return list(itertools.islice(iterator, n))

@@ -22,7 +22,7 @@ from amp_lab.components.fsdp import full_value, local, shard_group, sum_over_sha
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
-from amp_lab.numerics.optimizer_state import probe_state, read_state_probe
+from amp_lab.numerics.optimizer_state import nan_as_inf, probe_state, read_state_probe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.precision.optimizer_state import CHOSEN_STATE
@@ -204,7 +204,7 @@ class Diagnostics(StepObserver):
         acts = self.probe.read_activations()
         detail: dict[str, Any] = {}
         if acts:
-            name, (amax, dtype) = max(acts.items(), key=lambda kv: _order(kv[1][0]))
+            name, (amax, dtype) = max(acts.items(), key=lambda kv: nan_as_inf(kv[1][0]))
             record.update(
                 {
                     "diag/act_max": amax,
@@ -214,7 +214,7 @@ class Diagnostics(StepObserver):
                     else None,
                 }
             )
-            top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[: self.cfg.top_layers]
+            top = sorted(acts.items(), key=lambda kv: -nan_as_inf(kv[1][0]))[: self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
         record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
         if "counts" not in w:
@@ -340,7 +340,3 @@ def build_diagnostics(
     if cfg.mode == "off":
         return DiagnosticsOff()
     return Diagnostics(cfg, view, scaler_cfg, dynamic, log_every, out_dir)
-
-
-def _order(value: float) -> float:
-    return math.inf if value != value else value  # nan sorts as the largest

@@ -91,11 +91,12 @@ def read_state_probe(probe: dict[str, Any] | None, names: list[str]) -> dict[str
         record["diag/v_subnormal_share"] = subnormal / probe["v_size"]
     if "ratios" in probe:
         ratios = probe["ratios"].tolist()
-        top = max(range(len(ratios)), key=lambda i: _order(ratios[i]))  # nan: the largest
+        top = max(range(len(ratios)), key=lambda i: nan_as_inf(ratios[i]))  # nan: the largest
         record["diag/max_update_ratio"] = ratios[top]
         record["diag/max_update_ratio_param"] = names[probe["ratio_index"][top]]
     return record
 
 
-def _order(value: float) -> float:
+def nan_as_inf(value: float) -> float:
+    """A sort key under which nan is the largest value."""
     return math.inf if value != value else value
