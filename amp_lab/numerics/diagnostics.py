@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -256,17 +257,13 @@ class Diagnostics(StepObserver):
     def state_dict(self) -> dict[str, Any]:
         """The open window's probe results, the scale history, the first non-finite module, and
         what was already reported (tensors and plain data)."""
-        t = self.tracker
         return {
             "armed": self.armed,
             "state_checked": self.state_checked,
             "window": self.window,
+            # its history; its settings come from the run's config
             "tracker": {
-                "scale": t.scale,
-                "events": t.events,
-                "signatures": t.signatures,
-                "last_growth": t.last_growth,
-                "held": t.held,
+                k: v for k, v in asdict(self.tracker).items() if k not in ("cfg", "dynamic")
             },
             "signatures": self.signatures,
             "warnings": self.warnings,
