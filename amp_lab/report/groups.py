@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from amp_lab.config import AmpLabConfig, flat_settings
 from amp_lab.report.runs import SEED_KEY, ReportError, RunData, matches
 
 DEFAULT_AXIS = "precision"
@@ -166,26 +166,11 @@ def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
     return list(groups.values())
 
 
-def schema_default(key: str) -> str | None:
-    """The schema's default for a settings key, as JSON (the value a run gets unless told)."""
-    from amp_lab.config import AmpLabConfig
-
-    node: Any = AmpLabConfig()
-    for part in key.split("."):
-        if not hasattr(node, part):
-            return None
-        node = getattr(node, part)
-    try:
-        return json.dumps(node, sort_keys=True)
-    except TypeError:
-        return None
-
-
 def _default_value(by: str) -> str:
     first = by.split(",")[0]
     if first in (DEFAULT_AXIS, "precision.name"):
         return REFERENCE_PRECISION
-    return _plain(schema_default(first))
+    return _plain(flat_settings(AmpLabConfig()).get(first))  # the schema's default, as JSON
 
 
 def set_references(groups: list[Group], by: str, ref: str | None) -> None:
