@@ -1,10 +1,7 @@
 """Data-parallel training: the world from torchrun's or SLURM's environment, and DDP helpers.
 
-`trainer.strategy=ddp` (and `fsdp`, whose sharding is components/fsdp.py) reads
-RANK/LOCAL_RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS (srun,
-submitit) and joins a process group: NCCL on CUDA, gloo on CPU. A single process
-(`strategy=single`, or ddp with a world of one) uses the same object, where every collective is
-a no-op, so the runner reads the same either way.
+A single process (`strategy=single`, or a world of one) uses the same DistContext, whose
+collectives are then no-ops, so the runner reads the same either way.
 """
 
 from __future__ import annotations
