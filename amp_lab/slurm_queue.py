@@ -31,11 +31,13 @@ class QueuedJob:
     partition: str
 
 
-def _run(command: list[str]) -> str:
+def slurm_said(command: list[str], stream: str = "stdout") -> str:
+    """What a SLURM client printed on `stream`; '' without a SLURM client or on a time-out."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):  # no SLURM client here, a slow controller
         return ""
+    return str(getattr(done, stream))
 
 
 def mem_gb(text: str) -> float | None:
@@ -51,7 +53,7 @@ def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
     """The sweep's jobs that squeue still lists (one line per array task)."""
     if not job_ids:
         return []
-    out = _run(
+    out = slurm_said(
         ["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r|%C|%m|%P"]
     )
     jobs = []
@@ -66,7 +68,9 @@ def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
 
 def sinfo(partition: str | None, fields: str) -> list[str]:
     """sinfo's lines in the format `fields` (its -o), for one partition or (None) all."""
-    return _run(["sinfo", "-h", *(["-p", partition] if partition else []), "-o", fields]).split()
+    return slurm_said(
+        ["sinfo", "-h", *(["-p", partition] if partition else []), "-o", fields]
+    ).split()
 
 
 def partitions() -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from amp_lab.slurm_queue import max_minutes, partition_size, partitions, sinfo
+from amp_lab.slurm_queue import max_minutes, partition_size, partitions, sinfo, slurm_said
 
 log = logging.getLogger("amp_lab.sweeps")
 
@@ -96,12 +96,7 @@ def refusal(
 
 def no_accounting() -> str:
     """sacct's own line when this cluster keeps no job accounting, else ''."""
-    try:
-        said = subprocess.run(
-            ["sacct", "-n", "-j", "1"], capture_output=True, text=True, timeout=30
-        ).stderr.strip()
-    except (OSError, subprocess.SubprocessError):  # no SLURM client here, a slow controller
-        return ""
+    said = slurm_said(["sacct", "-n", "-j", "1"], "stderr").strip()
     return said if NO_ACCOUNTING in said else ""
 
 
