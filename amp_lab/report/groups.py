@@ -53,7 +53,8 @@ class Group:
         return next((cell for cell in self.cells if cell.is_reference), None)
 
 
-def _is_ignored(key: str) -> bool:
+def is_ignored(key: str) -> bool:
+    """Whether a settings key is one of IGNORED or inside one."""
     return any(key == name or key.startswith(name + ".") for name in IGNORED)
 
 
@@ -148,7 +149,7 @@ def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
     keys = axis_keys(runs, by)
     settings = _filled(runs)
     shown = _varying(settings, keys)
-    others = sorted({k for s in settings for k in s if k not in keys and not _is_ignored(k)})
+    others = sorted({k for s in settings for k in s if k not in keys and not is_ignored(k)})
     group_keys = [tuple(s.get(k) for k in others) for s in settings]
     apart = _naming(others, group_keys)
     groups: dict[tuple[str | None, ...], Group] = {}

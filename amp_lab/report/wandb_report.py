@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from amp_lab.records import WANDB_ID_FILE
-from amp_lab.report.groups import IGNORED
+from amp_lab.report.groups import is_ignored
 from amp_lab.report.runs import RunData
 from amp_lab.tracking.wandb_sink import redact, sweep_group
 
@@ -62,7 +62,7 @@ def varying_leaves(runs: list[RunData]) -> list[str]:
         for k in keys
         if len({run.settings.get(k) for run in runs}) > 1
         and all(_scalar(run.settings.get(k)) for run in runs)
-        and not any(k == i or k.startswith(i + ".") for i in IGNORED)
+        and not is_ignored(k)
     ]
 
 
