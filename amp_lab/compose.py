@@ -3,29 +3,27 @@ and every error as amp_lab's one line (amp_lab/errors.py)."""
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
-
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab.config import CONF_DIR, AmpLabConfig, ConfigError, register
-from amp_lab.errors import did_you_mean, one_line
+from amp_lab.errors import did_you_mean, one_line, schema_keys
 
 
 def _unknown_keys(cfg: DictConfig) -> list[str]:
     """Keys the schema does not have, each with the nearest real one: `+scaler.init_scal=1`
     adds a key Hydra accepts and the schema would silently drop."""
-    found = []
-    schema = AmpLabConfig()
-    for group in map(str, cfg):
-        section = getattr(schema, group, None)
-        if section is None:
-            found.append(group)
-        elif is_dataclass(section):
-            names = {f.name for f in fields(section)}  # model/optim.kwargs: free-form dicts
-            found += [f"{group}.{key}" for key in cfg[group] if key not in names]
+    known = schema_keys()  # model/optim.kwargs are free-form dicts: their keys are not checked
+    found = [group for group in map(str, cfg) if group not in known]
+    found += [
+        f"{group}.{key}"
+        for group in map(str, cfg)
+        if group in known and isinstance(cfg[group], DictConfig)
+        for key in cfg[group]
+        if f"{group}.{key}" not in known
+    ]
     return [f"{key}{did_you_mean(key)}" for key in found]
 
 

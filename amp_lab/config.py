@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import math
 import signal
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -601,29 +601,29 @@ def register() -> None:
     ConfigStore.instance().store(name="amp_lab_schema", node=AmpLabConfig)
 
 
+def schema_fields() -> Iterator[tuple[str, Field[Any]]]:
+    """Every setting of the schema: (`group` or `group.key`, its dataclass field)."""
+    schema = AmpLabConfig()
+    for group in fields(schema):
+        yield group.name, group
+        section = getattr(schema, group.name)
+        if is_dataclass(section):
+            yield from ((f"{group.name}.{f.name}", f) for f in fields(section))
+
+
 def free_on_resume() -> frozenset[str]:
     """The settings (`group`, or `group.key`) whose FREE_ON_RESUME metadata lets a resume change
     them."""
-    schema, free = AmpLabConfig(), set()
-    for group in fields(schema):
-        if group.metadata.get("free_on_resume"):
-            free.add(group.name)
-        section = getattr(schema, group.name)
-        if is_dataclass(section):
-            free |= {
-                f"{group.name}.{f.name}"
-                for f in fields(section)
-                if f.metadata.get("free_on_resume")
-            }
-    return frozenset(free)
+    return frozenset(key for key, f in schema_fields() if f.metadata.get("free_on_resume"))
 
 
-def flat_settings(settings: AmpLabConfig) -> dict[str, str]:
+def flat_settings(settings: AmpLabConfig | Mapping[str, Any]) -> dict[str, str]:
     """`group.key` -> JSON value (choices as plain strings): what a run records of its settings,
-    in settings.json and in each checkpoint."""
+    in settings.json and in each checkpoint; also of a run's config read back as a dict."""
+    groups = settings if isinstance(settings, Mapping) else asdict(settings)
     return {
         f"{group}.{key}": json.dumps(value, sort_keys=True)
-        for group, values in asdict(settings).items()
+        for group, values in groups.items()
         if isinstance(values, dict)
         for key, value in values.items()
     }

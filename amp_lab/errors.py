@@ -8,32 +8,21 @@ user acts on: the override, the options or the expected type, the nearest real k
 from __future__ import annotations
 
 import re
-import typing
-from dataclasses import fields, is_dataclass
 from difflib import get_close_matches
 
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from amp_lab.config import CONF_DIR, AmpLabConfig
+from amp_lab.config import CONF_DIR, schema_fields
 
 _GROUP = re.compile(r"Available options in '([^']+)'")
 _NOT_IN_DEFAULTS = re.compile(r"Could not override '([^']+)'\. No match in the defaults list")
 
 
 def schema_keys() -> dict[str, str]:
-    """Every `group.field` (and top-level field) of the schema, with its type as written."""
-    keys: dict[str, str] = {}
-    for group in fields(AmpLabConfig):
-        keys[group.name] = str(group.type)
-        section = getattr(AmpLabConfig(), group.name)
-        if is_dataclass(section):
-            hints = typing.get_type_hints(type(section))
-            for f in fields(section):
-                keys[f"{group.name}.{f.name}"] = getattr(
-                    hints[f.name], "__name__", str(hints[f.name])
-                )
-    return keys
+    """Every `group.field` (and top-level field) of the schema, with its type as written, less
+    its type arguments (`list`, not `list[str]`)."""
+    return {key: str(f.type).split("[")[0] for key, f in schema_fields()}
 
 
 def did_you_mean(key: str) -> str:

@@ -1,11 +1,9 @@
 """What squeue and sinfo say about a sweep's SLURM jobs, told while the sweep waits.
 
-hydra-submitit-launcher waits silently while a job pends; a job that sbatch takes but no node of
-its partition can start pends forever (`PartitionConfig`, `PartitionTimeLimit`). `PendingWatch`
-polls squeue in a thread while the sweep waits and, once a job has pended longer than a
+hydra-submitit-launcher waits silently while a job pends, and a job no node of its partition can
+start pends forever. `PendingWatch` polls squeue in a thread and, once a job has pended past a
 threshold, prints squeue's reason and, when the job asks more than the partition gives, the
-override to change. sinfo's facts about a partition also serve the advice for sbatch's refusals
-(amp_lab/slurm_submit.py).
+override to change. sinfo's facts also serve slurm_submit.py's advice.
 """
 
 from __future__ import annotations
@@ -33,11 +31,13 @@ class QueuedJob:
     partition: str
 
 
-def _run(command: list[str]) -> str:
+def slurm_said(command: list[str], stream: str = "stdout") -> str:
+    """What a SLURM client printed on `stream`; '' without a SLURM client or on a time-out."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):  # no SLURM client here, a slow controller
         return ""
+    return str(getattr(done, stream))
 
 
 def mem_gb(text: str) -> float | None:
@@ -53,7 +53,7 @@ def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
     """The sweep's jobs that squeue still lists (one line per array task)."""
     if not job_ids:
         return []
-    out = _run(
+    out = slurm_said(
         ["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r|%C|%m|%P"]
     )
     jobs = []
@@ -68,7 +68,9 @@ def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
 
 def sinfo(partition: str | None, fields: str) -> list[str]:
     """sinfo's lines in the format `fields` (its -o), for one partition or (None) all."""
-    return _run(["sinfo", "-h", *(["-p", partition] if partition else []), "-o", fields]).split()
+    return slurm_said(
+        ["sinfo", "-h", *(["-p", partition] if partition else []), "-o", fields]
+    ).split()
 
 
 def partitions() -> list[str]:

@@ -1,16 +1,10 @@
 """What sbatch and sacct say to a SLURM sweep's own process, as one line each.
 
-- sbatch refuses jobs the cluster can never run (no GPUs, an unknown partition, more memory or
-  time than the partition gives). submitit prints sbatch's stderr, then raises it with a
-  50-line traceback; `refusal()` makes it one line: sbatch's reason and the override that fixes
-  it, from what sinfo says of the partition. `amp_lab` prints it and exits 2; the sweep folder
-  stays.
-- On a cluster without job accounting sacct can only fail ("Slurm accounting storage is
-  disabled"), and submitit calls it at every poll, its stderr on the terminal each time. The
-  sweep says it once, and submitit asks sacct nothing: it knows a job ended from the job's
-  result file, as it did when sacct failed.
-`SlurmSubmit` holds what the sweep's process changes for this (its sys.stderr, submitit's job
-watcher) from the start of a launch (amp_lab/sweeps.py's callback) to its end.
+- sbatch's refusal (no GPUs, an unknown partition, too much memory or time), which submitit
+  prints and raises with a 50-line traceback, becomes sbatch's reason and the override that
+  fixes it, from what sinfo says of the partition; `amp_lab` exits 2.
+- On a cluster without job accounting sacct can only fail, at every poll: the sweep says so once
+  and submitit stops asking (it learns a job's end from the job's result file).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from typing import Any, TextIO
 
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from amp_lab.slurm_queue import max_minutes, partition_size, partitions, sinfo
+from amp_lab.slurm_queue import max_minutes, partition_size, partitions, sinfo, slurm_said
 
 log = logging.getLogger("amp_lab.sweeps")
 
@@ -102,12 +96,7 @@ def refusal(
 
 def no_accounting() -> str:
     """sacct's own line when this cluster keeps no job accounting, else ''."""
-    try:
-        said = subprocess.run(
-            ["sacct", "-n", "-j", "1"], capture_output=True, text=True, timeout=30
-        ).stderr.strip()
-    except (OSError, subprocess.SubprocessError):  # no SLURM client here, a slow controller
-        return ""
+    said = slurm_said(["sacct", "-n", "-j", "1"], "stderr").strip()
     return said if NO_ACCOUNTING in said else ""
 
 

@@ -1,20 +1,18 @@
 """The training step — the GradScaler recipe users get wrong, done right once — and evaluation.
 
-Order per optimizer step (docs/amp_pitfalls.md §2), one method per stage (STAGES):
-zero_grad(set_to_none) -> for each micro-batch: autocast forward -> fp32 loss / grad_accum
-(forward_and_loss) -> scale(loss).backward() (backward) -> after_micro_batch -> at the boundary
-only: unscale_ -> gradient norm -> clip (unscale_and_clip) -> scaler.step (optimizer_step) ->
-scaler.update, once per optimizer step (update_scale) -> schedule step. The pitfall lab
-(amp_lab/numerics/pitfalls.py) overrides one stage per mistake; nothing else restates the step.
-Nothing here reads a value back to the host: the results are device tensors. The gradient norm
-is computed only when something uses it (a log step, clipping by norm): every op the step
-launches costs host time, and a short GPU step waits on the host.
+One method per stage (STAGES), in the order of docs/amp_pitfalls.md §2: zero_grad -> per
+micro-batch autocast forward, fp32 loss / grad_accum, scale(loss).backward() -> at the boundary
+unscale_, gradient norm, clip -> scaler.step -> scaler.update, once -> schedule step. The pitfall
+lab overrides one stage per mistake. Nothing here reads a value back to the host, and the
+gradient norm is computed only when used (a log step, clipping by norm): every op costs host
+time, and a short GPU step waits on the host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -338,9 +336,4 @@ def evaluate(
 
 def take(iterator: Iterator[Batch], n: int) -> list[Batch]:
     """The next n micro-batches (fewer at the end of an epoch)."""
-    batches = []
-    for batch in iterator:
-        batches.append(batch)
-        if len(batches) == n:
-            break
-    return batches
+    return list(itertools.islice(iterator, n))

@@ -1,13 +1,10 @@
 """The end of a sweep: each job's state, the jobs amp_lab refused, and the next command.
 
-A job whose config amp_lab refuses is skipped so that the others run. With the basic launcher
-that happens in this process; with submitit (SLURM or local) it happens in the job's own
-process, whose return value never reaches here. So the job leaves a marker, `refused.txt` in its
-folder (`job N: reason`), and `SkippedJobs` (a Hydra callback, in conf/config.yaml) clears the
-markers under the sweep folder when a launch starts and gathers them when it ends; the `amp_lab`
-command then exits 2. A job that starts removes its folder's marker (a relaunch that now runs).
-On SLURM the callback also watches the queue while the sweep waits (amp_lab/slurm_queue.py) and
-has sbatch's refusal and sacct's complaint said in one line each (amp_lab/slurm_submit.py).
+A refused job is skipped so that the others run; under submitit it is refused in its own
+process, so it leaves a marker, `refused.txt` (`job N: reason`). `SkippedJobs` (a Hydra
+callback, conf/config.yaml) clears the markers when a launch starts and gathers them when it
+ends; the `amp_lab` command then exits 2. On SLURM it also watches the queue (slurm_queue.py) and
+has sbatch's refusal and sacct's complaint said in one line each (slurm_submit.py).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """`python -m amp_lab.bench`: the runner's overhead, and throughput per model x precision mode.
 
-Every run is built from the real Hydra configs (`data=synthetic`, so the data lives on the device)
-plus the options below; results go to OUT/bench.json and OUT/bench.md, rewritten after every
-measurement so an interrupted benchmark keeps what it measured.
+Every run is built from the real Hydra configs plus the options below; results go to
+OUT/bench.json and OUT/bench.md, rewritten after every measurement so an interrupted benchmark
+keeps what it measured. docs/benchmarks.md describes each part and its figures.
 
   python -m amp_lab.bench                                  # the defaults for this machine
   python -m amp_lab.bench --parts overhead --models test_vit --precisions fp32 bf16
-  python -m amp_lab.bench --variants default diagnostics=light diagnostics=full
-  python -m amp_lab.bench --models resnet50 vit_base_patch16_224 --compile both
   python -m amp_lab.bench --parts compile_cache throughput --compile on --jobs 8   # GPU
   python -m amp_lab.bench --parts peer --peer-script path/to/timm/train.py --models test_vit \
       --precisions bf16 --data-dir DIR --epochs 3 --rounds 3 --threads 1
-
-`--parts peer` runs timm's own train.py against amp_lab, whole runs alternated (see
-amp_lab/bench/peer.py for what each figure counts).
 """
 
 from __future__ import annotations
@@ -50,6 +45,7 @@ from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
 from amp_lab.trainer import Trainer
 
+PARTS = ("compile_cache", "overhead", "throughput", "feed", "peer")  # the order they run in
 # Per device kind: models, batch size, image size, compile settings when not given.
 DEFAULTS = {
     "cpu": {
@@ -89,107 +85,63 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m amp_lab.bench",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="docs/benchmarks.md describes each part and its figures.",
     )
     add = parser.add_argument
     add(
         "--parts",
         nargs="+",
-        choices=["compile_cache", "overhead", "throughput", "feed", "peer"],
+        choices=PARTS,
         default=["overhead", "throughput"],
-        help="what to run, always in the order "
-        "compile_cache, overhead, throughput, feed, peer (default: overhead throughput); "
-        "compile_cache "
-        "compiles every models x precisions configuration once in --jobs parallel processes "
-        "and records its first step, so the compiled throughput rows then load their kernels "
-        "from torch's on-disk caches; feed trains --models' first on synthetic data, then on "
-        "a JPEG ImageFolder (--data-dir or synthetic JPEGs) decoded on the host and on the "
-        "device; peer runs --peer-script (timm's train.py) against "
-        "amp_lab per models x precisions (default precision: bf16), --rounds times each",
+        help="what to run, always in this order: compile_cache (fill torch.compile's caches "
+        "for the compiled rows, --jobs processes at a time), overhead (amp_lab vs a bare loop), "
+        "throughput, feed (synthetic vs JPEG files decoded on the host and on the device), "
+        "peer (timm's train.py vs amp_lab); default: overhead throughput",
     )
-    add(
-        "--models",
-        nargs="+",
-        help="conf/model presets (default: test_vit test_convnext on "
-        "CPU, resnet50 vit_base_patch16_224 on CUDA); the overhead runs each, feed uses the first",
-    )
-    add(
-        "--precisions",
-        nargs="+",
-        help="modes from PRECISION_MODES (default: every mode this device can run)",
-    )
+    add("--models", nargs="+", help="conf/model presets (default: per device kind)")
+    add("--precisions", nargs="+", help="modes of PRECISION_MODES (default: all this device runs)")
     add(
         "--variants",
         nargs="+",
-        default=None,
-        help="overhead variants: 'default' or "
-        "space-separated config overrides, e.g. 'diagnostics=off' (default: default, plus "
-        "each of diagnostics=light and full that is not the default)",
+        help="overhead: 'default' or config overrides, e.g. 'diagnostics=off' (default: default "
+        "and each diagnostics mode the default is not)",
     )
     add("--batch-size", type=int, help="per step (default: 32 on CPU, 128 on CUDA)")
-    add("--img-size", type=int, help="synthetic image size (default: 32 on CPU, 224 on CUDA)")
+    add("--img-size", type=int, help="image size (default: 32 on CPU, 224 on CUDA)")
     add(
         "--steps",
         type=int,
         default=20,
-        help="timed steps per throughput row and per overhead "
-        "round (a multiple of trainer.log_every; default 20)",
+        help="timed steps per throughput row and overhead round (a multiple of "
+        "trainer.log_every; default 20)",
     )
     add("--warmup", type=int, default=5, help="throughput warm-up steps (default 5)")
     add(
         "--rounds",
         type=int,
         default=5,
-        help="timed overhead rounds, after one warm-up round; peer: rounds of (peer, amp_lab)",
+        help="timed overhead rounds after one warm-up round; peer: rounds of (peer, amp_lab)",
     )
     add(
         "--repeats",
         type=int,
         default=1,
-        help="overhead: runs per row, each with a freshly built model and bare copy, their "
-        "rounds pooled (where a run's tensors land in memory moves its ratio by about 1.5%% "
-        "on a CPU; default 1)",
+        help="overhead: freshly built runs per row, rounds pooled (where a run's tensors land in "
+        "memory moves its ratio by about 1.5%% on a CPU; default 1)",
     )
     add("--peer-script", type=Path, help="peer: timm's train.py, from a checkout of timm")
     add(
         "--data-dir",
         type=Path,
-        help="feed, peer: an ImageFolder with train/ and val/ (default: synthetic JPEGs of "
-        "--img-size, --steps batches per epoch, written to OUT/peer_images)",
+        help="feed, peer: an ImageFolder with train/ and val/ (default: synthetic JPEGs)",
     )
     add("--epochs", type=int, default=3, help="peer: epochs of each run (default 3)")
-    add(
-        "--workers",
-        type=int,
-        help="feed, peer: data loader workers (default: 0 on CPU, 8 on CUDA)",
-    )
-    add(
-        "--compile",
-        choices=["off", "on", "both"],
-        help="torch.compile in the throughput table (default: off on CPU, both on CUDA)",
-    )
-    add(
-        "--jobs",
-        type=int,
-        default=1,
-        help="compile_cache processes at a time (default 1); "
-        "each runs its configuration's steps, so they share the device's memory",
-    )
+    add("--workers", type=int, help="feed, peer: loader workers (default: 0 on CPU, 8 on CUDA)")
+    add("--compile", choices=["off", "on", "both"], help="throughput (default: off on CPU, both)")
+    add("--jobs", type=int, default=1, help="compile_cache processes at a time (default 1)")
     add("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    add(
-        "--threads",
-        type=int,
-        help="torch CPU threads (default: trainer.threads=0, the CPUs "
-        "this process was given); on a shared CPU, 1 "
-        "spares the two loops from fighting other processes for cores",
-    )
-    add(
-        "--override",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra config overrides for every run, e.g. trainer.log_every=5",
-    )
+    add("--threads", type=int, help="torch CPU threads (default: the CPUs this process has)")
+    add("--override", nargs="+", default=[], metavar="KEY=VALUE", help="for every run")
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
     args = parser.parse_args(argv)
     if min(args.steps, args.rounds, args.repeats, args.jobs, args.epochs) < 1 or args.warmup < 0:
@@ -211,26 +163,34 @@ def runnable_precisions(device: torch.device) -> list[str]:
     return names
 
 
-def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
-    # 10 batches of synthetic samples (8 for training): distinct batches, little device memory.
-    # Every run starts afresh, also in an --out used before, and writes no checkpoint.
+def _common(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
+    """Every run's overrides; the user's --override come last, so they win."""
     return [
         f"model={model}",
         f"precision={precision}",
-        "data=synthetic",
         f"data.img_size={args.img_size}",
-        f"data.num_samples={10 * args.batch_size}",
         f"trainer.batch_size={args.batch_size}",
         f"trainer.device={args.device}",
+        f"trainer.threads={args.threads or 0}",  # 0: the CPUs the process was given
         "trainer.progress=false",
-        "trainer.resume=false",
-        "checkpoint.enabled=false",
-        # the Trainer sets torch's threads from trainer.threads (0: the CPUs it was given)
-        f"trainer.threads={args.threads or 0}",
-        "data.num_classes=1000",
+        "trainer.resume=false",  # every run starts afresh, also in an --out used before
         *extra,
         *args.override,
     ]
+
+
+def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
+    # 10 batches of synthetic samples (8 for training): distinct batches, little device memory
+    return _common(
+        args,
+        model,
+        precision,
+        "data=synthetic",
+        f"data.num_samples={10 * args.batch_size}",
+        "data.num_classes=1000",
+        "checkpoint.enabled=false",
+        *extra,
+    )
 
 
 def _release(device: torch.device, compiled: bool) -> None:
@@ -371,46 +331,21 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
                 )
 
 
-def peer_overrides(args: argparse.Namespace, model: str, precision: str, root: Path) -> list[str]:
-    """amp_lab's side of one peer comparison; timm's arguments are derived from its settings."""
-    return [
-        f"model={model}",
-        f"precision={precision}",
-        "data=imagefolder",
-        f"data.root={root}",
-        f"data.img_size={args.img_size}",
-        f"data.num_workers={args.workers}",
-        f"trainer.batch_size={args.batch_size}",
-        f"trainer.epochs={args.epochs}",
-        f"trainer.device={args.device}",
-        f"trainer.threads={args.threads or 0}",
-        "trainer.progress=false",
-        "trainer.resume=false",
-        *args.override,
-    ]
-
-
 def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """Synthetic vs JPEG files decoded on the host vs on the device: --models[0] x
     --precisions[0], --warmup + --steps steps each."""
     root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
     steps = args.warmup + args.steps
-    base = [
-        f"model={args.models[0]}",
-        f"precision={args.precisions[0]}",
-        f"data.img_size={args.img_size}",
+    base = _common(
+        args,
+        args.models[0],
+        args.precisions[0],
         f"data.num_workers={args.workers}",
-        f"trainer.batch_size={args.batch_size}",
         f"trainer.max_steps={steps}",
         f"trainer.timing_warmup={args.warmup}",
         f"trainer.eval_every={steps + 1}",  # one evaluation, after the last step
-        f"trainer.device={args.device}",
-        f"trainer.threads={args.threads or 0}",
-        "trainer.progress=false",
-        "trainer.resume=false",
         "checkpoint.enabled=false",
-        *args.override,
-    ]
+    )
     rows = measure_feed(base, root, device, args.out, args.batch_size)
     report(feed=rows)
     for row in rows:
@@ -427,7 +362,16 @@ def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) ->
     done: list[PeerComparison] = []
     for model in args.models:
         for precision in precisions:
-            overrides = peer_overrides(args, model, precision, root)
+            # whole runs, as a user runs them
+            overrides = _common(
+                args,
+                model,
+                precision,
+                "data=imagefolder",
+                f"data.root={root}",
+                f"data.num_workers={args.workers}",
+                f"trainer.epochs={args.epochs}",
+            )
             comparison = compare(
                 overrides,
                 args.peer_script,
@@ -471,14 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.data_dir is not None and {"feed", "peer"} & set(args.parts):
             args.data_dir = check_data_dir(args.data_dir)
         env = environment(device, sys.argv[1:] if argv is None else argv)
-        state: dict[str, Any] = {
-            "compile_cache": [],
-            "overhead": [],
-            "rows": [],
-            "errors": [],
-            "feed": [],
-            "peer": [],
-        }
+        results = ("compile_cache", "overhead", "rows", "errors", "feed", "peer")
+        state: dict[str, Any] = {name: [] for name in results}  # write_report's, so far
 
         def report(**update: Any) -> None:
             state.update(update)

@@ -1,19 +1,13 @@
 """Fill torch.compile's on-disk caches for the throughput table's compiled rows, in parallel.
 
-A cold torch.compile of a training step is slow: resnet50 took about 100 s per precision on an
-H200, against seconds per timed row. Most of that time is one process tracing, lowering and
-generating code, plus the Triton (GPU) or C++ (CPU) kernel builds. Inductor keeps what it builds
-on disk (its FX graph and AOTAutograd caches under /tmp/torchinductor_$USER, Triton's kernels
-under ~/.triton), keyed by graph, shapes, dtypes and settings. Compiling every configuration
-once, in parallel processes, before the timed rows run one at a time, turns each timed row's
-compile into a cache load. Each configuration's first step is recorded: the cold cost of
-compiling it, slowed by the other processes sharing the machine.
+A cold compile of a training step takes minutes (resnet50: about 100 s per precision on an H200);
+inductor keeps what it builds on disk, keyed by graph, shapes, dtypes and settings. Compiling
+every configuration once, in parallel processes, turns each timed row's compile into a cache
+load. Each configuration's first step is recorded.
 
-Each configuration compiles in its own `python -m amp_lab.bench.compile_cache` process, started
-as the benchmark itself is. Not in a multiprocessing child: that one re-imports the parent's
-main module as `__mp_main__`, and pickle (in C) then names `torch.contiguous_format` after that
-module. The FX graph cache key pickles tensor metadata, so every key changed and no timed row
-found its graphs (measured: torch 2.14, test_vit, CPU).
+Each configuration compiles in its own `python -m amp_lab.bench.compile_cache` process, not in a
+multiprocessing child: that one re-imports the main module as `__mp_main__`, which changed every
+FX graph cache key, so no timed row found its graphs (measured: torch 2.14, test_vit, CPU).
 """
 
 from __future__ import annotations

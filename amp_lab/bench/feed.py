@@ -1,10 +1,9 @@
-"""`--parts feed`: can real files feed the device? The same model and steps on synthetic data
-(in device memory), then on a JPEG ImageFolder decoded by PIL in the loader workers
-(`data.decode=cpu`), then decoded on the training device (`data.decode=gpu` on CUDA, `device`
-elsewhere). Each is an ordinary run (`Trainer.fit`); its figures are the run's own:
-`mean_samples_per_s` (the steps after trainer.timing_warmup, data loading included) and the mean
-`throughput/data_share` of its log records, the share of step time spent waiting for batches:
-near 0 the model bounds the run, near 1 the data path does.
+"""`--parts feed`: can real files feed the device?
+
+The same model and steps on synthetic data, then on a JPEG ImageFolder decoded by PIL in the
+loader workers (`data.decode=cpu`), then decoded on the training device. Each is an ordinary run;
+its figures are its own `mean_samples_per_s` and mean `throughput/data_share` (near 1: the data
+path bounds the run).
 """
 
 from __future__ import annotations

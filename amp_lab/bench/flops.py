@@ -1,10 +1,7 @@
 """FLOPs of a training step (torch.utils.flop_counter) and the device peaks that turn them into MFU.
 
-MFU (model FLOPs utilisation) = FLOPs of one step x steps per second / the device's dense peak for
-the dtype the matmuls run in. FLOPs are counted per op from shapes (matmuls, convolutions and
-fused attention, forward and backward); element-wise ops and the optimizer are not counted, as in
-the usual MFU definition. The peaks are datasheet figures for dense tensor-core math (no 2:4
-sparsity). A CPU, or a GPU missing from the table, has no MFU.
+MFU = FLOPs per step x steps per second / the device's dense peak for the matmul dtype. Matmuls,
+convolutions and attention are counted; element-wise ops and the optimizer are not, as usual.
 """
 
 from __future__ import annotations

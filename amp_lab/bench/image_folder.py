@@ -1,11 +1,7 @@
 """`python -m amp_lab.bench.image_folder DIR`: a synthetic ImageFolder written as real files.
 
-DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg (or .png): smooth random images, each class
-tinted its own way so a model can learn them. amp_lab (`data=imagefolder data.root=DIR`) and any
-other trainer that reads ImageFolders (timm's train.py) read the same bytes, so a comparison on
-them includes each one's decoding and loading.
-
-  python -m amp_lab.bench.image_folder /tmp/images --size 224 --train 2048 --val 256
+DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg: smooth random images, each class tinted its
+own way so a model can learn them; amp_lab and timm's train.py then read the same bytes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The runner's overhead: the real training loop against a bare hand-written loop, alternating.
+"""The runner's overhead: `Trainer(run).fit()` against a bare hand-written loop, alternating.
 
-The amp_lab side is `Trainer(run).fit()` itself, with its default sinks and telemetry, built
-from the real config. One extra sink, called at the end of every round of amp_lab steps, times
-that round and then runs one round of the bare loop — autocast, GradScaler, AdamW, nothing else
-— on a copy of the same model, the same on-device data, batch size and precision, and the same
-optimizer: AdamW over the runner's parameter groups (weight decay on the weights, none on norms
-and biases, as timm builds them), so both loops train the same thing. The two alternate in one
-process, under the same machine load, and whatever the runner does per step (counters, meters,
-log records, sinks, diagnostics hooks, the inf/nan check of modes without loss scaling) is
-inside the amp_lab rounds.
+A sink closes each round of amp_lab steps and runs one round of the bare loop (autocast,
+GradScaler, AdamW over the runner's parameter groups, nothing else) on a copy of the same model,
+data, batch and precision, in the same process under the same load. Whatever the runner does per
+step (meters, records, sinks, diagnostics) is inside the amp_lab rounds.
 """
 
 from __future__ import annotations
@@ -116,13 +111,9 @@ def _clocks(device: torch.device) -> tuple[float, float]:
 class AlternatingSink(Sink):
     """Closes an amp_lab round at every `steps`-th train record, then times one bare round.
 
-    Bare rounds bracket every amp_lab round (one more runs before the first), so each amp_lab
-    round is compared with the mean of the bare rounds just before and just after it: a load
-    that drifts during the pair cancels out.
-
-    Each round is timed on the wall clock and in process CPU time. On a CPU device the CPU time
-    is the steadier measure when other processes share the cores: it counts only this process's
-    work. On a GPU the wall clock is the one that matters.
+    Bare rounds bracket every amp_lab round, which is compared with the mean of the two around it:
+    a load that drifts during the pair cancels out. Each round is timed on the wall clock and in
+    process CPU time, the steadier measure on a shared CPU (on a GPU, the wall clock matters).
     """
 
     def __init__(self, bare: BareLoop, steps: int, device: torch.device) -> None:

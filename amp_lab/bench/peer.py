@@ -1,16 +1,10 @@
 """`--parts peer`: amp_lab against timm's own train.py, whole runs, alternated.
 
-Per model x precision, each round runs the peer (`--peer-script`, the user's checkout of timm's
-train.py) and then `python -m amp_lab`, as subprocesses, on the same ImageFolder for the same
-epochs: `--data-dir DIR` (DIR/train/<class>/, DIR/val/<class>/), or else synthetic JPEGs the
-bench writes (`--steps` batches per epoch at `--img-size`; timm's train.py has no in-memory
-synthetic data, so both programs read, decode and augment the same files). Figures, per run:
-- training samples/s: amp_lab's `mean_samples_per_s` (summary.json: every step after
-  trainer.timing_warmup, data loading included, evaluation and checkpoints left out); the
-  peer's per-update rates after the same number of warm-up updates (see timm_peer.py);
-- the whole process's wall time (start-up, evaluation and checkpoints included).
-The comparison's figures are the medians over rounds: of each program's figures, and of each
-round's ratios (amp_lab / peer).
+Each round runs the peer (`--peer-script`), then `python -m amp_lab`, as subprocesses on the same
+ImageFolder for the same epochs (`--data-dir`, or synthetic JPEGs: timm's train.py has no
+in-memory data). Per run: training samples/s after warm-up (amp_lab's `mean_samples_per_s`, the
+peer's logged rates, see timm_peer.py) and the whole process's wall time. The comparison takes
+medians over rounds, of each program's figures and of each round's ratio.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Throughput of one configuration: samples/s, the step split into phases, memory and MFU.
 
-Measured as timm's benchmark.py does: warm-up steps left out, the device synchronised only at the
-timing boundaries of the run of real `TrainStep` calls (the runner's own step, on its own
-on-device data). The forward / backward / optimizer split comes from extra real steps whose
-stages are watched (`TrainStep.watching_stages`): the device is synchronised as the forward and
-the backward stages return; their sum is close to, not exactly, the unsynchronised step time.
+Measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
+timing boundaries of real `TrainStep` calls. The forward / backward / optimizer split comes from
+extra steps synchronised as those stages return (`TrainStep.watching_stages`).
 """
 
 from __future__ import annotations

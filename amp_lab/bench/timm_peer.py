@@ -1,12 +1,9 @@
 """timm's own `train.py` as a peer: amp_lab's settings as its arguments, and its log read back.
 
-The arguments are derived from the composed amp_lab settings, so both programs train the same
-model (its kwargs and image size), batch, precision, optimizer, LR schedule, augmentation and
-normalisation on the same ImageFolder; whatever `--override` changes in amp_lab's settings
-changes timm's arguments with it. timm's train.py logs every update (`--log-interval 1`) with its
-own rate, `Train: E [ i/N (..)]  ...  Time: 0.123s,  520.10/s  (...)`: the seconds from the end
-of the previous update to the end of this one (its data loading included, evaluation not),
-which is what amp_lab's throughput meter counts per step.
+The arguments derive from the composed settings (model, batch, precision, optimizer, schedule,
+augmentation, normalisation), so `--override` changes both programs. timm logs each update's rate
+(`--log-interval 1`) from the end of the previous update to the end of this one, data loading
+included: what amp_lab's throughput meter counts per step.
 """
 
 from __future__ import annotations

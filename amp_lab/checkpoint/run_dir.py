@@ -1,11 +1,9 @@
 """A run directory's records: settings.json, finished-run detection, old files set aside.
 
-A run records its settings (flat, `group.key` -> JSON) in settings.json when it starts. A run
-directory whose summary says completed or diverged holds a finished run: relaunched with the
-same settings (but for those free on resume, see amp_lab/config.py), it is not trained again;
-with other settings it is refused before a file is touched. `trainer.resume=false` in a used
-run directory, or a restart with records but no checkpoint, sets the old files aside under a
-dated name instead of deleting them. The caller decides which rank touches the files.
+A finished run (completed or diverged) relaunched with the same settings is not trained again;
+with other settings it is refused before a file is touched. `trainer.resume=false` in a used run
+directory, or a restart with records but no checkpoint, sets the old files aside under a dated
+name instead of deleting them. The caller decides which rank touches the files.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Sharded checkpoints for FSDP2 runs, written with torch.distributed.checkpoint (DCP).
 
-A sharded checkpoint is a directory, `<run dir>/checkpoints/step_NNNNNNNNN.dcp/`:
-- DCP's files (`.metadata` and one `__<rank>_0.distcp` per rank): the model and the optimizer
-  state as `torch.distributed.checkpoint.state_dict.get_state_dict` gives them (DTensor shards,
-  keyed by parameter name), plus any other part whose state holds DTensors (an EMA of the
-  sharded model). Every rank writes its own shards.
-- `state.pt` (rank 0): every other part as a single-process checkpoint holds it (LR schedule,
-  GradScaler, counters, diagnostics, run health, loop state and data position, settings, W&B id)
-  and the world size it was written on; it loads with `torch.load(weights_only=True)`.
-- `rng_rank<R>.pt`: each rank's own RNG states.
-
-All ranks write into `step_N.dcp.tmp/`; after DCP's own barrier and rank 0's `state.pt`, rank 0
-renames the folder into place (atomic: a reader sees no folder or the whole one) and the ranks
-meet at a barrier before training on. DCP reshards DTensor state on load, so model and optimizer
-load on another world size; the runner still resumes a checkpoint only on the world size it was
-written on (checkpoint/store.py says why).
+`<run dir>/checkpoints/step_NNNNNNNNN.dcp/` holds DCP's files (the model, the optimizer and any
+other part whose state holds DTensors, every rank writing its shards), `state.pt` (rank 0: the
+other parts, as a single-process checkpoint holds them, and the world size) and each rank's
+`rng_rank<R>.pt`. All ranks write into `step_N.dcp.tmp/`, which rank 0 renames into place once
+every file is complete (docs/fsdp.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Checkpoint files: written atomically, loaded with weights_only=True, the newest N kept.
 
-A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`) holds everything the next optimizer step
-depends on: model, optimizer, LR schedule, GradScaler (scale and growth tracker), the loop state
-(step, epoch, batch in the epoch: the data order position), the log-window counters, the
-diagnostics' history (scale events, signatures, the first non-finite step), the RNG states
-(torch, CUDA, Python, NumPy, as plain data) and the W&B run id. Only tensors and plain Python
-data go in, so it loads with `torch.load(weights_only=True)`. A run resumes only with the
-settings its checkpoint was written with, but for those free on resume (field metadata in
-amp_lab/config.py): anything else is refused before a file is touched. An unreadable newest
-checkpoint is set aside (`.corrupt`) and the previous one used. A checkpoint resumes only on the
-world size that wrote it: the global batch (batch_size x ranks), the LR rule and each rank's data
-slice depend on it. An FSDP2 run's checkpoint is a folder, `step_NNNNNNNNN.dcp/`, every rank
-writing its shards (sharded.py); the rest of it is the dict above, in that folder.
-
-The Checkpointer ties the checkpoint files to the run directory's records (run_dir.py) and to
-the stop signals (signals.py): a periodic checkpoint, or one on a stop signal at the next step
-boundary. Under DDP the ranks agree on a stop at log steps (one all-reduce there, not on every
-step), so a stop waits up to trainer.log_every steps.
+A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`, README "Checkpoints") holds everything
+the next optimizer step depends on, as tensors and plain data: the parts' state dicts, the loop
+state, the RNG states and the W&B run id. A run resumes only with the settings it was written
+with (but for those free on resume, amp_lab/config.py) and on the same world size (the global
+batch, the LR rule and each rank's data slice depend on it); an unreadable newest checkpoint is
+set aside (`.corrupt`) and the previous one used. FSDP2 checkpoints are folders (sharded.py).
+Under DDP the ranks agree on a stop at log steps (one all-reduce there, not every step).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""A training recipe's data side, from timm: `create_transform` for image files, `Mixup` for
-every batch.
+"""A training recipe's data side, from timm: `create_transform` for files, `Mixup` for batches.
 
-The transforms are timm's own (random-resized crop, flip, colour jitter, RandAugment / AutoAugment
-/ AugMix, random erasing for training; resize and centre crop for evaluation), so a comparison on
-real data runs the pipeline a DeiT or ConvNeXt recipe runs. Normalisation, interpolation and the
-evaluation crop come from the model's pretrained config when the settings leave them open.
+Normalisation, interpolation and the evaluation crop come from the model's pretrained config
+when the settings leave them open, as a DeiT or ConvNeXt recipe runs them.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """torch.compile for a run (`trainer.compile`): the model, and in `step` mode the optimizer step.
 
-`model` compiles the module: dynamo captures its forward and AOTAutograd derives the backward
-from it, so both run as generated kernels. `step` also compiles the optimizer's step, as
-PyTorch's compiled-optimizer recipe does: the optimizer is built with its plain per-tensor
-update (no fused kernel, no foreach) and the compiler turns the update of every parameter into
-generated kernels instead of Python looping over param groups and state. The learning rate
-becomes a 0-d tensor first, so the schedule changing it each step updates a graph input instead
-of recompiling. GradScaler's skip logic stays as it is for any optimizer without a fused kernel:
-`scaler.step()` reads the inf/nan flag on the host (one read per step) and does not call the
-step when it is set, so weights, moments and step counts stay untouched; `update()` then backs
-the scale off.
-CUDA graphs (`mode="reduce-overhead"`) are not used: the step's Python (the scaler's decision,
-the numerics hooks on probe steps) runs between the graphs.
+`step` follows PyTorch's compiled-optimizer recipe: the optimizer is built with its plain
+per-tensor update (no fused kernel, no foreach) for the compiler to fuse, and the LR becomes a
+0-d tensor so the schedule updates a graph input instead of recompiling. GradScaler reads the
+inf/nan flag on the host for an optimizer without a fused kernel and skips its step as it is.
+CUDA graphs are not used: the step's Python (the scaler's decision, probe hooks) runs between them.
 """
 
 from __future__ import annotations

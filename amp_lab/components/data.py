@@ -1,10 +1,8 @@
 """Data sets and a deterministic, resumable batch order.
 
-Every data set yields (images, labels) batches. The order of an epoch is a permutation drawn from
-(seed, epoch) alone, so a run can be repeated, and resumed from any batch of any epoch.
-In-memory data (digits, synthetic) is sliced straight from tensors; on-disk data goes through a
-DataLoader with workers, pinned memory and prefetching. With `data.decode=device|gpu` the
-workers only read JPEG files and each batch is decoded on the device (device_decode.py).
+An epoch's order is a permutation drawn from (seed, epoch) alone, so a run can be repeated and
+resumed from any batch. In-memory data (digits, synthetic) is sliced from device tensors; files
+go through a DataLoader, or with `data.decode=device|gpu` are decoded on the device.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """`data.decode=device|gpu`: JPEG files decoded and augmented on the training device.
 
-PIL on the host's cores cannot decode and crop thousands of images a second; a GPU can. Here the
-loader workers only read each file's bytes (`torchvision.io.read_file`), the batch of encoded
-JPEGs is decoded in one `torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG's batched
-decoder on CUDA, libjpeg-turbo on the CPU), and torchvision's v2 transforms crop, flip and jitter
-each decoded image where it lies; the stacked batch is normalised there. The geometry is timm's
-(`create_transform`): random-resized crop and flip for training, shortest-edge resize and centre
-crop for evaluation, so the device path feeds the images the PIL path would, within the JPEG
-decoders' rounding and the resampling kernels' differences.
+PIL on the host's cores cannot decode and crop thousands of images a second; a GPU can. The
+loader workers only read each file's bytes, the batch is decoded in one
+`torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG on CUDA) and cropped, flipped and
+normalised where it lies, with timm's geometry (`create_transform`): the images the PIL path
+would feed, within the decoders' rounding and the resampling kernels' differences.
 """
 
 from __future__ import annotations

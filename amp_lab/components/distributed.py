@@ -1,10 +1,7 @@
 """Data-parallel training: the world from torchrun's or SLURM's environment, and DDP helpers.
 
-`trainer.strategy=ddp` (and `fsdp`, whose sharding is components/fsdp.py) reads
-RANK/LOCAL_RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS (srun,
-submitit) and joins a process group: NCCL on CUDA, gloo on CPU. A single process
-(`strategy=single`, or ddp with a world of one) uses the same object, where every collective is
-a no-op, so the runner reads the same either way.
+A single process (`strategy=single`, or a world of one) uses the same DistContext, whose
+collectives are then no-ops, so the runner reads the same either way.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ import contextlib
 import functools
 import itertools
 import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,20 +31,6 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def _slurm_master_addr() -> str:
-    """The first host of the job's node list (`scontrol show hostnames` expands ranges)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        return "127.0.0.1"
-    try:
-        hosts = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
-        ).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        hosts = [nodelist.split(",")[0].split("[")[0]]  # a single plain host name
-    return hosts[0]
-
-
 def world_from_environment() -> dict[str, Any]:
     """rank, local_rank, world_size, master_addr and master_port, torchrun first, then SLURM."""
     env = os.environ
@@ -61,12 +43,15 @@ def world_from_environment() -> dict[str, Any]:
             "master_port": int(env.get("MASTER_PORT", 29500)),
         }
     if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        from submitit.slurm.slurm import SlurmJobEnvironment  # expands SLURM's node list
+
+        slurm = SlurmJobEnvironment()
         job_id = int(env.get("SLURM_JOB_ID", "0"))
         return {
-            "rank": int(env["SLURM_PROCID"]),
-            "local_rank": int(env.get("SLURM_LOCALID", 0)),
-            "world_size": int(env["SLURM_NTASKS"]),
-            "master_addr": _slurm_master_addr(),
+            "rank": slurm.global_rank,
+            "local_rank": slurm.local_rank,
+            "world_size": slurm.num_tasks,
+            "master_addr": slurm.hostnames[0],
             # one port per job, so two jobs sharing a node do not collide
             "master_port": int(env.get("MASTER_PORT", 20000 + job_id % 20000)),
         }

@@ -1,23 +1,11 @@
-"""FSDP2 for trainer.strategy=fsdp: shard the model with `fully_shard` under a mixed-precision
-policy derived from the precision mode.
+"""FSDP2 for trainer.strategy=fsdp: `fully_shard` under a mixed-precision policy derived from the
+precision mode (docs/fsdp.md has the table).
 
-Each wrap unit (timm's `blocks` or `stages` by default, or the modules `fsdp.wrap` names) is one
-`fully_shard` call, the root last, so a unit's parameters are all-gathered just before its
-forward and freed after it (`fsdp.reshard_after_forward`). The sharded parameters stay fp32: they
-are the masters the optimizer steps, its state sharded with them. The policy's `param_dtype` is
-what the shards are gathered in for compute, `reduce_dtype` what the gradients are
-reduce-scattered in (they land in the fp32 shards). The mapping (docs/fsdp.md):
-
-| precision | param_dtype (auto) | reduce_dtype (auto) | autocast | loss scale |
-|---|---|---|---|---|
-| fp32 | fp32 | fp32 | off | none |
-| bf16 | bf16 | fp32 | bf16 | none |
-| fp16 | fp16 | fp32 | fp16 | dynamic |
-| fp16_noscale | fp16 | fp32 | fp16 | none |
-
-Autocast stays on over gathered 16-bit weights: its low-precision ops then cast nothing, and the
-ops it keeps in fp32 (softmax, norms, the loss) still get fp32. `fsdp.param_dtype=fp32` under a
-16-bit mode is DDP's autocast exactly: fp32 weights gathered, cast per op.
+Each wrap unit (timm's `blocks` or `stages`, or the modules `fsdp.wrap` names) is one
+`fully_shard` call, the root last. The sharded parameters stay fp32: they are the masters the
+optimizer steps. `param_dtype` is what the shards are gathered in for compute, `reduce_dtype`
+what the gradients are reduce-scattered in. Autocast stays on over gathered 16-bit weights, so
+the ops it keeps in fp32 (softmax, norms, the loss) still get fp32.
 """
 
 from __future__ import annotations

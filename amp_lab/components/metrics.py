@@ -8,8 +8,6 @@ boundaries of a log window: steps in between never wait for the device. The firs
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 import resource
 import time
 from pathlib import Path
@@ -37,18 +35,10 @@ def peak_memory_mb(device: torch.device) -> float:
     the last reset (Linux; elsewhere since the process started)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    with contextlib.suppress(OSError, ValueError):
-        status = os.pread(_status_file(os.getpid()), 1 << 16, 0)
-        start = status.index(b"VmHWM:") + len(b"VmHWM:")
-        return int(status[start : status.index(b"kB", start)]) / 1024
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) / 1024  # in kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-@functools.cache
-def _status_file(pid: int) -> int:
-    """/proc/PID/status, kept open: each read is then one system call instead of an open, a
-    read and a close at every log step."""
-    return os.open(f"/proc/{pid}/status", os.O_RDONLY)
 
 
 class ThroughputMeter:

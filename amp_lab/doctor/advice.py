@@ -132,7 +132,7 @@ def recommend(
                 "baseline",
                 100,
                 BASELINE,
-                f"fp32 probe: {verdict(base, base, advice.health)}, loss {_curve(base)}; fix the "
+                f"fp32 probe: {verdict(base, base, advice.health)}, loss {base.curve()}; fix the "
                 "LR, warmup or clipping first",
                 baseline_fixes(advice)[0],
             )
@@ -190,8 +190,8 @@ def _precision_recs(
                 85,
                 "gradients underflow without loss scaling",
                 f"{noscale.name}: {_pct(flushed)} of gradient elements are zero (fp32: "
-                f"{_pct(base.flushed)}), loss {_curve(noscale)}; with the scaler: "
-                f"loss {_curve(scaled)}",
+                f"{_pct(base.flushed)}), loss {noscale.curve()}; with the scaler: "
+                f"loss {scaled.curve()}",
                 f"precision={advice.low_dtype} scaler.enabled=true",
             )
         )
@@ -210,7 +210,7 @@ def _precision_recs(
                 "bf16",
                 70,
                 "fp16's range is the problem; bf16 has fp32's exponent range",
-                f"bf16 loss {_curve(bf16)} tracks fp32 ({_curve(base)})",
+                f"bf16 loss {bf16.curve()} tracks fp32 ({base.curve()})",
                 "precision=bf16",
             )
         )
@@ -287,7 +287,7 @@ def _no_problem(mine: Probe, base: Probe, advice: Advice) -> dict[str, Any]:
             "unexplained",
             1,
             f"the {mine.name} probe {verdict(mine, base, advice.health)}, cause not found",
-            f"loss {_curve(mine)}; compare the probes' records in doctor.json",
+            f"loss {mine.curve()}; compare the probes' records in doctor.json",
             None,
         )
     if skipped and mine.summary.get("health") == []:
@@ -308,9 +308,3 @@ def _no_problem(mine: Probe, base: Probe, advice: Advice) -> dict[str, Any]:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None or value != value else f"{value:.0%}"
-
-
-def _curve(probe: Probe) -> str:
-    if not probe.losses:
-        return "n/a"
-    return f"{probe.losses[0]:.3g} -> {probe.losses[-1]:.3g}"

@@ -75,7 +75,7 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
             name,
             verdict(p, base, health),
             escape("; ".join(p.health) or "ok"),
-            _fmt_curve(p),
+            p.curve(4) if p.losses else "-",
             _fmt(p.deviation(base), "%"),
             where,
             f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
@@ -91,10 +91,6 @@ def _fmt(value: float | None, kind: str) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:.1%}" if kind == "%" else f"{value:.3g}"
-
-
-def _fmt_curve(p: Probe) -> str:
-    return f"{p.losses[0]:.4g} -> {p.losses[-1]:.4g}" if p.losses else "-"
 
 
 def print_report(

@@ -1,10 +1,9 @@
 """Verified fixes: the doctor runs what it recommends before it says so.
 
-The top recommendation (and the next ones while `--budget` seconds last) is run as a probe of
-the user's own config plus its override. It is verified when that probe is healthy (the run-health
-rules), no value goes non-finite in the forward pass and its loss tracks the fp32 baseline within
-`health.deviation`; a fix that moves an overflow to another module is not verified, and says
-where it went. A baseline that does not train gets fp32 probes of the LR/warmup/clipping fixes.
+The top recommendation (and the next ones within `--budget` seconds) runs as a probe of the
+user's config plus its override; it is verified when that probe is healthy, nothing goes
+non-finite in the forward pass and its loss tracks fp32 within `health.deviation`. A baseline
+that does not train gets fp32 probes of the LR/warmup/clipping fixes.
 """
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
         rec.update(
             verified=False,
             verification=(
-                f"not verified: with it the run {said} (loss {_curve(fix)}, "
+                f"not verified: with it the run {said} (loss {fix.curve()}, "
                 f"health: {'; '.join(fix.health) or 'ok'})"
             ),
         )
@@ -102,7 +101,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
         rec.update(
             verified=True,
             verification=(
-                f"verified: loss {_curve(fix)}, within {fix.deviation(base):.0%} of fp32 "
+                f"verified: loss {fix.curve()}, within {fix.deviation(base):.0%} of fp32 "
                 f"(tolerance health.deviation={doctor.health.deviation:.0%}), no health finding"
             ),
         )
@@ -128,7 +127,7 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
                 verified=True,
                 tried=tried,
                 verification=(
-                    f"verified: fp32 with {candidate} trains (loss {_curve(probe)}, no health "
+                    f"verified: fp32 with {candidate} trains (loss {probe.curve()}, no health "
                     "finding); then run the doctor again for the precision"
                 ),
             )
@@ -141,7 +140,3 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
             + "; ".join(t["override"] for t in tried)
         ),
     )
-
-
-def _curve(probe: Probe) -> str:
-    return f"{probe.losses[0]:.3g} -> {probe.losses[-1]:.3g}" if probe.losses else "n/a"

@@ -1,11 +1,8 @@
 """The doctor benchmark: failure cases with a known cause, run through the doctor on CPU.
 
-`python -m amp_lab.doctor --suite [--cases NAME ...] [--out DIR]` (or `make doctor-bench`) runs
-each case's config through the whole doctor (probes, advice, verified fixes) and prints, per case,
-the verdict of the user's probe, whether the expected cause ranked first, and whether the top
-fix, run, trained within the tolerance of fp32. It writes suite.json and exits 1 when a target
-is missed: the right cause first in >= 90% of cases, no alarm on the healthy cases, every top
-fix verified.
+`python -m amp_lab.doctor --suite [--cases NAME ...]` (`make doctor-bench`) runs each case through
+the whole doctor and writes suite.json; it exits 1 when a target is missed: the right cause first
+in >= 90% of cases, no alarm on the healthy cases, every top fix verified.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What the doctor concludes from one probe: its verdict against the fp32 baseline.
 
-Each probe is a short run of the user's config (amp_lab/doctor/probes.py). Its health is what
-the probe judged of itself (summary.json `health`, the rule table of amp_lab/health/rules.py);
-then its loss curve is compared with the fp32 baseline step by step, against the `health.*`
-thresholds of the user's config. The recommendations built on the verdicts are in
-amp_lab/doctor/advice.py.
+A probe's health is what it judged of itself (summary.json `health`, health/rules.py); then its
+loss curve is compared with the fp32 baseline's, against the user's `health.*` thresholds.
 """
 
 from __future__ import annotations
@@ -61,6 +58,12 @@ class Probe:
     def would_flush(self) -> float | None:
         """Share of nonzero gradient elements fp16 would flush at this probe's loss scale."""
         return self.mean("diag/grad_flush_scaled_share")
+
+    def curve(self, digits: int = 3) -> str:
+        """The loss's first and last values, `2.3 -> 0.41`."""
+        if not self.losses:
+            return "n/a"
+        return f"{self.losses[0]:.{digits}g} -> {self.losses[-1]:.{digits}g}"
 
     def drop(self) -> float:
         """Relative fall of the mean loss from the first third of the steps to the last third

@@ -1,11 +1,10 @@
 """What a difference between runs is worth: a paired interval over the seeds, against a threshold.
 
-The report compares each cell with its reference on accuracy and on loss, the doctor compares its
-probes with the fp32 baseline; both ask here. A difference is a finding only when it stands
-outside the seeds' noise: the two-sided `health.confidence` t-interval of the paired differences
-(run minus the reference run of the same seed) excludes zero and its mean passes the threshold.
-It "matches" when the whole interval lies within the threshold. Anything else, and any
-comparison of fewer than two seeds, is inconclusive: the seeds cannot tell.
+The report (cells against their reference) and the doctor (probes against fp32) both ask here.
+A difference is a finding only when the `health.confidence` t-interval of the paired differences
+(run minus the reference run of the same seed) excludes zero and its mean passes the threshold;
+it matches when the whole interval lies within the threshold; anything else, and any comparison
+of fewer than two seeds, is inconclusive.
 """
 
 from __future__ import annotations

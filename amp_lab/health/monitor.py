@@ -1,17 +1,16 @@
 """The monitor: one device buffer fed by every step, read at log steps, judged by the rule table.
 
-Each optimizer step writes its loss, correct count, skip flag and the loss scale after it into one
-row of a device buffer: a single op, no host sync. At a log step (or a checkpoint), where the host
-reads anyway, the rows come to the host in one copy; the sums, the streak of skipped steps and the
-first non-finite step are a few float additions there. The window goes to the rule table
-(rules.py), and the monitor says whether the run must stop (`stop_reason`): that is decided here
-and nowhere else.
+Each optimizer step writes its loss, correct count, skip flag and loss scale into one row of a
+device buffer: one op, no host sync. At a log step the rows come to the host in one copy, the
+window goes to the rule table (rules.py), and the monitor alone decides whether the run must
+stop (`stop_reason`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -153,7 +152,7 @@ class Monitor:
 
     def entries(self) -> list[dict[str, Any]]:
         """summary.json's `health`."""
-        return [f.as_dict() for f in self.findings]
+        return [asdict(f) for f in self.findings]
 
     # -- checkpoints: the history so far, so a resumed run judges its whole run once ----------
     # a checkpoint written before the monitor (counters and health apart) resumes with a fresh one
@@ -168,7 +167,7 @@ class Monitor:
             "window": dict(self.window),
             "streak": self.streak,
             "history": self.history.state_dict(),
-            "findings": [f.as_dict() for f in self.findings],
+            "findings": [asdict(f) for f in self.findings],
             "stop_reason": self.stop_reason,
         }
 

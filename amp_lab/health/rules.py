@@ -1,11 +1,9 @@
 """The rule table: each fact a run states about itself is one entry of RULES, decided here once.
 
-A rule reads a run's History (its log windows and running counts, fed by monitor.py from what
-the log steps read anyway) and the thresholds in `health.*`. When it fires it makes a Finding:
-`words` are what every surface shows (summary.json `health`, the console's end line, the
-report's cells, the doctor's table), `evidence` is the sentence with its threshold (the console's
-warning). A rule fires once per run. Window rules are checked at every log window, end rules
-when the run ends; `diverged` is checked at both, and stops the run.
+A rule reads a run's History (fed by monitor.py) and the `health.*` thresholds. When it fires it
+makes a Finding: `words` are what every surface shows (summary.json, console, report, doctor),
+`evidence` the sentence with its threshold. A rule fires once per run: window rules at every log
+window, end rules at the end, `diverged` at both (it stops the run).
 """
 
 from __future__ import annotations
@@ -79,9 +77,6 @@ class Finding:
     step: int  # the last step the rule saw when it fired
     words: str  # what every surface shows
     evidence: str  # the sentence with its threshold
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 Check = Callable[[History, HealthConfig, bool], "tuple[str, str] | None"]

@@ -1,15 +1,10 @@
-"""Numerics telemetry (`diagnostics=off|light|full`): what the loss scale, the activations and the
-gradients do, read back only at log steps.
+"""Numerics telemetry (`diagnostics=off|light|full`), read back only at log steps.
 
-Every step's loss, skip flag and scale go into the monitor's one device buffer
-(amp_lab/health/monitor.py); at a log step the monitor hands this observer the window's scales
-and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`
-steps) also measure fp16 headroom per module, fp16 underflow of the gradients, the gradient norm
-the optimizer gets and the update-to-weight ratio. Module hooks (module_probe.py) run on probe
-steps, on every step in `full` mode, and in `light` mode after a log window that held a
-non-finite step, until one is attributed.
-The observer sees a StepView (amp_lab/step.py), not the step: the watched model, the scale, the
-clip settings and the weights that must stay fp32; the loop gives it the step number.
+At a log step the monitor (amp_lab/health/monitor.py) hands this observer the window's scales
+and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`)
+also measure fp16 headroom per module, gradient underflow, the gradient norm the optimizer gets
+and the update-to-weight ratio. Module hooks (module_probe.py) run on probe steps, on every step
+in `full` mode, and in `light` mode after a window with a non-finite step until it is attributed.
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,7 @@ from amp_lab.components.fsdp import full_value, local, shard_group, sum_over_sha
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
-from amp_lab.numerics.optimizer_state import probe_state, read_state_probe
+from amp_lab.numerics.optimizer_state import nan_as_inf, probe_state, read_state_probe
 from amp_lab.numerics.scale_events import ScaleTracker
 from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.precision.optimizer_state import CHOSEN_STATE
@@ -209,7 +205,7 @@ class Diagnostics(StepObserver):
         acts = self.probe.read_activations()
         detail: dict[str, Any] = {}
         if acts:
-            name, (amax, dtype) = max(acts.items(), key=lambda kv: _order(kv[1][0]))
+            name, (amax, dtype) = max(acts.items(), key=lambda kv: nan_as_inf(kv[1][0]))
             record.update(
                 {
                     "diag/act_max": amax,
@@ -219,7 +215,7 @@ class Diagnostics(StepObserver):
                     else None,
                 }
             )
-            top = sorted(acts.items(), key=lambda kv: -_order(kv[1][0]))[: self.cfg.top_layers]
+            top = sorted(acts.items(), key=lambda kv: -nan_as_inf(kv[1][0]))[: self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
         record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
         if "counts" not in w:
@@ -261,17 +257,13 @@ class Diagnostics(StepObserver):
     def state_dict(self) -> dict[str, Any]:
         """The open window's probe results, the scale history, the first non-finite module, and
         what was already reported (tensors and plain data)."""
-        t = self.tracker
         return {
             "armed": self.armed,
             "state_checked": self.state_checked,
             "window": self.window,
+            # its history; its settings come from the run's config
             "tracker": {
-                "scale": t.scale,
-                "events": t.events,
-                "signatures": t.signatures,
-                "last_growth": t.last_growth,
-                "held": t.held,
+                k: v for k, v in asdict(self.tracker).items() if k not in ("cfg", "dynamic")
             },
             "signatures": self.signatures,
             "warnings": self.warnings,
@@ -345,7 +337,3 @@ def build_diagnostics(
     if cfg.mode == "off":
         return DiagnosticsOff()
     return Diagnostics(cfg, view, scaler_cfg, dynamic, log_every, out_dir)
-
-
-def _order(value: float) -> float:
-    return math.inf if value != value else value  # nan sorts as the largest

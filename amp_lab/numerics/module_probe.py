@@ -1,10 +1,8 @@
 """Per-module max |x| of activations and input-gradients, and the first module to go non-finite.
 
-While attached, a forward hook on every named module records max |output| and puts a tensor hook
-on its inputs that records max |input-gradient| during backward. Every value stays a device
-tensor; `end_step` stacks a step's values in call order and keeps, per phase, a device-side
-snapshot of the first step that held an inf/nan. The host reads it only when asked (log steps).
-Assumes the same modules run in the same order every step (true for timm's image models).
+While attached, forward hooks record max |output| and tensor hooks max |input-gradient|, as
+device tensors; per phase, a device-side record keeps the first step that held an inf/nan, read
+on the host only at log steps. Assumes the same modules run in the same order every step.
 """
 
 from __future__ import annotations

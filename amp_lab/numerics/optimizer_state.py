@@ -1,11 +1,9 @@
 """Adam's second moment in the dtype it is stored in, and the largest update it allows, at probes.
 
-The second-moment cliff (docs/amp_pitfalls.md §3): a moment of squared gradients ~1e-4 is ~1e-8
-x (1 - beta2), below fp16's smallest subnormal (~6e-8), so it is stored as 0 and the step
-becomes lr * m / eps. A probe counts, over every `exp_avg_sq`, the entries that are zero and
-those that are subnormal in their storage dtype (for torchao's block-scaled states: zero after
-dequantisation; subnormal in the fp8 codes), and the update-to-weight ratio (of the norms) of
-each weight matrix. All of it stays on the device until a log step reads it.
+The second-moment cliff (docs/amp_pitfalls.md §3): a moment below the storage dtype's smallest
+subnormal is stored as 0, and the step becomes lr * m / eps. A probe counts the zero and the
+subnormal entries of every `exp_avg_sq` (torchao's block-scaled states after dequantisation), and
+the update-to-weight ratio of each weight matrix, on the device until a log step reads them.
 """
 
 from __future__ import annotations
@@ -93,11 +91,12 @@ def read_state_probe(probe: dict[str, Any] | None, names: list[str]) -> dict[str
         record["diag/v_subnormal_share"] = subnormal / probe["v_size"]
     if "ratios" in probe:
         ratios = probe["ratios"].tolist()
-        top = max(range(len(ratios)), key=lambda i: _order(ratios[i]))  # nan: the largest
+        top = max(range(len(ratios)), key=lambda i: nan_as_inf(ratios[i]))  # nan: the largest
         record["diag/max_update_ratio"] = ratios[top]
         record["diag/max_update_ratio_param"] = names[probe["ratio_index"][top]]
     return record
 
 
-def _order(value: float) -> float:
+def nan_as_inf(value: float) -> float:
+    """A sort key under which nan is the largest value."""
     return math.inf if value != value else value

@@ -1,9 +1,7 @@
-"""The pitfall lab: classic AMP mistakes and numerical faults, reproduced on purpose.
+"""The pitfall lab: classic AMP mistakes (`pitfall=`) and numerical faults (`fault.*`), on purpose.
 
-`pitfall=` swaps the correct TrainStep (amp_lab/step.py) for a variant that makes one mistake
-of docs/amp_pitfalls.md §2-3; `fault.*` injects a numerical fault. LabStep is TrainStep plus the
-faults, and each variant overrides one of TrainStep's stages, so every mistake is a few lines
-that read next to the right way, and every other stage is the runner's own.
+Each variant overrides one stage of the correct TrainStep (amp_lab/step.py), so every mistake is
+a few lines that read next to the right way (docs/amp_pitfalls.md §2-3).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """float8 training of Linear layers with torchao (an optional extra: `pip install amp-lab[fp8]`).
 
-`convert_to_float8_training` swaps eligible `nn.Linear` modules for torchao's `Float8Linear`:
-the three matmuls of each layer (output, grad_input, grad_weight) run in float8 with dynamic
-scales, everything else in bf16 autocast. The weights, their gradients and the optimizer stay
-fp32. Hardware float8 matmuls need NVIDIA SM 8.9+ (Ada, Hopper, Blackwell); torchao's emulation
-runs the same casts with ordinary matmuls anywhere, slowly: a correctness check, not a speed run.
+Eligible `nn.Linear` layers become torchao's `Float8Linear` (their three matmuls in float8 with
+dynamic scales), everything else runs in bf16 autocast; weights and optimizer stay fp32. Hardware
+float8 needs SM 8.9+; torchao's emulation runs anywhere, slowly: a correctness check only.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """A dynamic loss scaler with DeepSpeed's hysteresis semantics, on torch's GradScaler API.
 
-Differences from torch's GradScaler (which backs off on every overflow and has no bounds):
-- hysteresis: the scale backs off only on the N-th consecutive overflow (and on each further one
-  in the same run of overflows); a clean step resets the count. One stray inf no longer halves
-  the scale. This is DeepSpeed's `hysteresis` with `consecutive_hysteresis=True`; Megatron-LM
-  (and DeepSpeed's default) restore the count only when the scale grows, so overflows spread
-  over a growth interval add up there.
-- max_scale: growth never passes it.
-- min_scale: backoff never goes below it. An overflow that is due to back off while the scale is
-  already at min_scale means loss scaling cannot help any more (DeepSpeed raises there): the
-  scaler records it and the Trainer stops the run as diverged at its next log step.
-At hysteresis=1, with the bounds out of reach, it is torch's GradScaler bit for bit: the new scale
-is computed as torch's `_amp_update_scale_` does (the fp32 scale times the factor in double, cast
-to fp32 once), it grows when the count of clean steps reaches growth_interval exactly, and a
-growth whose result is not finite leaves the scale as it was. All state lives in device tensors
-updated with tensor ops: no host sync per step.
+- hysteresis: the scale backs off only on the N-th consecutive overflow (and on each further
+  one); a clean step resets the count (DeepSpeed's `consecutive_hysteresis=True`), so one stray
+  inf no longer halves the scale.
+- max_scale bounds growth; min_scale bounds backoff, and a backoff due at min_scale means loss
+  scaling cannot help: the Trainer stops the run as diverged at its next log step.
+At hysteresis=1, with the bounds out of reach, it is torch's GradScaler bit for bit: the scale
+times the factor in double, cast to fp32 once; growth when the clean count reaches
+growth_interval exactly; no growth to inf. All state is device tensors: no host sync per step.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Low-precision model weights: an fp32 master copy in the optimizer, or rounded fp32 updates.
 
-`bf16_pure` and `fp16_pure` keep the model's parameters in 16 bits, but for BatchNorm's weights
-and running statistics, which stay fp32 as in apex O2 (`keep_batchnorm_fp32`): a running variance
-averaged in 16 bits drifts, and the norm layers are a sliver of the weights. Two ways to update
-the 16-bit ones:
-
-- `MasterWeights` (the apex O2 recipe): the optimizer is rebuilt on fp32 copies of the weights.
-  Before the loss scaler unscales, the 16-bit gradients move into the masters' fp32 `.grad`, so
-  the GradScaler unscales, checks and steps the masters; after each step the masters are copied
-  back (round to nearest) into the model. The optimizer's `param_groups` and state hold exactly
-  these fp32 masters, so what it reports is what it holds.
-- `RoundedUpdates` (bf16 without masters): each optimizer step runs on a transient fp32 up-cast of
-  the bf16 weights and gradients (so the optimizer state is fp32), then the result is written back
-  to bf16 by round-to-nearest, stochastic rounding, or with a bf16 Kahan compensation buffer that
-  carries the rounding error into the next step (Zamirai et al. 2020, "Revisiting BFloat16
-  Training"). No fp32 copy of the weights survives between steps.
+`bf16_pure` and `fp16_pure` keep the weights in 16 bits but for BatchNorm's, which stay fp32 as
+in apex O2: a running variance averaged in 16 bits drifts. Two ways to update the 16-bit ones:
+- `MasterWeights` (apex O2): the optimizer steps fp32 copies, which take the 16-bit gradients
+  before the scaler unscales and are copied back (round to nearest) after each step.
+- `RoundedUpdates` (bf16 without masters): each step runs on a transient fp32 up-cast and is
+  written back by round-to-nearest, stochastic rounding, or with a bf16 Kahan compensation buffer
+  (Zamirai et al. 2020, "Revisiting BFloat16 Training").
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Optimizer-state precision (`optim.state_dtype`): which optimizer keeps Adam's moments in what.
 
-- fp32: timm's optimizer (torch AdamW, fused where it exists); 8 bytes per parameter.
-- bf16, fp16: `LowPrecisionMomentsAdam` below, 4 bytes per parameter. No library stores the
-  moments of fp32 weights in 16 bits (torchao's AdamW keeps them in the weights' dtype).
-- int8, int4, fp8: torchao.optim's `AdamW8bit`, `AdamW4bit`, `AdamWFp8` (and `Adam8bit`, ...),
-  block-quantised with one fp32 scale per `block_size` values; about 2, 1 and 2 bytes.
-
-torchao keeps tensors under 4096 values (and those not divisible by `block_size`) in fp32, as
-bitsandbytes does: norms and biases are a sliver of the weights and the most sensitive ones.
+fp32: timm's optimizer. bf16, fp16: `LowPrecisionMomentsAdam` below (no library stores the
+moments of fp32 weights in 16 bits). int8, int4, fp8: torchao.optim's block-quantised AdamW/Adam,
+which keeps tensors under 4096 values in fp32, as bitsandbytes does.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Every use of torch GradScaler's private state, in one place.
 
-torch's public GradScaler API has no device-side view of the inf/nan flag `unscale_` leaves, of
-the scale tensor, or of a scale update outside `update()`. amp_lab needs all three without a
-host sync: the step reports skipped updates, the diagnostics record the scale every step, the
-hysteresis scaler replaces `update()`, and the pitfall lab updates the scale per micro-batch on
-purpose. These functions were checked against the torch versions in CHECKED_TORCH
-(tests/precision/test_scaler_internals.py fails on any other major.minor until they are re-checked).
+torch's public API has no device-side view of the inf/nan flag `unscale_` leaves, of the scale
+tensor, or of a scale update outside `update()`; the step, the diagnostics, the hysteresis scaler
+and the pitfall lab need them without a host sync. tests/precision/test_scaler_internals.py fails
+on a torch major.minor not in CHECKED_TORCH until these are re-checked.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Loss scalers: torch's dynamic GradScaler, and a fixed-scale one for modes that need no scaling.
+"""Loss scalers, all torch's GradScaler with only update() differing.
 
-Every mode runs through a GradScaler so the training step reads the same for all of them:
-`step()` skips an update whose gradients hold inf/nan (without a host sync when the optimizer is
-fused), and `update()` adjusts the scale. Modes without dynamic scaling use a StaticGradScaler
-pinned at 1.0: nothing is scaled, but a non-finite step is still skipped and counted instead of
-being written into the weights. `scaler.kind=static` uses the same class at a chosen fixed
-scale; `scaler.kind=hysteresis` is the Megatron/DeepSpeed scaler of hysteresis.py. All of them
-are torch's GradScaler: its scale(), unscale_() and step() as they are, only update() differs.
+Every mode runs through a GradScaler, so the step reads the same for all of them and a
+non-finite step is skipped and counted rather than written into the weights. Modes without
+dynamic scaling get a StaticGradScaler pinned at 1.0; `scaler.kind=static` is the same class at a
+chosen scale, `scaler.kind=hysteresis` the DeepSpeed-style scaler of hysteresis.py.
 """
 
 from __future__ import annotations

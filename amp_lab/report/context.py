@@ -112,20 +112,22 @@ def gather(runs: list[RunData], argv: list[str]) -> dict[str, Any]:
 
 
 def markdown(context: dict[str, Any]) -> str:
-    """The context as a short markdown section."""
-    host = context["host"]
-    load = host["load_avg"]
+    """The context as report.md and a study's README open with: the commands, then where and
+    when they ran."""
+    host, load = context["host"], context["host"]["load_avg"]
     lines = [
-        f"- date: {context['date']}; devices: {', '.join(context['devices'])}",
-        f"- torch {host['torch']}, timm {host['timm']}, Python {host['python']} on "
-        f"{host['platform']}; {host['cores']} cores, load average "
-        + ("unknown" if load is None else " / ".join(f"{v:.1f}" for v in load)),
-        *[f"- runs: `{command}`" for command in context["commands"]],
-        f"- report: `{context['report_command']}`",
+        "Made with:",
+        "```bash",
+        *context["commands"],
+        context["report_command"],
+        "```",
+        f"on {', '.join(context['devices'])} ({host['cores']} cores, load average "
+        + ("unknown" if load is None else f"{load[0]:.1f}")
+        + f"), {context['date'][:10]}, torch {host['torch']}, timm {host['timm']}.",
     ]
     if not context["speed_representative"]:
         lines.append(
-            f"- **speed and memory are not representative**: {context['speed_note']}; "
-            "they are shown, not judged"
+            f"Speed and memory are **not representative**: {context['speed_note']}. "
+            "They are shown in the tables and left out of the verdicts."
         )
     return "\n".join(lines)

@@ -54,7 +54,7 @@ def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
             "n": len(cell.runs),
             "status": _status(cell.runs),
             "health": merged_health(cell.runs),
-            "figures": {k: s.as_dict() for k, s in figures(cell).items()},
+            "figures": {k: asdict(s) for k, s in figures(cell).items()},
             "delta": comps[cell.value].as_dict(),
         }
         for cell in group.cells

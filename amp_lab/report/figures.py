@@ -60,9 +60,6 @@ class Stat:
             paired,
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def figures(cell: Cell) -> dict[str, Stat]:
     """Each of FIGURES over the cell's runs that have it."""
@@ -107,8 +104,8 @@ class Comparison:
     memory_ratio: float | None  # mean peak memory / the reference's
     # the judge's verdicts on the paired Δ (amp_lab/health/compare.py); loss relative to the
     # reference's mean val loss, lower is better
-    acc_verdict: Difference = NO_DIFFERENCE
-    loss_verdict: Difference = NO_DIFFERENCE
+    acc_interval: Difference = NO_DIFFERENCE
+    loss_rel_interval: Difference = NO_DIFFERENCE
 
     @property
     def paired(self) -> bool:
@@ -119,19 +116,10 @@ class Comparison:
         """BETTER, MATCHES, WORSE, `differs`, or None: inconclusive."""
         if not self.paired:
             return None
-        return combine(self.acc_verdict.sign, self.loss_verdict.sign)
+        return combine(self.acc_interval.sign, self.loss_rel_interval.sign)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "acc": self.acc.as_dict(),
-            "loss": self.loss.as_dict(),
-            "loss_rel": self.loss_rel,
-            "speedup": self.speedup,
-            "memory_ratio": self.memory_ratio,
-            "acc_interval": asdict(self.acc_verdict),
-            "loss_rel_interval": asdict(self.loss_verdict),
-            "verdict": _verdict_name(self.verdict),
-        }
+        return {**asdict(self), "verdict": _verdict_name(self.verdict)}
 
 
 def _verdict_name(verdict: int | str | None) -> str:
@@ -159,6 +147,6 @@ def compare(cell: Cell, ref: Cell | None, cfg: HealthConfig) -> Comparison:
         loss_rel=_ratio(loss.mean, ref_loss),
         speedup=_ratio(mine["mean_samples_per_s"].mean, theirs["mean_samples_per_s"].mean),
         memory_ratio=_ratio(mine["peak_memory_mb"].mean, theirs["peak_memory_mb"].mean),
-        acc_verdict=paired(_pairs(runs, refs, "final_val_acc"), cfg.acc_pp / 100, cfg),
-        loss_verdict=paired(loss_rel, cfg.loss_rel, cfg, higher_is_better=False),
+        acc_interval=paired(_pairs(runs, refs, "final_val_acc"), cfg.acc_pp / 100, cfg),
+        loss_rel_interval=paired(loss_rel, cfg.loss_rel, cfg, higher_is_better=False),
     )

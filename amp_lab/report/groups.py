@@ -1,18 +1,16 @@
 """Comparison groups: runs compared along one axis, each group against its own reference.
 
-The axis is a settings key or a whole group (`precision`: the mode and its own options). Runs equal
-in every other setting, seeds and the settings in IGNORED aside, form a group; inside a group the
-runs with one axis value form a cell (its seeds). A group's reference cell is its fp32 run on the
-precision axis, the schema's default value on another axis, or what `--ref` names. So no run is
-ever compared across models, data sets or batch sizes.
+Runs equal in every setting but the axis (seeds and IGNORED aside) form a group; its runs at one
+axis value form a cell. A group's reference is its fp32 cell on the precision axis, the schema's
+default on another axis, or what `--ref` names: no run is compared across models or data sets.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from amp_lab.config import AmpLabConfig, flat_settings
 from amp_lab.report.runs import SEED_KEY, ReportError, RunData, matches
 
 DEFAULT_AXIS = "precision"
@@ -55,7 +53,8 @@ class Group:
         return next((cell for cell in self.cells if cell.is_reference), None)
 
 
-def _is_ignored(key: str) -> bool:
+def is_ignored(key: str) -> bool:
+    """Whether a settings key is one of IGNORED or inside one."""
     return any(key == name or key.startswith(name + ".") for name in IGNORED)
 
 
@@ -150,7 +149,7 @@ def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
     keys = axis_keys(runs, by)
     settings = _filled(runs)
     shown = _varying(settings, keys)
-    others = sorted({k for s in settings for k in s if k not in keys and not _is_ignored(k)})
+    others = sorted({k for s in settings for k in s if k not in keys and not is_ignored(k)})
     group_keys = [tuple(s.get(k) for k in others) for s in settings]
     apart = _naming(others, group_keys)
     groups: dict[tuple[str | None, ...], Group] = {}
@@ -168,26 +167,11 @@ def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
     return list(groups.values())
 
 
-def schema_default(key: str) -> str | None:
-    """The schema's default for a settings key, as JSON (the value a run gets unless told)."""
-    from amp_lab.config import AmpLabConfig
-
-    node: Any = AmpLabConfig()
-    for part in key.split("."):
-        if not hasattr(node, part):
-            return None
-        node = getattr(node, part)
-    try:
-        return json.dumps(node, sort_keys=True)
-    except TypeError:
-        return None
-
-
 def _default_value(by: str) -> str:
     first = by.split(",")[0]
     if first in (DEFAULT_AXIS, "precision.name"):
         return REFERENCE_PRECISION
-    return _plain(schema_default(first))
+    return _plain(flat_settings(AmpLabConfig()).get(first))  # the schema's default, as JSON
 
 
 def set_references(groups: list[Group], by: str, ref: str | None) -> None:

@@ -1,10 +1,8 @@
 """overview.png: one row of panels per comparison group (small multiples), matplotlib (Agg).
 
-Panels: train loss vs step, train loss minus the reference's, val accuracy, and the loss scale
-when a run of the group scales its loss. A cell is one line (mean over its seeds, min-max band);
-a diverged cell is drawn up to its last finite point and marked with an x. Each row has one
-legend, outside its axes and inside the figure, labelled only with what differs (`fp16`,
-`bf16 (3 seeds)`), in colours that mean the same axis value in every row.
+Panels: train loss, train loss minus the reference's, val accuracy, and the loss scale when a
+run scales its loss. A cell is one line (mean over its seeds, min-max band); a diverged cell ends
+in an x at its last finite point. Colours mean the same axis value in every row.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from amp_lab.report.context import markdown as context_markdown
 from amp_lab.report.tables import group_sections
 
 START, END = "<!-- amp_lab.report:start -->", "<!-- amp_lab.report:end -->"
@@ -18,33 +19,16 @@ START, END = "<!-- amp_lab.report:start -->", "<!-- amp_lab.report:end -->"
 
 def findings(data: dict[str, Any], picture: str) -> str:
     """The commands, the context, the rules, each group's verdict and table, the overview."""
-    context = data["context"]
-    host = context["host"]
-    load = host["load_avg"]
-    lines = [
-        "Made with:",
-        "```bash",
-        *context["commands"],
-        context["report_command"],
-        "```",
-        f"on {', '.join(context['devices'])} ({host['cores']} cores, load average "
-        + ("unknown" if load is None else f"{load[0]:.1f}")
-        + f"), {context['date'][:10]}, "
-        f"torch {host['torch']}, timm {host['timm']}.",
-    ]
-    if not context["speed_representative"]:
-        lines.append(
-            f"Speed and memory are **not representative**: {context['speed_note']}. "
-            "They are shown in the tables and left out of the verdicts."
-        )
-    lines += [
-        "",
-        data["rules"],
-        "",
-        *group_sections(data, "####"),
-        f"![overview of the report]({picture})",
-    ]
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            context_markdown(data["context"]),
+            "",
+            data["rules"],
+            "",
+            *group_sections(data, "####"),
+            f"![overview of the report]({picture})",
+        ]
+    )
 
 
 def update_readme(readme: Path, data: dict[str, Any], overview: Path) -> None:

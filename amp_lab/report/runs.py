@@ -1,10 +1,7 @@
 """Finished (or crashed) runs read back from their directories, for reports.
 
-A run directory holds `metrics.jsonl`, `summary.json`, `settings.json` (the run's settings, flat)
-and `.hydra/{config,overrides}.yaml`. A run
-killed before its summary still loads, from its metrics alone, and is marked incomplete. A file
-that cannot be parsed is left out with a warning (and a line of metrics.jsonl that is not a
-record is skipped), so one damaged run does not stop a report over a sweep.
+A run killed before its summary loads from its metrics alone, marked incomplete; an unreadable
+file is left out with a warning, so one damaged run does not stop a report over a sweep.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from amp_lab.config import flat_settings
 from amp_lab.records import HYDRA_DIR, METRICS_FILE, SETTINGS_FILE, SUMMARY_FILE
 
 log = logging.getLogger(__name__)
@@ -128,14 +126,7 @@ def _overrides(path: Path) -> dict[str, str]:
 def _settings(path: Path, config: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
     """The run's flat settings: settings.json, else the resolved config, else its overrides
     (a run refused at start-up has only those; `precision=fp16` stands for `precision.name`)."""
-    flat = _read(path / SETTINGS_FILE, json.loads, dict)
-    if not flat:
-        flat = {
-            f"{group}.{key}": json.dumps(value, sort_keys=True)
-            for group, values in config.items()
-            if isinstance(values, dict)
-            for key, value in values.items()
-        }
+    flat = _read(path / SETTINGS_FILE, json.loads, dict) or flat_settings(config)
     if not flat:
         for key, value in overrides.items():
             try:

@@ -1,10 +1,8 @@
 """The report's sentences: each run's health as the judge wrote it, and one verdict per group.
 
-Nothing here judges a run: a run's health is its summary.json `health` (amp_lab/health/rules.py),
-and whether a cell matches, beats or trails its reference is amp_lab/health/compare.py's paired
-interval over the seeds. This module words them: "bf16 matches fp32 (Δacc +0.1 ± 0.4 pp, Δloss
-+0.2 ± 0.9%, 3 seeds), 1.9× faster; fp16 loss stalled in 2 of 3 seeds, inconclusive against
-fp32: 3 seeds, noise ±4.1 pp".
+Nothing here judges: a run's health is its summary.json `health` (health/rules.py), and whether a
+cell matches, beats or trails its reference is health/compare.py's paired interval. This module
+words them ("bf16 matches fp32 (Δacc +0.1 ± 0.4 pp, ...), 1.9× faster").
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ def _interval(diff: Difference, scale: float, unit: str) -> str:
 
 def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
     """The accuracy-and-loss clause of a verdict, by the judge's paired intervals."""
-    acc, loss = comp.acc_verdict, comp.loss_verdict
+    acc, loss = comp.acc_interval, comp.loss_rel_interval
     if acc.mean is None:
         return f"{value}: no val accuracy to compare with {ref}"
     figures = [f"Δacc {_interval(acc, 100, ' pp')}"]

@@ -1,10 +1,8 @@
 """The comparison as a W&B Report (wandb-workspaces): saved online, or its spec as JSON offline.
 
-The same grouping as report.json: per comparison group a heading, its verdict and a panel grid
-whose run set is the sweep's W&B group narrowed to the group's settings and grouped by those
-settings plus the axis (a model x precision sweep never merges models into one line): train
-loss, val accuracy, loss scale, throughput and memory. A last grid holds parallel coordinates
-over the leaf keys that vary (`precision.name`, `scaler.init_scale`, ...).
+Per comparison group: a heading, its verdict and a panel grid over the sweep's W&B group narrowed
+to the group's settings (loss, accuracy, loss scale, throughput, memory); then parallel
+coordinates over the settings that vary.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from amp_lab.records import WANDB_ID_FILE
-from amp_lab.report.groups import IGNORED
+from amp_lab.report.groups import is_ignored
 from amp_lab.report.runs import RunData
 from amp_lab.tracking.wandb_sink import redact, sweep_group
 
@@ -64,7 +62,7 @@ def varying_leaves(runs: list[RunData]) -> list[str]:
         for k in keys
         if len({run.settings.get(k) for run in runs}) > 1
         and all(_scalar(run.settings.get(k)) for run in runs)
-        and not any(k == i or k.startswith(i + ".") for i in IGNORED)
+        and not is_ignored(k)
     ]
 
 

@@ -1,20 +1,12 @@
 """Weights & Biases tracking: every run is a real W&B run, offline by default, never fatal.
 
-The sink imports wandb lazily and never lets wandb prompt: online mode without an API key
-(`$WANDB_API_KEY`, an identity token file or `.netrc`) is one warning and offline at once, on a
-terminal too. A W&B failure (no network, a bad key, a service error) is a warning and a fall-back
-to offline mode after at most `$WANDB_INIT_TIMEOUT` seconds: training goes on and metrics.jsonl
-always has every record. The mode really used, and why, is in summary.json (`tracking`) and in
-the W&B config (`logger.mode`, `tracking`). The W&B files live in the run directory
-(`<run dir>/wandb/`), and the run id is kept in `<run dir>/wandb_run_id`, so a resumed job
-continues the same W&B run.
-
-The sink calls wandb from the training thread, in order; wandb's own service process
-(`wandb-core`) writes the files and talks to the server. wandb prints nothing on the terminal
-(`silent=True`): what it still has to say (its login, warnings, errors) goes to the run's log
-file, `<run dir>/<job>.log`, and its detailed logs stay under `<run dir>/wandb/` (those of a
-failed online start, with its retries, in `wandb/online-attempt-logs/`). amp_lab says where the
-W&B run is, in one line.
+wandb is imported lazily and never prompts: online without credentials is one warning and
+offline at once; a W&B failure is a warning and a fall-back to offline (after at most
+`$WANDB_INIT_TIMEOUT` s), and training goes on. The mode used, and why, is in summary.json
+(`tracking`) and the W&B config. wandb's own `wandb-core` process writes the files under
+`<run dir>/wandb/`; wandb prints nothing on the terminal (its lines go to the run's log file).
+The run id is kept in `<run dir>/wandb_run_id`, so a resumed job continues its W&B run
+(docs/tracking.md).
 """
 
 from __future__ import annotations

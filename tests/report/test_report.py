@@ -63,7 +63,7 @@ def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path
     assert "CPU" in data["context"]["speed_note"] and data["context"]["devices"] == ["cpu"]
     assert data["context"]["host"]["torch"] and data["context"]["host"]["timm"]
     md = (sweep / "report" / "report.md").read_text()
-    assert "**speed and memory are not representative**" in md and data["rules"] in md
+    assert "Speed and memory are **not representative**" in md and data["rules"] in md
     assert "verdict: bf16" in capsys.readouterr().out  # the terminal tables
 
 
