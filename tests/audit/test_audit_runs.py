@@ -111,3 +111,23 @@ def test_eager_and_a_compiled_model_give_the_same_audit(tmp_path):
         "compiled": True,
     }
     assert {k: audits["compiled"][k] for k in SAME} == {k: audits["eager"][k] for k in SAME}
+
+
+def test_the_report_shows_low_precision_flops_and_flags_broken_promises(tmp_path):
+    from helpers.reports import report, run
+
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_pitfall=none", "precision=fp16", "precision.fp32_modules=[head]", steps=2)
+    run(sweep, "1_pitfall=half_model", "precision=fp16", "pitfall=half_model", steps=2)
+    data = report(str(sweep), "--by", "pitfall.name")
+    cells = {c["value"]: c for g in data["groups"] for c in g["cells"]}
+    share = cells["none"]["figures"]["low_precision_share"]["mean"]
+    assert 0.999 < share < 1  # all but the fp32 head
+    assert not cells["none"]["health"]
+    assert cells["half_model"]["health"][0].startswith(
+        "precision audit: precision=fp16 promises fp32 weights, but those of (model), "
+    )
+    table = (sweep / "report" / "report.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| pitfall.name"))
+    assert "| low-precision FLOPs % |" in header
+    assert "**precision audit: precision=fp16 promises fp32 weights" in table
