@@ -99,7 +99,10 @@ def test_each_mode_on_test_vit_keeps_its_promise_as_worked_out_by_hand(tmp_path,
         assert flops == {"fp8": VIT_LINEARS, "bf16": VIT_PATCH + VIT_HEAD}
         assert len(audit["fp8"]["converted"]) == 24 and audit["fp8"]["emulated"] is True
         assert audit["fp8"]["left"] == {"head": "the classifier"}
-        assert audit["headline"].startswith("fp8: 99.7% of GEMM FLOPs in fp8 (emulated); bf16: ")
+        assert audit["headline"] == (
+            "fp8: 99.7% of GEMM FLOPs in fp8 (emulated); bf16: patch_embed.proj (0.3%, not a "
+            "Linear), head (<0.1%, not converted: the classifier)"
+        )
     else:
         assert flops == {low: VIT_LINEARS + VIT_HEAD + VIT_PATCH}
         assert audit["headline"] == f"{name}: 100.0% of GEMM FLOPs in {low}"
@@ -131,6 +134,9 @@ def test_each_mode_on_test_convnext_runs_every_gemm_where_promised(tmp_path, mod
         assert left["head.fc"] == "the classifier"
         assert left["stages.0.blocks.0.mlp.fc1"] == "dims 24x96 not multiples of 16"
         assert len(audit["fp8"]["converted"]) == 16
+        # torch's formula for a grouped convolution's backward: more than twice its forward's
+        depthwise = 2 * B * 8 * 8 * 24 * 7 * 7
+        assert audit["modules"]["stages.0.blocks.0.conv_dw"]["gemm_flops"]["bf16"] > 3 * depthwise
     else:
         assert set(flops) == {"fp32" if mode[0].endswith("fp32") else "bf16"}
 

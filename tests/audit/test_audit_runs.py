@@ -19,9 +19,20 @@ SAME = ("promise", "kept", "breaches", "headline", "coverage", "modules", "param
 
 
 def test_amp_lab_audit_runs_one_step_alone_and_prints_the_headline(tmp_path):
-    done = run_cli("audit", *FAST, "precision=bf16", "--out", str(tmp_path), cwd=tmp_path)
+    done = run_cli(
+        "audit",
+        *FAST,
+        "precision=bf16",
+        "precision.fp32_modules=[head]",
+        "--out",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == "bf16: 100.0% of GEMM FLOPs in bf16"
+    assert done.stdout.splitlines()[:2] == [  # as docs/precision.md shows it
+        "bf16: >99.9% of GEMM FLOPs in bf16; fp32: head (<0.1%, fp32_modules)",
+        "promise: compute bf16, params fp32, masters fp32, state fp32, loss fp32, scaler False",
+    ]
     assert f"details: {tmp_path / AUDIT_FILE}" in done.stdout
     assert json.loads((tmp_path / AUDIT_FILE).read_text())["kept"] is True
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "summary.json").exists()
