@@ -142,3 +142,29 @@ def test_the_report_shows_low_precision_flops_and_flags_broken_promises(tmp_path
     header = next(line for line in table.splitlines() if line.startswith("| pitfall.name"))
     assert "| low-precision FLOPs % |" in header
     assert "**precision audit: precision=fp16 promises fp32 weights" in table
+
+
+@pytest.mark.slow
+def test_under_fsdp_the_audit_reports_each_units_policy(tmp_path):
+    """Two gloo ranks: the root and test_vit's 6 blocks are units, each gathering its fp32
+    shards in bf16 for compute and reducing gradients in fp32 (fsdp's auto dtypes under bf16)."""
+    from helpers.distributed import torchrun
+
+    done = torchrun(
+        *FAST,
+        "trainer.max_steps=2",
+        "trainer.strategy=fsdp",
+        "precision=bf16",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    audit = json.loads((tmp_path / "run" / AUDIT_FILE).read_text())
+    assert audit["kept"] and audit["headline"] == "bf16: 100.0% of GEMM FLOPs in bf16"
+    assert [u["unit"] for u in audit["fsdp"]] == ["(root)", *(f"blocks.{i}" for i in range(6))]
+    assert all(
+        (u["param_dtype"], u["reduce_dtype"], u["computed_with"]) == ("bf16", "fp32", ["bf16"])
+        for u in audit["fsdp"]
+    )
+    assert audit["modules"]["blocks.0.attn.qkv"]["params"] == "bf16"  # gathered in bf16
+    assert audit["params"]["blocks.0.attn.qkv.weight"]["dtype"] == "fp32"  # the shard kept fp32
