@@ -275,3 +275,26 @@ def test_steps_after_the_audited_one_run_unwatched(tmp_path):
     assert not torch.nn.modules.module._global_forward_pre_hooks
     assert not torch.utils._python_dispatch._get_current_dispatch_mode_stack()
     assert run.audit.around(2).__class__.__name__ == "nullcontext"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optim.state_dtype=int8"],  # torchao keeps tensors under 4096 values in fp32
+        ["precision=fp16", "scaler=hysteresis"],
+        ["precision=fp16", "scaler.kind=static"],  # a fixed scale, asked for
+        ["precision=fp16", "scaler.enabled=false"],  # the doctor's autocast probe
+        ["precision=fp16", "trainer.grad_accum=2", "diagnostics=full"],
+        ["precision=bf16", "trainer.clip_grad=1.0", "trainer.clip_mode=value"],
+        [
+            "precision=bf16_pure",
+            "precision.master_weights=false",
+            "precision.update_rounding=kahan",
+        ],
+        ["precision=bf16_pure", "trainer.ema.decay=0.99", "trainer.ema.fp32=false"],
+    ],
+    ids=["int8_state", "hysteresis", "static", "no_scaler", "accum", "clip", "kahan", "ema"],
+)
+def test_no_healthy_configuration_is_flagged(tmp_path, overrides):
+    audit = audit_of(tmp_path, *overrides)
+    assert audit["kept"], audit["breaches"]
