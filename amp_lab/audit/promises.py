@@ -252,8 +252,8 @@ def _step_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
         breaches.append(
             Breach(
                 "loss",
-                f"precision={exp.mode} promises a {promise.loss} loss at backward, but it was "
-                f"{loss}",
+                f"precision={exp.mode} promises the loss in {promise.loss} at backward, but it "
+                f"was {loss}",
             )
         )
     scaler = facts["scaler"]

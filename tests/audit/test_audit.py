@@ -298,3 +298,11 @@ def test_steps_after_the_audited_one_run_unwatched(tmp_path):
 def test_no_healthy_configuration_is_flagged(tmp_path, overrides):
     audit = audit_of(tmp_path, *overrides)
     assert audit["kept"], audit["breaches"]
+
+
+def test_a_loss_computed_in_fp16_is_caught(tmp_path):
+    audit = audit_of(tmp_path, "precision=fp16", "pitfall=loss_in_low_precision")
+    assert audit["loss"] == {"dtype": "fp16"}
+    assert [b["line"] for b in audit["breaches"]] == [
+        "precision=fp16 promises the loss in fp32 at backward, but it was fp16"
+    ]
