@@ -22,7 +22,7 @@ import torch
 from timm.utils import ModelEmaV3
 from torch.amp import GradScaler
 
-from amp_lab.audit import promises, record
+from amp_lab.audit import coverage, promises, record
 from amp_lab.audit.observe import StepSeen, StepWatch
 from amp_lab.audit.promises import Expected
 from amp_lab.checkpoint.run_dir import write_bytes_atomic
@@ -132,7 +132,7 @@ class PrecisionAudit:
                 self.train_step.model, str(s.trainer.compile), s.trainer.compile_backend
             ),
         }
-        cover = promises.coverage(seen.gemm_flops, exp, facts["fp8"])
+        cover = coverage.coverage(seen.gemm_flops, exp, facts["fp8"])
         broken = promises.breaches(seen.gemm_flops, facts, exp)
         return {
             "step": step,

@@ -35,7 +35,7 @@ def operand_dtype(args: tuple[Any, ...], tf32: dict[str, bool], conv: bool) -> s
     # the first matrix operand: addmm's first argument is the (1-D) bias
     operands = [t for t in tensors if t.dim() >= 2] or tensors
     dtype = operands[0].dtype if operands else torch.float32
-    if dtype == torch.float32 and operands[0].is_cuda:
+    if dtype == torch.float32 and operands and operands[0].is_cuda:
         return "tf32" if tf32["conv" if conv else "matmul"] else "fp32"
     return dtype_name(dtype)
 
@@ -106,9 +106,10 @@ class GemmFlops(TorchDispatchMode):
             node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
             if node is not None and node not in self.node_of:
                 self.node_of[node] = self.made_by.get(_storage(t) or 0, module)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and (address := _storage(t)) is not None:
-                self.made_by[address] = module
+        inputs = {_storage(t) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:  # new memory only: a view's is still its base's producer's
+            if isinstance(t, torch.Tensor) and (address := _storage(t)) not in inputs:
+                self.made_by[address or 0] = module
         return module
 
     def __torch_dispatch__(
