@@ -119,6 +119,7 @@ class StepWatch:
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[StepSeen]:
+        """Inside: the step's calls are watched; what they showed fills the StepSeen yielded."""
         step, scaler = self.step, self.scaler
         counter = GemmFlops(self.model)
 
@@ -133,34 +134,23 @@ class StepWatch:
 
             return run
 
-        hook = torch.nn.modules.module.register_module_forward_hook(self._module_done)
+        # (object, method, wrapper): each replaced on the instance for the step, then restored
+        wrappers = [
+            (step, "forward_and_loss", counted),
+            (step, "backward", lambda f: counted(_then_record(f, self._backward, before=True))),
+            (step, "before_unscale", lambda f: _then_record(f, self._grads_now, before=True)),
+            (step, "norm_and_clip", lambda f: _then_record(f, self._event("clip"), before=True)),
+            (scaler, "scale", lambda f: _then_record(f, self._event("scale"), before=True)),
+            (scaler, "unscale_", lambda f: _then_record(f, self._event("unscale"))),
+        ]
         try:
             with contextlib.ExitStack() as undo:
+                hook = torch.nn.modules.module.register_module_forward_hook(self._module_done)
+                undo.callback(hook.remove)
                 undo.enter_context(counter.tracking_modules())
-                undo.enter_context(_wrapped(step, "forward_and_loss", counted))
-                undo.enter_context(
-                    _wrapped(
-                        step, "backward", lambda f: counted(_then_record(f, self._backward, True))
-                    )
-                )
-                undo.enter_context(
-                    _wrapped(
-                        step, "before_unscale", lambda f: _then_record(f, self._grads_now, True)
-                    )
-                )
-                undo.enter_context(
-                    _wrapped(
-                        step, "norm_and_clip", lambda f: _then_record(f, self._event("clip"), True)
-                    )
-                )
-                undo.enter_context(
-                    _wrapped(scaler, "scale", lambda f: _then_record(f, self._event("scale"), True))
-                )
-                undo.enter_context(
-                    _wrapped(scaler, "unscale_", lambda f: _then_record(f, self._event("unscale")))
-                )
+                for obj, name, wrap in wrappers:
+                    undo.enter_context(_wrapped(obj, name, wrap))
                 yield self.seen
         finally:
-            hook.remove()
             self.seen.gemm_flops = dict(counter.flops)
         self._grads_now()  # a step that never calls before_unscale (the pitfall lab's)
