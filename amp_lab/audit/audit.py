@@ -123,7 +123,7 @@ class PrecisionAudit:
             "params": record.parameters(self.model, seen.grads),
             "optimizer": record.optimizer(self.train_step.optimizer, self.model),
             "loss": {"dtype": seen.loss_dtype},
-            "scaler": record.scaler(self.scaler, seen.events),
+            "scaler": record.scaler(self.scaler, seen.scale, seen.events),
             "tf32": record.tf32(),
             "fp8": record.fp8_layers(self.model, exp.fp32_modules) if exp.mode == "fp8" else None,
             "fsdp": record.fsdp_units(self.model, seen.modules) if exp.fsdp else None,

@@ -42,6 +42,7 @@ class StepSeen:
     gemm_flops: dict[tuple[str, str], int] = field(default_factory=dict)
     grads: dict[str, str] = field(default_factory=dict)  # parameter -> gradient dtype
     loss_dtype: str | None = None
+    scale: float | None = None  # the loss scale this step scaled by; None: the scaler is off
     events: list[str] = field(default_factory=list)  # scale, unscale, clip: in the order they ran
 
 
@@ -121,6 +122,8 @@ class StepWatch:
     def watching(self) -> Iterator[StepSeen]:
         """Inside: the step's calls are watched; what they showed fills the StepSeen yielded."""
         step, scaler = self.step, self.scaler
+        # read before the step: a fresh scaler's scale is its init_scale, no device read
+        self.seen.scale = float(scaler.get_scale()) if scaler.is_enabled() else None
         counter = GemmFlops(self.model)
 
         def counted(stage: Callable) -> Callable:

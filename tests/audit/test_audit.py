@@ -118,6 +118,7 @@ def test_each_mode_on_test_vit_keeps_its_promise_as_worked_out_by_hand(tmp_path,
     assert masters["exist"] == name.endswith("_pure")
     assert audit["scaler"]["enabled"] and audit["scaler"]["scaled_loss"]
     assert (audit["scaler"]["class"] == "GradScaler") == PROMISES[name][5]
+    assert audit["scaler"]["scale"] == (65536.0 if PROMISES[name][5] else 1.0)  # init_scale
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ import traceback
 
 import torch
 
-from amp_lab.audit.audit import PrecisionAudit
 from amp_lab.components.data import EpochBatchSampler
 from amp_lab.components.metrics import ThroughputMeter
 from amp_lab.trainer import Trainer
@@ -97,8 +96,7 @@ def watched_fit(monkeypatch, trainer: Trainer) -> HostReadWatch:
         (Trainer, "_train_record"),
         (Trainer, "_eval_record"),
         (ThroughputMeter, "_open"),
-        (PrecisionAudit, "judge"),
-    ]:  # _open: the one timing boundary, at warm-up; judge: the audit, once after the 1st step
+    ]:  # _open: the one timing boundary, at warm-up
         monkeypatch.setattr(cls, name, _paused(watch, getattr(cls, name)))
     loop = Trainer._loop
 
