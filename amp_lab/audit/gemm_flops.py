@@ -99,6 +99,8 @@ class GemmFlops(TorchDispatchMode):
 
     def _module(self, args: Any, out: Any) -> str:
         """The module this op belongs to; in the forward, file its inputs' nodes and outputs."""
+        # torch's ModuleTracker tells backward from forward the same way; the running node is
+        # what the autograd engine is executing (torch._C: no public accessor for either)
         if torch._C._current_graph_task_id() != -1:  # backward
             return self.node_of.get(torch._C._current_autograd_node(), OUTSIDE)
         module = next((m for m in reversed(self.running) if m != OUTSIDE), OUTSIDE)
