@@ -1,7 +1,8 @@
 """`python -m amp_lab [overrides]`: one training run (or a sweep with -m) from the Hydra configs.
 
 The installed `amp_lab` command is the same, and runs the lab's tools by name:
-`amp_lab doctor|report|bench ARGS` is `python -m amp_lab.doctor|report|bench ARGS`.
+`amp_lab doctor|report|bench ARGS` is `python -m amp_lab.doctor|report|bench ARGS`;
+`amp_lab audit ARGS` audits one training step's precision (amp_lab/audit/cli.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ TOOLS = {
     "doctor": "amp_lab.doctor.cli",
     "report": "amp_lab.report.compare",
     "bench": "amp_lab.bench.cli",
+    "audit": "amp_lab.audit.cli",
 }
 
 
@@ -47,16 +49,16 @@ def main(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         sweeps.clear_mark(out_dir)
-        trainer = Trainer(build(validate(cfg), out_dir))
+        return Trainer(build(validate(cfg), out_dir)).fit()["best_val_acc"]
     except ConfigError as err:
-        # One line, no traceback; nothing was written but Hydra's own .hydra/ folder.
+        # One line, no traceback. A bad setting stops before anything but Hydra's .hydra/
+        # folder is written; a broken precision promise after the audited first step.
         print(f"amp_lab: error: {err}", file=sys.stderr)
         if hydra_cfg.mode == RunMode.RUN:
             sys.exit(2)
         log.error("job %s skipped: %s", hydra_cfg.job.num, err)  # the sweep goes on
         sweeps.mark_refused(out_dir, str(hydra_cfg.job.num), str(err))
         return None
-    return trainer.fit()["best_val_acc"]
 
 
 def run_hydra() -> None:

@@ -8,7 +8,8 @@ batch order, the run's length) -> model (the timm model, modules kept in fp32, i
 FSDP shards) -> optimization (optimizer, peak LR, warmup, schedule) -> precision (fp8 layers,
 16-bit weights and fp32 masters, the loss scaler) -> step (the training step, wrapped and
 compiled as asked, and the EMA it feeds) -> monitor (the run's counters and its health judge) ->
-resume (a finished run is left alone, a checkpoint is restored) -> sinks (where records go).
+resume (a finished run is left alone, a checkpoint is restored) -> audit (what the first step of
+this start must compute in, checked when it runs) -> sinks (where records go).
 
 Random draws happen in this order too (the seed is set in placement), so a run is reproducible.
 """
@@ -31,6 +32,7 @@ from timm.data import Mixup
 from timm.utils import ModelEmaV3
 from torch.amp import GradScaler
 
+from amp_lab.audit.audit import PrecisionAudit, expected
 from amp_lab.checkpoint.store import Checkpointer
 from amp_lab.choices import CompileMode, ScalerKind
 from amp_lab.components.augment import build_mixup
@@ -269,6 +271,25 @@ def resume(
     return Resume(state, checkpointer, finished)
 
 
+def audit(
+    settings: AmpLabConfig,
+    where: Placement,
+    net: torch.nn.Module,
+    prec: Precision,
+    stepping: Stepping,
+) -> PrecisionAudit:
+    """The precision audit of the first step this start of the run takes (amp_lab/audit/)."""
+    return PrecisionAudit(
+        settings,
+        expected(settings, where.policy, net, where.fsdp),
+        net,
+        stepping.train_step,
+        prec.scaler,
+        stepping.ema,
+        where.out_dir if where.dist.is_main else None,
+    )
+
+
 def sinks(settings: AmpLabConfig, where: Placement, feed: Feed) -> list[Sink]:
     """metrics.jsonl, the console and W&B, on rank 0 (the other ranks record nothing)."""
     if not where.dist.is_main:
@@ -301,6 +322,7 @@ def build(settings: AmpLabConfig, out_dir: Path) -> Run:
         **stepping._asdict(),
         monitor=watch,
         **resumed._asdict(),
+        audit=audit(settings, where, net, prec, stepping),
         sinks=sinks(settings, where, feed),
         started_at=started_at,
     )

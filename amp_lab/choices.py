@@ -135,6 +135,12 @@ class DiagnosticsMode(Choice):
     full = "full"
 
 
+class AuditMode(Choice):  # what a broken precision promise does (amp_lab/audit/)
+    stop = "stop"  # one line naming the promise and the modules, exit code 2
+    warn = "warn"  # a warning; the run trains on
+    off = "off"  # no audit
+
+
 class PitfallName(Choice):
     none = "none"
     no_scaler_update = "no_scaler_update"

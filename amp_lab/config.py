@@ -21,6 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from amp_lab.choices import (
+    AuditMode,
     ClipMode,
     CompileMode,
     DatasetName,
@@ -551,6 +552,17 @@ class HealthConfig:
 
 
 @dataclass
+class AuditConfig:
+    """The precision audit (docs/precision.md): the first training step of each start (a
+    resume included) is observed, and what it computed in is checked against the mode's
+    promise; steps after it run without hooks."""
+
+    # stop: a broken promise ends the run before it trains further, one line and exit code 2;
+    # warn: a warning; off: no audit. A pitfall run breaks its promise on purpose: it warns.
+    mode: AuditMode = AuditMode.stop
+
+
+@dataclass
 class PitfallConfig:
     """The pitfall lab: a classic AMP mistake reproduced on purpose (docs/diagnostics.md)."""
 
@@ -591,6 +603,7 @@ class AmpLabConfig:
         default_factory=DiagnosticsConfig, metadata=FREE_ON_RESUME
     )
     health: HealthConfig = field(default_factory=HealthConfig, metadata=FREE_ON_RESUME)
+    audit: AuditConfig = field(default_factory=AuditConfig, metadata=FREE_ON_RESUME)
     pitfall: PitfallConfig = field(default_factory=PitfallConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary

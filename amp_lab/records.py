@@ -9,6 +9,7 @@ from __future__ import annotations
 METRICS_FILE = "metrics.jsonl"  # one JSON record per log step and per evaluation
 DIAGNOSTICS_FILE = "diagnostics.jsonl"  # the numerics probes' per-layer details
 SUMMARY_FILE = "summary.json"  # the run's results; its `status` says how the run ended
+AUDIT_FILE = "precision_audit.json"  # what the first step (of each start) computed in, judged
 SETTINGS_FILE = "settings.json"  # the run's settings, flat: a resume or a rerun is compared to it
 WANDB_ID_FILE = "wandb_run_id"  # the W&B run's id: a resumed job logs to the same W&B run
 REFUSED_FILE = "refused.txt"  # a sweep job amp_lab refused at start-up: `job N: reason`

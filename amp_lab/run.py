@@ -16,6 +16,7 @@ from timm.data import Mixup
 from timm.utils import ModelEmaV3
 from torch.amp import GradScaler
 
+from amp_lab.audit.audit import PrecisionAudit
 from amp_lab.checkpoint.store import Checkpointer
 from amp_lab.components.data import DataSource, EpochBatchSampler
 from amp_lab.components.distributed import DistContext
@@ -84,6 +85,8 @@ class Run:
     state: LoopState
     checkpointer: Checkpointer
     finished: dict[str, Any] | None  # the summary of a run this directory already finished
+    # audit
+    audit: PrecisionAudit  # watches the first step this start takes, judges its precision
     # sinks (rank 0 only; none elsewhere)
     sinks: list[Sink]
     started_at: float  # time.perf_counter() when the build began: setup_s counts from here

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from amp_lab.audit.audit import BrokenPromise
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.components.augment import mix_batches
 from amp_lab.components.ema import update_ema
@@ -90,6 +91,8 @@ class Trainer:
             status = (
                 f"interrupted: {err}"
                 if isinstance(err, Interrupted)
+                else f"stopped: {err}"
+                if isinstance(err, BrokenPromise)
                 else f"crashed: {type(err).__name__}: {err}"
             )
             self.tracking = sinks.describe() or self.tracking
@@ -115,7 +118,8 @@ class Trainer:
                 data_s = time.perf_counter() - fetch_start
                 last = st.step + 1 >= run.total_steps
                 log_step = (st.step + 1) % t.log_every == 0 or last
-                result = run.train_step(micro_batches, measure_norm=log_step, step=st.step + 1)
+                with run.audit.around(st.step + 1):  # watches this start's first step only
+                    result = run.train_step(micro_batches, measure_norm=log_step, step=st.step + 1)
                 run.monitor.add(result)
                 st.step += 1
                 update_ema(run.ema, run.model, t.ema, st.step)
@@ -280,6 +284,7 @@ class Trainer:
             "output_dir": str(run.out_dir),
             "diagnostics": run.train_step.diagnostics.summary(run.monitor.history.first_bad),
             "health": run.monitor.entries(),  # the judge's findings (amp_lab/health/rules.py)
+            "precision_audit": run.audit.summary(),  # what the first step ran in (amp_lab/audit/)
             **run.describe(),
         }
 

@@ -24,6 +24,7 @@ BAD_INPUTS = [
     (["lr=cosine"], "lr=cosine is not an option of the lr group; options: default"),
     (["diagnostics=fulll"], "did you mean diagnostics=full?"),
     (["pitfall=half"], "did you mean pitfall=half_model?"),
+    (["audit=stp"], "did you mean audit=stop? options: off, stop, warn"),
     (["+accum=b64x3"], "accum=b64x3 is not an option of the accum group"),
     (["accum=b64x4"], "accum is an optional group: choose it with +accum=OPTION (options: b16x4,"),
     (["experiment=scaler_grd"], "did you mean experiment=scaler_grid?"),

@@ -293,6 +293,7 @@ def test_the_choice_fields_are_enums():
         "trainer.strategy",
         "logger.mode",
         "diagnostics.mode",
+        "audit.mode",
         "pitfall.name",
         "data.interpolation",
         "data.re_mode",

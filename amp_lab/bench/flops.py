@@ -31,11 +31,7 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
 
 def compute_dtype(mode: PrecisionMode) -> str:
     """The dtype the matmuls of a mode run in: its autocast dtype, else tf32 or fp32."""
-    if mode.autocast_dtype is not None:
-        return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
-            mode.autocast_dtype, str(mode.autocast_dtype).replace("torch.", "")
-        )
-    return "tf32" if mode.tf32 else "fp32"
+    return mode.matmul_dtype
 
 
 def device_name(device: torch.device) -> str:

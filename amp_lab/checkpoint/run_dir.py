@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from amp_lab.config import AmpLabConfig, ConfigError, changed_settings, flat_settings
 from amp_lab.records import (
+    AUDIT_FILE,
     CHECKPOINT_DIR,
     RECORD_FILES,
     SETTINGS_FILE,
@@ -115,7 +116,14 @@ class RunDir:
         """Keep these files under a dated name (by default every file of a run:
         trainer.resume=false in a used run dir); without its W&B id, a run gets a new W&B run."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        names = names or (CHECKPOINT_DIR, *RECORD_FILES, SUMMARY_FILE, SETTINGS_FILE, WANDB_ID_FILE)
+        names = names or (
+            CHECKPOINT_DIR,
+            *RECORD_FILES,
+            SUMMARY_FILE,
+            SETTINGS_FILE,
+            WANDB_ID_FILE,
+            AUDIT_FILE,
+        )
         for path in (self.path / name for name in names):
             if path.exists():
                 aside = path.with_name(f"{path.stem}.old-{stamp}{path.suffix}")

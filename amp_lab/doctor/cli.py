@@ -20,7 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     quiet = [
         logging.getLogger(name)
-        for name in ("amp_lab.build", "amp_lab.trainer", "amp_lab.numerics.diagnostics")
+        for name in (
+            "amp_lab.build",
+            "amp_lab.trainer",
+            "amp_lab.numerics.diagnostics",
+            "amp_lab.audit.audit",  # each probe's precision_audit.json keeps its audit
+        )
     ]
     levels = [logger.level for logger in quiet]
     for logger in quiet:  # the probes' warnings go to doctor.json

@@ -43,21 +43,35 @@ def check_fp8_device(device: torch.device, emulate: bool) -> None:
         )
 
 
+def fp8_skip_reason(
+    module: torch.nn.Linear, fqn: str, head: torch.nn.Module | None, fp32_modules: list[str]
+) -> str | None:
+    """Why the fp8 filter leaves this Linear in bf16, or None when it converts it."""
+    if module is head:  # its output feeds the loss directly and is small: float8 buys nothing
+        return "the classifier"
+    if any(fqn == name or fqn.startswith(f"{name}.") for name in fp32_modules):
+        return "in precision.fp32_modules"
+    # float8 GEMMs (torch._scaled_mm) need both matrix dims divisible by 16
+    if module.in_features % 16 or module.out_features % 16:
+        return f"dims {module.in_features}x{module.out_features} not multiples of 16"
+    return None
+
+
+def classifier(model: torch.nn.Module) -> torch.nn.Module | None:
+    """timm's classifier head (get_classifier()), or None for a model without one."""
+    get_classifier = getattr(model, "get_classifier", None)
+    return get_classifier() if callable(get_classifier) else None
+
+
 def fp8_filter(model: torch.nn.Module, fp32_modules: list[str]) -> Any:
     """Convert a Linear only if both dims are multiples of 16, it is not the classifier and it
     is not inside a module that precision.fp32_modules keeps in fp32."""
-    get_classifier = getattr(model, "get_classifier", None)
-    head = get_classifier() if callable(get_classifier) else None
+    head = classifier(model)
 
     def keep(module: torch.nn.Module, fqn: str) -> bool:
-        # float8 GEMMs (torch._scaled_mm) need both matrix dims divisible by 16; the head's
-        # output feeds the loss directly and is small, so float8 buys nothing there.
         return (
             isinstance(module, torch.nn.Linear)
-            and module is not head
-            and module.in_features % 16 == 0
-            and module.out_features % 16 == 0
-            and not any(fqn == name or fqn.startswith(f"{name}.") for name in fp32_modules)
+            and fp8_skip_reason(module, fqn, head, fp32_modules) is None
         )
 
     return keep

@@ -1,19 +1,50 @@
 """One table of precision modes and the policy object the training step uses.
 
 The loop never branches on dtype: it asks the policy for an autocast context and gets a loss
-scaler from scaling.py. Everything a mode means lives in the PRECISION_MODES table.
+scaler from scaling.py. Everything a mode means lives in the PRECISION_MODES table, and what a
+run of it promises (`PrecisionPolicy.promise()`) is read from that row and the run's settings;
+amp_lab/audit/ checks each promise against the first step the run really takes.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from amp_lab.choices import PrecisionName
 from amp_lab.config import ConfigError, PrecisionConfig
+
+DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8",
+    torch.float8_e5m2: "fp8",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The lab's short name of a dtype: fp32, fp16, bf16, fp8 (else torch's own, e.g. int64)."""
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+@dataclass(frozen=True)
+class Promise:
+    """What a run of a mode promises about every step; the audit (amp_lab/audit/) checks each
+    field against the first step the run takes."""
+
+    compute: str  # the GEMMs' dtype outside precision.fp32_modules: fp32 | tf32 | fp16 | bf16 | fp8
+    params: str  # the model's weights as stored (BatchNorm's stay fp32 in the pure modes)
+    masters: str  # the weights the optimizer updates: fp32, or the 16-bit weights themselves
+    state: str  # the optimizer's moments: optim.state_dtype
+    loss: str  # the loss backward starts from
+    scaler: bool  # a dynamic loss scaler scales the loss before backward
+
+    def describe(self) -> dict[str, str | bool]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -26,6 +57,13 @@ class PrecisionMode:
     param_dtype: torch.dtype = torch.float32  # the model's weights (pure modes: 16-bit)
     fp8: bool = False  # Linear layers run float8 matmuls (torchao), see amp_lab/fp8.py
     reports_mfu: bool = True  # False: no MFU, the peak FLOP/s of mixed fp8/bf16 is ill-defined
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype autocast or the TF32 switch runs matmuls in: fp32 | tf32 | fp16 | bf16."""
+        if self.autocast_dtype is not None:
+            return dtype_name(self.autocast_dtype)
+        return "tf32" if self.tf32 else "fp32"
 
 
 PRECISION_MODES = {
@@ -152,6 +190,23 @@ class PrecisionPolicy:
             "device": str(self.device),
             **self._describe_weights(),
         }
+
+    def promise(self, state_dtype: str, dynamic_scaling: bool) -> Promise:
+        """What this mode promises for a run whose optimizer keeps its moments in `state_dtype`
+        and whose scaler settings resolve to `dynamic_scaling` (scaling.uses_dynamic_scaling)."""
+        mode = self.mode
+        low_weights = mode.param_dtype != torch.float32
+        return Promise(
+            compute="fp8" if mode.fp8 else mode.matmul_dtype,
+            params=dtype_name(mode.param_dtype),
+            # no masters: the optimizer updates the 16-bit weights (rounded from an fp32 step)
+            masters=dtype_name(mode.param_dtype)
+            if low_weights and not self.options.master_weights
+            else "fp32",
+            state=state_dtype,
+            loss="fp32",  # step.loss_fn: log-softmax over 16-bit logits loses small probabilities
+            scaler=dynamic_scaling,
+        )
 
     def _describe_weights(self) -> dict:
         """Where the weights live and how they are updated, as the optimizer really holds them."""

@@ -35,7 +35,16 @@ FIGURES = (
     "optimizer_state_bytes",
     "skipped_steps",
     "final_loss_scale",
+    "low_precision_share",  # the precision audit's: in summary.json's precision_audit
 )
+AUDIT_FIGURES = ("low_precision_share",)
+
+
+def summary_figure(summary: dict[str, Any], key: str) -> object:
+    """One of FIGURES from a run's summary.json (the audit's from its precision_audit)."""
+    if key in AUDIT_FIGURES:
+        return (summary.get("precision_audit") or {}).get(key)
+    return summary.get(key)
 
 
 @dataclass
@@ -63,7 +72,9 @@ class Stat:
 
 def figures(cell: Cell) -> dict[str, Stat]:
     """Each of FIGURES over the cell's runs that have it."""
-    return {key: Stat.of([run.summary.get(key) for run in cell.runs]) for key in FIGURES}
+    return {
+        key: Stat.of([summary_figure(run.summary, key) for run in cell.runs]) for key in FIGURES
+    }
 
 
 def _pairs(runs: list[RunData], refs: list[RunData], key: str) -> list[float]:

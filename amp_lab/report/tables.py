@@ -26,6 +26,7 @@ COLUMNS = [
     "time→target s",
     "samples/s",
     "speed-up",
+    "low-precision FLOPs %",
     "peak MB",
     "params MB",
     "grads MB",
@@ -40,18 +41,26 @@ COLUMNS = [
 PER_RANK_BYTES = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
 
 
+# the figure of each column that runs of an older amp_lab lack
+OPTIONAL = {
+    "params MB": "param_bytes",
+    "grads MB": "grad_bytes",
+    "state MB": "optimizer_state_bytes",
+    "low-precision FLOPs %": "low_precision_share",  # the precision audit's
+}
+
+
 def shown_columns(data: dict[str, Any]) -> list[int]:
-    """Indexes of COLUMNS to show: a per-rank memory column only when some run reports it
-    (runs written before amp_lab recorded it leave it unknown everywhere)."""
+    """Indexes of COLUMNS to show: a per-rank memory or audit column only when some run reports
+    it (runs written before amp_lab recorded it leave it unknown everywhere)."""
     known = {
         key
         for group in data["groups"]
         for cell in group["cells"]
-        for key in PER_RANK_BYTES
+        for key in OPTIONAL.values()
         if cell["figures"].get(key, UNKNOWN)["mean"] is not None
     }
-    first = COLUMNS.index("params MB")
-    hidden = {first + i for i, key in enumerate(PER_RANK_BYTES) if key not in known}
+    hidden = {COLUMNS.index(column) for column, key in OPTIONAL.items() if key not in known}
     return [i for i in range(len(COLUMNS)) if i not in hidden]
 
 
@@ -96,6 +105,7 @@ def cell_row(cell: dict[str, Any]) -> list[str]:
         _num(f["time_to_target_s"], ".1f"),
         _num(f["mean_samples_per_s"], ".1f"),
         _ratio(d["speedup"]),
+        _num(f.get("low_precision_share", UNKNOWN), ".1f", 100),
         _num(f["peak_memory_mb"], ".0f"),
         *(_num(f.get(key, UNKNOWN), ".2f", 1e-6) for key in PER_RANK_BYTES),  # bytes -> MB
         _num(f["skipped_steps"], ".0f"),

@@ -35,7 +35,15 @@ def rules_text(cfg: HealthConfig = THRESHOLDS) -> str:
 def health(run: RunData) -> list[str]:
     """What is wrong with the run: its status if it did not complete, then the judge's words."""
     status = [] if run.status in ("completed", "diverged") else [run.status]
-    return status + words_of(run.summary)
+    return status + words_of(run.summary) + audit_failures(run)
+
+
+def audit_failures(run: RunData) -> list[str]:
+    """The promises the run's precision audit found broken (a stopped run's status says so)."""
+    if run.status.startswith("stopped: precision audit"):
+        return []
+    audit = run.summary.get("precision_audit") or {}
+    return [f"precision audit: {line}" for line in audit.get("breaches", [])]
 
 
 def merged_health(runs: list[RunData]) -> list[str]:
@@ -47,7 +55,8 @@ def merged_health(runs: list[RunData]) -> list[str]:
     for run in runs:
         status = [] if run.status in ("completed", "diverged") else [run.status.split(":")[0]]
         names = {e["rule"] for e in run.summary.get("health") or []}
-        for label in status + [RULES[n].label if n in RULES else n for n in sorted(names)]:
+        broken = ["precision audit broken"] if audit_failures(run) else []
+        for label in status + [RULES[n].label if n in RULES else n for n in sorted(names)] + broken:
             found[label] = found.get(label, 0) + 1
     return [f"{label} in {k} of {len(runs)} seeds" for label, k in found.items()]
 

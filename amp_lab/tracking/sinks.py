@@ -123,11 +123,12 @@ class ConsoleSink(Sink):
             "skipped_steps",
             "peak_memory_mb",
             "wall_time_s",
+            "precision_audit",
             "output_dir",
         ]:
             value = summary.get(key)
-            if isinstance(value, dict):
-                value = value.get("name")
+            if isinstance(value, dict):  # precision: its name; precision_audit: its headline
+                value = value.get("name", value.get("headline"))
             table.add_row(key, _fmt(value))
         self.console.print(table)
 

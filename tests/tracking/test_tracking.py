@@ -89,6 +89,8 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     assert {run.metrics[f"{p}/*"] for p in ("train", "val", "amp", "throughput")} == {"step"}
     assert run.summary["final_val_acc"] == pytest.approx(summary["final_val_acc"])
     assert run.summary["status"] == "completed" and run.summary["precision"]["name"] == "bf16"
+    # the precision audit's headline reaches W&B's run summary through summary.json's path
+    assert run.summary["precision_audit"]["headline"] == "bf16: 100.0% of GEMM FLOPs in bf16"
     assert run.exit_code == 0
     assert summary["tracking"] == {
         "wandb_requested": "offline",

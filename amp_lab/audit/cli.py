@@ -1,0 +1,78 @@
+"""`amp_lab audit <overrides> [--out DIR]`: the precision audit of one training step of the run
+the overrides describe, without training it: which dtype each GEMM, weight, gradient, optimizer
+state and the loss really had, against the mode's promise. Exit code 0 when every promise held,
+2 when one broke (or on bad input), with one line saying which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from amp_lab.audit.audit import BrokenPromise
+from amp_lab.choices import AuditMode
+from amp_lab.compose import compose_settings
+from amp_lab.config import ConfigError
+from amp_lab.records import AUDIT_FILE
+
+# one step, nothing kept but the audit: no tracker, no checkpoint, no progress bar
+ONE_STEP = ["trainer.max_steps=1", "logger.mode=disabled", "checkpoint.enabled=false"]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="amp_lab audit",
+        description="Run one training step under the precision audit and print what it computed "
+        "in; nothing is trained or kept but precision_audit.json.",
+    )
+    parser.add_argument("overrides", nargs="*", help="the run's overrides, e.g. precision=bf16")
+    parser.add_argument("--out", type=Path, help=f"where {AUDIT_FILE} goes (default: a temp dir)")
+    return parser.parse_args(argv)
+
+
+def audit_one_step(overrides: list[str], out: Path) -> dict:
+    """Build the run of `overrides` in `out`, take its first step under the audit; the audit's
+    record (BrokenPromise when a promise broke and audit.mode is not warn)."""
+    from amp_lab.build import build  # after the arguments parsed: --help stays fast
+    from amp_lab.components.augment import mix_batches
+    from amp_lab.step import take
+
+    settings = compose_settings([*overrides, *ONE_STEP])
+    if settings.audit.mode == AuditMode.off:  # asked for an audit: it runs
+        settings = replace(settings, audit=replace(settings.audit, mode=AuditMode.stop))
+    run = build(settings, out)
+    try:
+        run.sampler.set_epoch(0, 0)
+        batches = run.data.train_batches(run.sampler)
+        micro_batches = mix_batches(run.mixup, take(batches, settings.trainer.grad_accum))
+        with run.audit.around(1):
+            run.train_step(micro_batches, step=1)
+    finally:
+        run.dist.close()
+    assert run.audit.result is not None
+    return run.audit.result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    out = args.out or Path(tempfile.mkdtemp(prefix="amp_lab_audit_"))
+    try:
+        result = audit_one_step(args.overrides, out)
+    except BrokenPromise as err:
+        print(f"amp_lab: error: {err} ({out / AUDIT_FILE})", file=sys.stderr)
+        return 2
+    except ConfigError as err:
+        print(f"amp_lab: error: {err}", file=sys.stderr)
+        return 2
+    print(result["headline"])
+    promise = result["promise"]
+    print("promise: " + ", ".join(f"{key} {value}" for key, value in promise.items()))
+    for breach in result["breaches"]:  # audit=warn: reported, not fatal
+        print(f"broken: {breach['line']}")
+    print(f"details: {out / AUDIT_FILE}")
+    return 0 if result["kept"] else 2
