@@ -121,12 +121,18 @@ def test_each_mode_on_test_vit_keeps_its_promise_as_worked_out_by_hand(tmp_path,
     assert audit["scaler"]["scale"] == (65536.0 if PROMISES[name][5] else 1.0)  # init_scale
 
 
-@pytest.mark.parametrize(
-    "mode", [["precision=fp32"], ["precision=bf16_pure"], FP8], ids=["fp32", "bf16_pure", "fp8"]
-)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m[0].split("=")[1])
 def test_each_mode_on_test_convnext_runs_every_gemm_where_promised(tmp_path, mode):
     audit = audit_of(tmp_path, *CONVNEXT, *mode)
     assert audit["kept"], audit["breaches"]
+    name = mode[0].split("=")[1]
+    p = audit["promise"]
+    assert (p["compute"], p["params"], p["masters"], p["state"], p["loss"], p["scaler"]) == (
+        PROMISES[name]
+    )
+    weights = {w["dtype"] for w in audit["params"].values()}
+    assert weights == {PROMISES[name][1]}
+    assert {w["grad"] for w in audit["params"].values()} == weights
     flops = audit["coverage"]["flops"]
     if mode == FP8:
         assert flops["fp8"] == CONVNEXT_FP8
@@ -138,8 +144,8 @@ def test_each_mode_on_test_convnext_runs_every_gemm_where_promised(tmp_path, mod
         # torch's formula for a grouped convolution's backward: more than twice its forward's
         depthwise = 2 * B * 8 * 8 * 24 * 7 * 7
         assert audit["modules"]["stages.0.blocks.0.conv_dw"]["gemm_flops"]["bf16"] > 3 * depthwise
-    else:
-        assert set(flops) == {"fp32" if mode[0].endswith("fp32") else "bf16"}
+    else:  # every convolution and Linear in the mode's dtype
+        assert set(flops) == {PROMISES[name][0]}
 
 
 def test_fp32_modules_stay_in_fp32_and_the_headline_names_them(tmp_path):
