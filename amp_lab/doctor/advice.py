@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amp_lab.config import HealthConfig
-from amp_lab.doctor.verdict import TRAINS, Probe, first_event, verdict
+from amp_lab.doctor.verdict import HEALTHY, TRAINS, Probe, first_event, verdict
 
 
 @dataclass
@@ -181,9 +181,10 @@ def _precision_recs(
             }
         )
     flushed = noscale.flushed
-    if verdict(noscale, base, advice.health) in ("underflow", "stalls", "deviates") and verdict(
-        scaled, base, advice.health
-    ) in ("ok",):
+    if (
+        verdict(noscale, base, advice.health) in ("underflow", "stalls", "deviates")
+        and verdict(scaled, base, advice.health) in HEALTHY
+    ):
         recs.append(
             _rec(
                 "underflow_no_scaler",
@@ -202,8 +203,8 @@ def _precision_recs(
         bf16
         and not seen
         and not bf16.unavailable
-        and verdict(bf16, base, advice.health) == "ok"
-        and (verdict(mine, base, advice.health) != "ok" or culprit)
+        and verdict(bf16, base, advice.health) in HEALTHY
+        and (verdict(mine, base, advice.health) not in HEALTHY or culprit)
     ):
         recs.append(
             _rec(
@@ -282,7 +283,7 @@ def _no_problem(mine: Probe, base: Probe, advice: Advice) -> dict[str, Any]:
     tracks = (
         f"{mine.name} tracks fp32 within {_pct(mine.deviation(base))} over {advice.steps} steps"
     )
-    if verdict(mine, base, advice.health) != "ok":
+    if verdict(mine, base, advice.health) not in HEALTHY:
         return _rec(
             "unexplained",
             1,

@@ -17,7 +17,7 @@ from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.doctor.advice import Advice, baseline_fixes
 from amp_lab.doctor.probes import Doctor, key
-from amp_lab.doctor.verdict import Probe, first_event, verdict
+from amp_lab.doctor.verdict import HEALTHY, Probe, first_event, verdict
 
 FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]
 
@@ -89,7 +89,7 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
             verified=False,
             verification=(f"not verified: the overflow{moved} (step {event['step']}, forward)"),
         )
-    elif (said := verdict(fix, base, doctor.health)) != "ok":
+    elif (said := verdict(fix, base, doctor.health)) not in HEALTHY:
         rec.update(
             verified=False,
             verification=(
@@ -102,7 +102,8 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
             verified=True,
             verification=(
                 f"verified: loss {fix.curve()}, within {fix.deviation(base):.0%} of fp32 "
-                f"(tolerance health.deviation={doctor.health.deviation:.0%}), no health finding"
+                f"(tolerance health.deviation={doctor.health.deviation:.0%}), "
+                + ("no health finding" if said == "ok" else f"health: {'; '.join(fix.health)}")
             ),
         )
 

@@ -107,11 +107,16 @@ HEALTH_VERDICTS = [
     ({"loss_stalls"}, "stalls"),
 ]
 TRAINS = ("ok", "deviates")  # a baseline that trains
+# gradients underflowed, but the probe's loss tracks fp32's (within health.loss_rel): not a failure
+UNHURT = "underflow, loss unhurt"
+HEALTHY = ("ok", UNHURT)
 
 
 def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
-    """ok | diverged | underflow | rises | skips | stalls | deviates | unavailable | crashed:
-    the probe's own health findings first, then its loss against fp32's (`health.*`)."""
+    """ok | diverged | underflow | underflow, loss unhurt | rises | skips | stalls | deviates |
+    unavailable | crashed: the probe's own health findings first, then its loss against fp32's
+    (`health.*`). Underflow whose loss stays within `health.loss_rel` of fp32's says so: the
+    label never contradicts the curve beside it."""
     if probe.unavailable:
         return "unavailable"
     if probe.crashed:
@@ -120,11 +125,13 @@ def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
     drop = probe.drop()
     if probe.summary.get("diverged") or math.isnan(drop):
         return "diverged"
+    loss = None
+    if probe is not base and drop < cfg.stall_share * base.drop() and base.drop() > cfg.base_drop:
+        loss = "stalls"
+    elif probe is not base and probe.deviation(base) > cfg.deviation:
+        loss = "deviates"
     for found, name in HEALTH_VERDICTS:
         if fired & found:
-            return name
-    if probe is not base and drop < cfg.stall_share * base.drop() and base.drop() > cfg.base_drop:
-        return "stalls"
-    if probe is not base and probe.deviation(base) > cfg.deviation:
-        return "deviates"
-    return "ok"
+            unhurt = probe is not base and not loss and probe.deviation(base) <= cfg.loss_rel
+            return UNHURT if name == "underflow" and unhurt else name
+    return loss or "ok"
