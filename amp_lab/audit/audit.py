@@ -24,7 +24,7 @@ from torch.amp import GradScaler
 
 from amp_lab.audit import coverage, promises, record
 from amp_lab.audit.observe import StepSeen, StepWatch
-from amp_lab.audit.promises import Expected
+from amp_lab.audit.promises import FULL_PRECISION, Expected
 from amp_lab.checkpoint.run_dir import write_bytes_atomic
 from amp_lab.choices import AuditMode, PitfallName
 from amp_lab.components.fsdp import FsdpPlan
@@ -36,8 +36,6 @@ from amp_lab.records import AUDIT_FILE
 from amp_lab.step import TrainStep
 
 log = logging.getLogger(__name__)
-
-FULL_PRECISION = ("fp32", "tf32")  # GEMM dtypes that do not count as low precision
 
 
 class BrokenPromise(ConfigError):

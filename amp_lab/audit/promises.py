@@ -12,11 +12,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from amp_lab.precision.fp32_modules import within
 from amp_lab.precision.modes import Promise
 
 FP32_MODULES = "fp32_modules"
 CONVERTED = "converted to fp8"
 SHOWN = 4  # modules named per line; the rest are counted
+FULL_PRECISION = ("fp32", "tf32")  # GEMM dtypes that do not count as low precision
 
 
 @dataclass(frozen=True)
@@ -53,14 +55,14 @@ def _names(modules: list[str]) -> str:
 
 def expected_dtype(module: str, exp: Expected, fp8: dict[str, Any] | None) -> tuple[str, str]:
     """The dtype a GEMM of `module` should run in, and why."""
-    if any(module == n or module.startswith(f"{n}.") for n in exp.fp32_modules):
+    if within(module, exp.fp32_modules):
         return exp.fp32_compute, FP32_MODULES
     if exp.promise.compute == "fp8":
         if fp8 and module in fp8["converted"]:
             return "fp8", CONVERTED
         left = (fp8 or {}).get("left", {}).get(module)
         return exp.matmul, f"not converted: {left}" if left else "not a Linear"
-    if exp.matmul in ("fp32", "tf32"):
+    if exp.matmul in FULL_PRECISION:
         return exp.matmul, "no autocast"
     return exp.matmul, "autocast"
 

@@ -13,6 +13,7 @@ import torch
 from torch.amp import GradScaler
 
 from amp_lab.audit.gemm_flops import tf32_switches
+from amp_lab.precision.fp32_modules import within
 from amp_lab.precision.master_weights import KAHAN_COMP
 from amp_lab.precision.modes import dtype_name
 
@@ -118,9 +119,7 @@ def fsdp_units(model: torch.nn.Module, modules: dict[str, Any]) -> list[dict[str
         # FSDP2 has no public getter for a unit's policy
         policy = module._get_fsdp_state()._mp_policy
         inside = [
-            seen.params
-            for other, seen in modules.items()
-            if seen.params and (other == name or other.startswith(f"{name}.") or not name)
+            seen.params for other, seen in modules.items() if seen.params and within(other, [name])
         ]
         units.append(
             {

@@ -12,7 +12,6 @@ import re
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from amp_lab.precision.modes import PrecisionMode
 from amp_lab.step import loss_fn
 
 TFLOPS = 1e12
@@ -27,11 +26,6 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"A100", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
     (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
 ]
-
-
-def compute_dtype(mode: PrecisionMode) -> str:
-    """The dtype the matmuls of a mode run in: its autocast dtype, else tf32 or fp32."""
-    return mode.matmul_dtype
 
 
 def device_name(device: torch.device) -> str:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from amp_lab.bench.flops import compute_dtype, mfu, peak_flops, train_step_flops
+from amp_lab.bench.flops import mfu, peak_flops, train_step_flops
 from amp_lab.choices import CompileMode
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
@@ -125,9 +125,7 @@ def measure_throughput(
     s = run.settings
     mode = run.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
-    peak = (
-        peak_flops(run.device, compute_dtype(mode)) if getattr(mode, "reports_mfu", True) else None
-    )
+    peak = peak_flops(run.device, mode.matmul_dtype) if getattr(mode, "reports_mfu", True) else None
     return ThroughputRow(
         model=s.model.name,
         precision=mode.name,

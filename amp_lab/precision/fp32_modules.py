@@ -35,6 +35,11 @@ def _fp32_forward(forward: Callable, device_type: str) -> Callable:
     return wrapped
 
 
+def within(module: str, names: list[str]) -> bool:
+    """`module` is one of `names` or inside one of them ('' names the root, which holds all)."""
+    return any(name == "" or module == name or module.startswith(f"{name}.") for name in names)
+
+
 def matching_modules(model: torch.nn.Module, patterns: list[str]) -> list[str]:
     """Qualified names of the modules matching any pattern; a pattern matching none is an error."""
     names = [name for name, _ in model.named_modules() if name]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from amp_lab.config import ConfigError
+from amp_lab.precision.fp32_modules import within
 
 _INSTALL = "pip install amp-lab[fp8]"
 
@@ -49,7 +50,7 @@ def fp8_skip_reason(
     """Why the fp8 filter leaves this Linear in bf16, or None when it converts it."""
     if module is head:  # its output feeds the loss directly and is small: float8 buys nothing
         return "the classifier"
-    if any(fqn == name or fqn.startswith(f"{name}.") for name in fp32_modules):
+    if within(fqn, fp32_modules):
         return "in precision.fp32_modules"
     # float8 GEMMs (torch._scaled_mm) need both matrix dims divisible by 16
     if module.in_features % 16 or module.out_features % 16:

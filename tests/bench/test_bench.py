@@ -409,7 +409,7 @@ def test_peak_flops_per_device_and_dtype(monkeypatch, gpu, dtype, tflops):
 def test_mfu_and_compute_dtype_of_each_mode():
     assert flops.mfu(10**12, 0.5, 4e12) == pytest.approx(0.5)
     assert flops.mfu(10**12, 0.5, None) is None
-    dtypes = {name: flops.compute_dtype(mode) for name, mode in PRECISION_MODES.items()}
+    dtypes = {name: mode.matmul_dtype for name, mode in PRECISION_MODES.items()}
     assert {k: dtypes[k] for k in ["fp32", "tf32", "fp16", "fp16_noscale", "bf16"]} == {
         "fp32": "fp32",
         "tf32": "tf32",
