@@ -7,6 +7,7 @@ on the host only at log steps. Assumes the same modules run in the same order ev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,12 +78,24 @@ class FirstNonFinite:
 
 
 class ModuleProbe:
-    """Hooks on every named module; attach() for the steps to watch, detach() after."""
+    """Hooks on every named module; attach() for the steps to watch, detach() after.
 
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    Each call records `measure(tensor)` (default max |x|); with `inputs`, the first floating
+    input of each forward call too, in `self.inputs` (the divergence finder keeps whole copies).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        measure: Callable[[torch.Tensor], torch.Tensor] = _max_abs,
+        inputs: bool = False,
+    ) -> None:
         self.modules = [(name, m) for name, m in model.named_modules() if name]
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.calls: dict[str, list] = {"forward": [], "backward": []}
+        self.measure = measure
+        self.inputs: list | None = [] if inputs else None  # per forward call, as calls[forward]
         self.first = {phase: FirstNonFinite(device) for phase in self.calls}
         # id(input) -> (input, [its latest reader]); the reference keeps the id from reuse
         self.grad_owner: dict[int, tuple[torch.Tensor, list[str]]] = {}
@@ -109,7 +122,10 @@ class ModuleProbe:
             if not module.training:
                 return  # evaluation passes are not training steps
             for t in _tensors(output)[:1]:
-                self.calls["forward"].append((_max_abs(t), name, str(t.dtype)))
+                self.calls["forward"].append((self.measure(t), name, str(t.dtype)))
+                if self.inputs is not None:
+                    given = _tensors(args)[:1]
+                    self.inputs.append(self.measure(given[0]) if given else None)
             if torch.is_grad_enabled():
                 for t in _tensors(args):
                     if not t.requires_grad:
@@ -127,7 +143,7 @@ class ModuleProbe:
 
     def _grad_hook(self, owner: list[str]):
         def hook(grad: torch.Tensor) -> None:
-            self.calls["backward"].append((_max_abs(grad), owner[0], str(grad.dtype)))
+            self.calls["backward"].append((self.measure(grad), owner[0], str(grad.dtype)))
 
         return hook
 

@@ -1,0 +1,128 @@
+"""`amp_lab numerics <overrides> --vs fp32|compiled [--also MODE ...] [--out DIR]`: where the
+precision under test parts ways with its reference, module by module, on one batch.
+
+Prints a table, writes numerics.json and numerics.png to --out. Exit code 0 when every module
+stays in its band, 1 when one leaves it (a finding, not an error), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from amp_lab.config import ConfigError
+
+NUMERICS_FILE, PLOT_FILE = "numerics.json", "numerics.png"
+SHOWN = 8  # flagged rows printed per mode and phase (numerics.json keeps all)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="amp_lab numerics",
+        description="Run one batch through the same weights in the precision under test and in "
+        "its reference, and compare every module's output, input gradient and weight gradient "
+        "against the error band its dtype explains (docs/diagnostics.md).",
+    )
+    parser.add_argument("overrides", nargs="*", help="the run's overrides, e.g. precision=bf16")
+    parser.add_argument(
+        "--vs",
+        choices=["fp32", "compiled"],
+        default="fp32",
+        help="fp32: the same run in fp32; compiled: the mode eager against "
+        "trainer.compile=model, each measured against fp32 (default fp32)",
+    )
+    parser.add_argument(
+        "--also", nargs="+", default=[], metavar="MODE", help="with --vs fp32: more modes to plot"
+    )
+    parser.add_argument("--out", type=Path, help="output folder (default outputs/numerics/DATE)")
+
+    def one_line(message: str) -> NoReturn:  # argparse's usage block would be a second line
+        print(f"amp_lab: error: {message} (amp_lab numerics --help)", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = one_line  # type: ignore[method-assign]
+    return parser.parse_args(argv)
+
+
+def _strict(value: Any) -> Any:
+    """inf and nan as strings: an infinite error is the finding, and strict JSON has no inf."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def _where(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "none: every module in its band"
+    return f"{row['module']} ({row['flag']}, error {row['norm']:.2e} = {row['ratio']:.1f}x band)"
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The console report: per mode the output, the first flagged modules, the amplifiers."""
+    lines = []
+    for mode, found in result["modes"].items():
+        out = found["output"]
+        lines += [
+            f"{mode} vs fp32 (loss scale {found['loss_scale']:g}): logit KL {out['logit_kl']:.2e}, "
+            f"top-1 agreement {out['top1_agreement']:.1%}, loss diff {out['loss_diff']:+.2e}",
+            f"  first out of band, forward:  {_where(found['first_out_of_band']['forward'])}",
+            f"  first out of band, backward: {_where(found['first_out_of_band']['backward'])}",
+        ]
+        if found["amplifiers"]:
+            gains = ", ".join(f"{a['module']} {a['gain']:.1f}x" for a in found["amplifiers"])
+            lines.append(f"  amplify error most: {gains}")
+        for phase in ("forward", "backward", "params"):
+            flagged = [r for r in found[phase] if r["flag"]]
+            if not flagged:
+                continue
+            lines.append(f"  {phase}: {len(flagged)} of {len(found[phase])} rows flagged")
+            lines += [
+                f"    {r['index']:>4} {r['module']:<36} {r['dtype']:<9} err {r['norm']:.2e} "
+                f"band {r['band']:.2e} max {r['max']:.2e} non-finite {r['nonfinite']:.1%} "
+                f"{r['flag']}"
+                for r in flagged[:SHOWN]
+            ]
+    for flag in result.get("compiled_flags", []):
+        lines.append(f"compiled: {flag['kind']} ({flag['where']})")
+    return lines
+
+
+def flagged(result: dict[str, Any]) -> bool:
+    """Whether any module left its band (or the compiled step differs from eager)."""
+    return bool(result.get("compiled_flags")) or any(
+        found["first_out_of_band"][phase]
+        for found in result["modes"].values()
+        for phase in ("forward", "backward")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from amp_lab.numerics.error_plot import plot  # after parsing: --help stays fast
+    from amp_lab.numerics.finder import find
+
+    out = args.out or Path("outputs/numerics") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    try:
+        if args.also and args.vs != "fp32":
+            raise ConfigError("--also adds modes to a --vs fp32 comparison; drop it or --vs")
+        out.mkdir(parents=True, exist_ok=True)
+        result = find(args.overrides, args.vs, args.also, out)
+    except ConfigError as err:
+        print(f"amp_lab: error: {err}", file=sys.stderr)
+        return 2
+    (out / NUMERICS_FILE).write_text(json.dumps(_strict(result), indent=2))
+    plot(result, out / PLOT_FILE)
+    print("\n".join(table(result)))
+    print(f"details: {out / NUMERICS_FILE}, plot: {out / PLOT_FILE}")
+    return 1 if flagged(result) else 0

@@ -1,0 +1,170 @@
+"""Where the precisions part ways: one batch through the same weights in two builds, compared.
+
+`find(overrides, vs)` builds the run the overrides describe in the mode under test and in its
+reference (`vs="fp32"`: the same run in fp32, no pitfall; `vs="compiled"`: the same mode eager,
+and the reference fp32 both are measured against), takes one forward and backward pass in each
+(capture.py) and compares them module by module (compare.py). The doctor calls the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from amp_lab.compose import compose_settings
+from amp_lab.config import ConfigError
+from amp_lab.numerics import compare
+from amp_lab.numerics.bands import FLAG_FACTOR, HEADROOM, SPREAD, weight_grad_band
+from amp_lab.numerics.capture import Batch, Capture, capture, first_batch
+from amp_lab.run import Run
+
+# one step's worth of a run, nothing kept: no tracker, no checkpoint, no progress bar, no audit
+ONE_STEP = [
+    "trainer.max_steps=1",
+    "logger.mode=disabled",
+    "checkpoint.enabled=false",
+    "trainer.progress=false",
+    "audit=off",
+]
+REFERENCE = ["precision=fp32", "pitfall=none", "trainer.compile=off"]
+# compiled error below this share of eager's (against fp32): computed wider than labelled
+UPCAST = 0.25
+
+
+@contextmanager
+def built(overrides: list[str], into: Path) -> Iterator[Run]:
+    """The run of `overrides` (one step of it), closed after use."""
+    from amp_lab.build import build  # torch and timm load only when a comparison runs
+
+    run = build(compose_settings([*overrides, *ONE_STEP]), into)
+    try:
+        yield run
+    finally:
+        run.dist.close()
+
+
+def _capture(overrides: list[str], into: Path, batch: Batch | None, ref: Run | None, hooks: bool):
+    with built(overrides, into) as run:
+        if ref is not None:  # the very same weights, whatever each build's dtype
+            run.model.load_state_dict(ref.model.state_dict())
+        return run, capture(run, batch or first_batch(run), hooks)
+
+
+def comparison(test: Capture, ref: Capture) -> dict[str, Any]:
+    """Module-by-module comparison of `test` against `ref`, with its first flagged rows."""
+    forward = compare.forward_rows(test, ref) if test.forward else []
+    backward = compare.backward_rows(test, ref) if test.backward else []
+    # a weight's gradient comes after every forward rounding and about as many backward ones
+    depth = sum(u > 0 for u in test.roundings)
+    coarsest = max(test.roundings, default=0.0)
+    samples = test.logits.shape[0]
+    params = compare.param_rows(test, ref, weight_grad_band(coarsest, 2 * depth, samples))
+    return {
+        "loss_scale": test.scale,
+        "output": compare.outputs(test, ref),
+        "first_out_of_band": {
+            "forward": compare.first_flagged(forward),
+            "backward": compare.first_flagged(backward) or compare.first_flagged(params),
+        },
+        "amplifiers": compare.amplifiers(forward),
+        "forward": forward,
+        "backward": backward,
+        "params": params,
+    }
+
+
+def bands_model() -> dict[str, Any]:
+    return {
+        "band": "SPREAD * max(u so far) * sqrt(1 + log2(rounding modules so far))",
+        "spread": SPREAD,
+        "flag_factor": FLAG_FACTOR,
+        "headroom": HEADROOM,
+    }
+
+
+def vs_fp32(overrides: list[str], modes: list[str], work: Path) -> dict[str, Any]:
+    """Each mode against fp32 on the same batch and weights."""
+    ref_run, ref = _capture([*overrides, *REFERENCE], work / "fp32", None, None, True)
+    batch = first_batch(ref_run)
+    result: dict[str, Any] = {"vs": "fp32", "bands": bands_model(), "modes": {}}
+    for mode in modes:
+        _, test = _capture([*overrides, f"precision={mode}"], work / mode, batch, ref_run, True)
+        result["modes"][mode] = comparison(test, ref)
+    return result
+
+
+def vs_compiled(overrides: list[str], mode: str, work: Path) -> dict[str, Any]:
+    """`mode` eager and `mode` under trainer.compile=model, each against fp32."""
+    ref_run, ref = _capture([*overrides, *REFERENCE], work / "fp32", None, None, True)
+    batch = first_batch(ref_run)
+    mine = [*overrides, f"precision={mode}"]
+    _, eager = _capture([*mine, "trainer.compile=off"], work / "eager", batch, ref_run, True)
+    _, compiled = _capture(
+        [*mine, "trainer.compile=model"], work / "compiled", batch, ref_run, False
+    )
+    compiled.roundings = eager.roundings  # the same labels: the same bands
+    eager_cmp, compiled_cmp = comparison(eager, ref), comparison(compiled, ref)
+    return {
+        "vs": "compiled",
+        "bands": bands_model(),
+        "modes": {mode: eager_cmp, f"{mode} compiled": compiled_cmp},
+        "compiled_flags": compiled_flags(eager_cmp, compiled_cmp),
+    }
+
+
+def compiled_flags(eager: dict[str, Any], compiled: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the compiled step does that its eager twin does not: non-finite values in one only,
+    an error far below eager's (computed in higher precision than labelled), rows out of band."""
+    pairs = [
+        ("logits", eager["output"]["logits_nonfinite"], compiled["output"]["logits_nonfinite"])
+    ]
+    pairs += [
+        (e["module"], e["nonfinite"], c["nonfinite"])
+        for e, c in zip(eager["params"], compiled["params"])
+    ]
+    flags = []
+    for side, only in (
+        ("eager", [w for w, e, c in pairs if e and not c]),
+        ("compiled", [w for w, e, c in pairs if c and not e]),
+    ):
+        if only:
+            flags.append(
+                {"kind": f"non-finite in {side} only", "where": only[0], "count": len(only)}
+            )
+    e_err, c_err = eager["output"]["logits_norm"], compiled["output"]["logits_norm"]
+    if math.isfinite(e_err) and c_err < UPCAST * e_err:
+        flags.append(
+            {
+                "kind": "computed wider than labelled",
+                "where": "logits",
+                "eager_error": e_err,
+                "compiled_error": c_err,
+            }
+        )
+    flags += [
+        {"kind": "out of band", "where": r["module"], "ratio": r["ratio"]}
+        for r in compiled["params"]
+        if r["flag"] == "out of band"
+    ]
+    return flags
+
+
+def find(overrides: list[str], vs: str, also: list[str], out: Path | None = None) -> dict:
+    """The comparison the command asks for (ConfigError when it cannot be made)."""
+    mode = compose_settings([*overrides, *ONE_STEP]).precision.name
+    if vs == "fp32" and mode == "fp32" and not also:
+        raise ConfigError(
+            "precision=fp32 is the reference itself; name the mode to test, e.g. "
+            "amp_lab numerics precision=bf16 --vs fp32"
+        )
+    with tempfile.TemporaryDirectory(prefix="amp_lab_numerics_", dir=out) as work:
+        if vs == "compiled":
+            result = vs_compiled(overrides, str(mode), Path(work))
+        else:
+            modes = [m for m in dict.fromkeys([str(mode), *also]) if m != "fp32"]
+            result = vs_fp32(overrides, modes, Path(work))
+    return {"overrides": overrides, "precision": str(mode), **result}
