@@ -74,6 +74,15 @@ def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]
     return out
 
 
+def near_underflow(max_abs: float, dtype: str, scale: float) -> bool:
+    """A 16-bit tensor (times the loss scale it was computed at) whose largest value is within
+    2^10 of its dtype's smallest normal: its typical elements are subnormal, short of mantissa."""
+    if dtype_key(dtype) == "fp32":
+        return False
+    tiny = float(torch.finfo(getattr(torch, dtype.replace("torch.", ""))).tiny)
+    return max_abs * scale < tiny * 2.0**10
+
+
 def largest(dtype: str) -> float:
     """The largest finite value of a dtype as str(tensor.dtype) spells it (or its bare name)."""
     return float(torch.finfo(getattr(torch, dtype.replace("torch.", ""))).max)

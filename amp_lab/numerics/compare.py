@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from amp_lab.numerics.bands import FLAG_FACTOR, bands, near_overflow
+from amp_lab.numerics.bands import FLAG_FACTOR, bands, near_overflow, near_underflow
 from amp_lab.numerics.capture import Capture, Entry
 
 AMPLIFIERS = 5  # how many of the strongest amplifiers the report names
@@ -60,8 +60,8 @@ def _finite_max(t: torch.Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() else math.inf
 
 
-def flag(row: dict[str, Any], compute: str) -> str | None:
-    """Why a row leaves its band, or None."""
+def flag(row: dict[str, Any], compute: str, scale: float = 1.0) -> str | None:
+    """Why a row leaves its band, or None (`scale`: the loss scale of a gradient)."""
     if row["ref_nonfinite"] > 0:
         return None  # the reference fails here too: not the precision's doing
     if row["nonfinite"] > 0:
@@ -69,18 +69,20 @@ def flag(row: dict[str, Any], compute: str) -> str | None:
     if near_overflow(row["max_abs"], row["dtype"], compute):
         return "near overflow"
     if row["norm"] > FLAG_FACTOR * row["band"]:
-        return "out of band"
+        return "underflow" if near_underflow(row["max_abs"], row["dtype"], scale) else "out of band"
     return None
 
 
-def _row(index: int, entry: Entry, ref: torch.Tensor, band: float, compute: str) -> dict[str, Any]:
+def _row(
+    index: int, entry: Entry, ref: torch.Tensor, band: float, compute: str, scale: float = 1.0
+) -> dict[str, Any]:
     name, dtype, tensor = entry
     if tensor.shape != ref.shape:
         raise ValueError(f"{name}: shapes differ between the two builds")
     row: dict[str, Any] = {"index": index, "module": name, "dtype": dtype.replace("torch.", "")}
     row.update(errors(tensor, ref), band=band)
     row["ratio"] = row["norm"] / band if band else 0.0 if row["norm"] == 0 else math.inf
-    row["flag"] = flag({**row, "dtype": dtype}, compute)
+    row["flag"] = flag({**row, "dtype": dtype}, compute, scale)
     return row
 
 
@@ -113,7 +115,7 @@ def backward_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
     steps = [leaf_u.get(name, 0.0) for name, _, _ in test.backward]
     grad_bands = bands(steps, depth, coarsest)
     return [
-        _row(i, entry, ref.backward[i][2], band, test.compute)
+        _row(i, entry, ref.backward[i][2], band, test.compute, test.scale)
         for i, (entry, band) in enumerate(zip(test.backward, grad_bands))
     ]
 

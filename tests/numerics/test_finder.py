@@ -1,0 +1,106 @@
+"""The divergence finder (`amp_lab numerics`) on real timm models: what docs/diagnostics.md
+promises of it, on test_vit and test_convnext at 16 px on one CPU thread."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import torch
+from helpers import FAST
+
+import amp_lab.build
+from amp_lab.numerics.cli import NUMERICS_FILE, PLOT_FILE, main
+from amp_lab.numerics.finder import find
+
+MODELS = ["test_vit", "test_convnext"]
+# per model: a norm whose fp32 output (max |x| ~3), times the fault's factor, is finite but passes
+# fp16's 65504 where the next GEMM casts it to fp16
+OVERFLOW = {
+    "test_vit": ("blocks.0.norm1", 20000),
+    "test_convnext": ("stages.1.downsample.0", 25000),
+}
+LOWERED = {"test_vit": "blocks.1.mlp.fc1", "test_convnext": "stages.1.blocks.0.mlp.fc1"}
+
+
+def _overrides(model: str, *more: str) -> list[str]:
+    size = ["data.img_size=32"] if model == "test_convnext" else []  # its stem needs 32 px
+    return [*FAST, f"model={model}", *size, *more]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bf16_errors_sit_8x_above_fp16s_per_layer_and_both_inside_their_bands(model):
+    found = find(_overrides(model, "precision=bf16"), "fp32", ["fp16"])["modes"]
+    bf16, fp16 = found["bf16"], found["fp16"]
+    ratios = [
+        b["norm"] / f["norm"] for b, f in zip(bf16["forward"], fp16["forward"]) if f["norm"] > 0
+    ]
+    # 7 against 10 mantissa bits: 2^3 = 8 per layer
+    assert 6 < statistics.median(ratios) < 10, statistics.median(ratios)
+    assert sum(4 < r < 16 for r in ratios) >= 0.9 * len(ratios)
+    for mode in (bf16, fp16):
+        assert mode["first_out_of_band"]["forward"] is None
+        assert all(r["ratio"] < 1 for r in mode["forward"])  # inside the band, not just the flag
+    assert bf16["first_out_of_band"]["backward"] is None
+    assert bf16["output"]["logit_kl"] > fp16["output"]["logit_kl"] > 0
+
+
+def _lower_in_bf16(monkeypatch, module: str) -> None:
+    """The bf16 build's `module` rounds its output to float8 e4m3: below its bf16 label."""
+    built = amp_lab.build.model
+
+    def model(settings, where, feed):
+        net = built(settings, where, feed)
+        if settings.precision.name == "bf16":
+            dict(net.named_modules())[module].register_forward_hook(
+                lambda m, args, out: out.to(torch.float8_e4m3fn).to(out.dtype)
+            )
+        return net
+
+    monkeypatch.setattr(amp_lab.build, "model", model)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_module_computing_below_its_label_is_named_first(model, tmp_path, monkeypatch, capsys):
+    _lower_in_bf16(monkeypatch, LOWERED[model])
+    code = main([*_overrides(model, "precision=bf16"), "--out", str(tmp_path)])
+    assert code == 1  # a finding
+    first = json.loads((tmp_path / NUMERICS_FILE).read_text())["modes"]["bf16"]
+    assert first["first_out_of_band"]["forward"]["module"] == LOWERED[model]
+    assert first["first_out_of_band"]["forward"]["flag"] == "out of band"
+    assert f"first out of band, forward:  {LOWERED[model]} (out of band" in capsys.readouterr().out
+    assert (tmp_path / PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_injected_overflow_is_named_before_it_turns_non_finite(model):
+    module, factor = OVERFLOW[model]
+    found = find(
+        _overrides(
+            model,
+            "precision=fp16",
+            f"fault.overflow_module={module}",
+            f"fault.overflow_factor={factor}",
+        ),
+        "fp32",
+        [],
+    )["modes"]["fp16"]
+    first = found["first_out_of_band"]["forward"]
+    assert (first["module"], first["flag"], first["nonfinite"]) == (module, "near overflow", 0.0)
+    broken = next(r for r in found["forward"] if r["nonfinite"] > 0)
+    assert broken["index"] > first["index"] and broken["flag"] == "non-finite"
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["precision=fp32", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "amp_lab: error: precision=fp32 is the reference itself; name the mode to test, e.g. "
+        "amp_lab numerics precision=bf16 --vs fp32"
+    ]
+    with pytest.raises(SystemExit) as stop:
+        main(["--vs", "fp64"])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("amp_lab: error: argument --vs: invalid choice: 'fp64'")
