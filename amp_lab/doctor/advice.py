@@ -32,6 +32,7 @@ class Advice:
     clip_grad: float = 0.0
     fp32_modules: tuple[str, ...] = ()
     health: HealthConfig = field(default_factory=HealthConfig)  # the judge's thresholds
+    fp32_candidates: tuple[str, ...] = ()  # amp_lab numerics' ranking, best first (or none)
 
 
 SIGNATURE_FIXES = {  # pitfall signature -> (score, problem, fix)
@@ -165,17 +166,19 @@ def _precision_recs(
     culprit = next(((p, e) for p in low if (e := first_event(p)) and e["phase"] == "forward"), None)
     if culprit:  # the same event the table shows as the probe's first non-finite value
         probe, event = culprit
-        modules = fp32_set or [*advice.fp32_modules, event["module"]]
+        module = (advice.fp32_candidates or (event["module"],))[0]
+        ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
+        modules = fp32_set or [*advice.fp32_modules, module]
         recs.append(
             {
-                "module": event["module"],
+                "module": module,
                 **_rec(
                     "forward_overflow",
                     88,
                     f"{event['module']} overflows {event['dtype']} in the forward pass",
                     f"{probe.name}: first non-finite value at step {event['step']}, the "
                     f"output of {event['module']} (max |x| {event['max_abs']}, fp16 max "
-                    "65504); no loss scale can fix a forward overflow",
+                    f"65504); no loss scale can fix a forward overflow{ranked}",
                     f"precision.fp32_modules=[{','.join(modules)}]",
                 ),
             }

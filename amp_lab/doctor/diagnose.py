@@ -22,6 +22,7 @@ from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor, command
 from amp_lab.doctor.verdict import Probe, first_event, verdict
+from amp_lab.numerics.finder import for_doctor
 
 
 def _strict_json(value: Any) -> Any:
@@ -91,6 +92,17 @@ def _fmt(value: float | None, kind: str) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:.1%}" if kind == "%" else f"{value:.3g}"
+
+
+def numerics_line(numerics: dict[str, Any]) -> str:
+    """The doctor's report of the divergence finder (amp_lab numerics) on its first step."""
+    first = numerics["first_out_of_band"]["forward"]
+    where = f"{first['module']} ({first['flag']})" if first else "none"
+    ranked = ", ".join(numerics["fp32_candidates"]) or "none"
+    return (
+        f"numerics (step 1 against fp32): first out of band forward {where}; fp32_modules "
+        f"candidates, best first: {ranked}"
+    )
 
 
 def print_report(
@@ -174,9 +186,12 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None
-    if args.search_fp32 and any(
+    overflowed = any(
         (p.diag.get("nonfinite") or {}).get("forward") for p in probes.values() if p.name != "fp32"
-    ):
+    )
+    # the divergence finder ranks the fp32_modules candidates; the fixes still run to verify
+    numerics = for_doctor(args.overrides, doctor.low) if overflowed else None
+    if args.search_fp32 and overflowed:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     advice = Advice(
         s.scaler.init_scale,
@@ -189,6 +204,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         s.trainer.clip_grad,
         tuple(s.precision.fp32_modules),
         doctor.health,
+        fp32_candidates=tuple(numerics["fp32_candidates"]) if numerics else (),
     )
     recs = recommend(
         probes,
@@ -200,6 +216,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
     print_report(console, doctor.health, probes, recs, search, args.overrides)
+    if numerics and any(r["cause"] == "forward_overflow" for r in recs):
+        console.print(escape(numerics_line(numerics)), soft_wrap=True)
     report = {
         "overrides": args.overrides,
         "steps": args.steps,
@@ -224,6 +242,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         },
         "recommendations": recs,
         "search_fp32": search,
+        "numerics": numerics,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(

@@ -168,3 +168,33 @@ def find(overrides: list[str], vs: str, also: list[str], out: Path | None = None
             modes = [m for m in dict.fromkeys([str(mode), *also]) if m != "fp32"]
             result = vs_fp32(overrides, modes, Path(work))
     return {"overrides": overrides, "precision": str(mode), **result}
+
+
+def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:
+    """Modules worth keeping in fp32, best first: where values first turned non-finite, then the
+    out-of-band modules by how far out, then the strongest amplifiers; none when no module left
+    its band (the finder saw nothing to rank by). A 'near overflow' module is left out: the GEMM
+    reading its output casts it down, and that GEMM turns non-finite."""
+    forward = found["forward"]
+    if not any(r["flag"] in ("non-finite", "out of band") for r in forward):
+        return []
+    broke = [r["module"] for r in forward if r["flag"] == "non-finite"][:1]
+    out = sorted((r for r in forward if r["flag"] == "out of band"), key=lambda r: -r["ratio"])
+    ranked = [*broke, *(r["module"] for r in out), *(a["module"] for a in found["amplifiers"])]
+    return list(dict.fromkeys(ranked))[:limit]
+
+
+def for_doctor(overrides: list[str], mode: str) -> dict[str, Any]:
+    """What the doctor keeps of a comparison of `mode` (scaled as its probe) against fp32: the
+    first flagged modules, the output and its ranked fp32_modules candidates."""
+    found = find([*overrides, f"precision={mode}", "scaler.enabled=true"], "fp32", [])
+    mine = found["modes"][mode]
+    first = {
+        phase: row and {k: row[k] for k in ("module", "flag", "norm", "ratio", "nonfinite")}
+        for phase, row in mine["first_out_of_band"].items()
+    }
+    return {
+        "first_out_of_band": first,
+        "output": mine["output"],
+        "fp32_candidates": fp32_candidates(mine),
+    }
