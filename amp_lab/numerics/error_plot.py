@@ -48,8 +48,10 @@ def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) ->
     ax.set_title(title, fontsize=9)
     ax.set_ylabel("relative error vs reference")
     ax.grid(True, which="major", alpha=0.3)
+    low, high = ax.get_ylim()
+    ax.set_ylim(low / 8, high * 2)  # room for the legend and the labels inside the axes
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=7, framealpha=0.8)
+        ax.legend(loc="best", fontsize=7, framealpha=0.8, ncol=2)
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
