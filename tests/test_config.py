@@ -243,7 +243,7 @@ def test_the_installed_command_runs_from_any_directory_and_names_the_tools(tmp_p
     )
     assert result.returncode == 2 and result.stderr.strip() == (
         "amp_lab: error: unknown command 'reprot'; did you mean report? (commands: doctor, "
-        "report, bench, audit; anything else is key=value overrides)"
+        "report, bench, audit, numerics; anything else is key=value overrides)"
     )
 
 

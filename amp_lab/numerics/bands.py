@@ -34,7 +34,7 @@ TORCH_NAMES = {
     "torch.float8_e5m2": "fp8_e5m2",
 }
 # Measured on test_vit and test_convnext (docs/diagnostics.md): a healthy module's norm-wise
-# error sits at 0.7-1.3 u (one rounding's RMS error is u/sqrt(3); a GEMM rounds its inputs and its
+# error sits at 0.6-1.4 u (one rounding's RMS error is u/sqrt(3); a GEMM rounds its inputs and its
 # output), so SPREAD = 1 makes the band an envelope, not a derivation.
 SPREAD = 1.0
 # Out of band above FLAG_FACTOR x band: a rounding 16x coarser than labelled (float8 e4m3 inside

@@ -140,13 +140,15 @@ def param_rows(test: Capture, ref: Capture, band: float) -> list[dict[str, Any]]
 
 
 def amplifiers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The forward calls that grow the error they are given the most (output / input error),
+    """The forward calls that grow the error they are given the most (output / input error > 1),
     among those given an error of at least a tenth of their band (a module given none only adds
     its own rounding)."""
     grown = [
         {"module": r["module"], "index": r["index"], "gain": r["norm"] / r["input_norm"]}
         for r in rows
-        if r["input_norm"] and r["input_norm"] >= 0.1 * r["band"] and math.isfinite(r["norm"])
+        if r["input_norm"]
+        and r["input_norm"] >= 0.1 * r["band"]
+        and r["input_norm"] < r["norm"] < math.inf  # grown, and measurable
     ]
     return sorted(grown, key=lambda a: -a["gain"])[:AMPLIFIERS]
 

@@ -17,6 +17,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
 FLOOR = 1e-9  # an exact match (error 0) drawn at the floor of the log axis
+TOP = 1e3  # a row holding inf/nan drawn at the top
+
+
+def _shown(row: dict[str, Any]) -> float:
+    return TOP if row["nonfinite"] > 0 else min(max(row["norm"], FLOOR), TOP)
 
 
 def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) -> None:
@@ -26,7 +31,7 @@ def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) ->
             continue
         colour = f"C{i}"
         depth = [r["index"] for r in rows]
-        error = [min(max(r["norm"], FLOOR), 1e3) for r in rows]  # inf drawn at the top
+        error = [_shown(r) for r in rows]
         ax.plot(depth, error, color=colour, lw=1.2, label=f"{mode}: norm-wise relative error")
         ax.plot(
             depth, [r["band"] for r in rows], color=colour, ls="--", lw=0.9, label=f"{mode}: band"
@@ -34,7 +39,7 @@ def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) ->
         flagged = found["first_out_of_band"][first]
         if flagged is not None and any(r["module"] == flagged["module"] for r in rows):
             row = next(r for r in rows if r["module"] == flagged["module"])
-            y = min(max(row["norm"], FLOOR), 1e3)
+            y = _shown(row)
             ax.plot([row["index"]], [y], "o", color=colour, ms=6)
             ax.annotate(
                 f"{row['module']} ({row['flag']})",
@@ -46,7 +51,7 @@ def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) ->
             )
     ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
-    ax.set_ylabel("relative error vs reference")
+    ax.set_ylabel(f"relative error vs reference (non-finite: {TOP:g})")
     ax.grid(True, which="major", alpha=0.3)
     low, high = ax.get_ylim()
     ax.set_ylim(low / 8, high * 2)  # room for the legend and the labels inside the axes
