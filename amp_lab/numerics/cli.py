@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from amp_lab.config import ConfigError
+from amp_lab.numerics.weight_drift import drift_lines
 
 NUMERICS_FILE, PLOT_FILE = "numerics.json", "numerics.png"
 SHOWN = 8  # flagged rows printed per mode and phase (numerics.json keeps all)
@@ -39,6 +40,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--also", nargs="+", default=[], metavar="MODE", help="with --vs fp32: more modes to plot"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --vs fp32: also train both N steps from the same weights and data order, and "
+        "report where their weights part ways faster than rounding explains",
     )
     parser.add_argument("--out", type=Path, help="output folder (default outputs/numerics/DATE)")
 
@@ -81,6 +90,8 @@ def table(result: dict[str, Any]) -> list[str]:
         if found["amplifiers"]:
             gains = ", ".join(f"{a['module']} {a['gain']:.1f}x" for a in found["amplifiers"])
             lines.append(f"  amplify error most: {gains}")
+        if "drift" in found:
+            lines += drift_lines(found["drift"])
         for phase in ("forward", "backward", "params"):
             flagged = [r for r in found[phase] if r["flag"]]
             if not flagged:
@@ -114,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path("outputs/numerics") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     try:
-        if args.also and args.vs != "fp32":
-            raise ConfigError("--also adds modes to a --vs fp32 comparison; drop it or --vs")
+        if (args.also or args.steps) and args.vs != "fp32":
+            raise ConfigError("--also and --steps go with --vs fp32; drop them or --vs")
+        if args.steps < 0:
+            raise ConfigError(f"--steps={args.steps} must be >= 0")
         out.mkdir(parents=True, exist_ok=True)
-        result = find(args.overrides, args.vs, args.also, out)
+        result = find(args.overrides, args.vs, args.also, out, args.steps)
     except ConfigError as err:
         print(f"amp_lab: error: {err}", file=sys.stderr)
         return 2

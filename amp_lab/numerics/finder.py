@@ -20,6 +20,7 @@ from amp_lab.config import ConfigError
 from amp_lab.numerics import compare
 from amp_lab.numerics.bands import FLAG_FACTOR, HEADROOM, SPREAD, weight_grad_band
 from amp_lab.numerics.capture import Batch, Capture, capture, first_batch
+from amp_lab.numerics.weight_drift import drift
 from amp_lab.run import Run
 
 # one step's worth of a run, nothing kept: no tracker, no checkpoint, no progress bar, no audit
@@ -36,11 +37,11 @@ UPCAST = 0.25
 
 
 @contextmanager
-def built(overrides: list[str], into: Path) -> Iterator[Run]:
-    """The run of `overrides` (one step of it), closed after use."""
+def built(overrides: list[str], into: Path, steps: int = 1) -> Iterator[Run]:
+    """The run of `overrides` (`steps` steps of it), closed after use."""
     from amp_lab.build import build  # torch and timm load only when a comparison runs
 
-    run = build(compose_settings([*overrides, *ONE_STEP]), into)
+    run = build(compose_settings([*overrides, *ONE_STEP, f"trainer.max_steps={steps}"]), into)
     try:
         yield run
     finally:
@@ -86,14 +87,22 @@ def bands_model() -> dict[str, Any]:
     }
 
 
-def vs_fp32(overrides: list[str], modes: list[str], work: Path) -> dict[str, Any]:
-    """Each mode against fp32 on the same batch and weights."""
+def vs_fp32(overrides: list[str], modes: list[str], work: Path, steps: int) -> dict[str, Any]:
+    """Each mode against fp32 on the same batch and weights; with `steps`, over that many
+    training steps too (weight_drift.py)."""
     ref_run, ref = _capture([*overrides, *REFERENCE], work / "fp32", None, None, True)
     batch = first_batch(ref_run)
     result: dict[str, Any] = {"vs": "fp32", "bands": bands_model(), "modes": {}}
     for mode in modes:
-        _, test = _capture([*overrides, f"precision={mode}"], work / mode, batch, ref_run, True)
+        mine = [*overrides, f"precision={mode}"]
+        _, test = _capture(mine, work / mode, batch, ref_run, True)
         result["modes"][mode] = comparison(test, ref)
+        if steps:
+            with (
+                built([*overrides, *REFERENCE], work / "fp32_steps", steps) as ref_steps,
+                built(mine, work / f"{mode}_steps", steps) as test_steps,
+            ):
+                result["modes"][mode]["drift"] = drift(ref_steps, test_steps, steps)
     return result
 
 
@@ -153,7 +162,9 @@ def compiled_flags(eager: dict[str, Any], compiled: dict[str, Any]) -> list[dict
     return flags
 
 
-def find(overrides: list[str], vs: str, also: list[str], out: Path | None = None) -> dict:
+def find(
+    overrides: list[str], vs: str, also: list[str], out: Path | None = None, steps: int = 0
+) -> dict:
     """The comparison the command asks for (ConfigError when it cannot be made)."""
     mode = compose_settings([*overrides, *ONE_STEP]).precision.name
     if vs == "fp32" and mode == "fp32" and not also:
@@ -166,7 +177,7 @@ def find(overrides: list[str], vs: str, also: list[str], out: Path | None = None
             result = vs_compiled(overrides, str(mode), Path(work))
         else:
             modes = [m for m in dict.fromkeys([str(mode), *also]) if m != "fp32"]
-            result = vs_fp32(overrides, modes, Path(work))
+            result = vs_fp32(overrides, modes, Path(work), steps)
     return {"overrides": overrides, "precision": str(mode), **result}
 
 
