@@ -74,7 +74,7 @@ def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]
     return out
 
 
-def near_underflow(max_abs: float, dtype: str, scale: float) -> bool:
+def subnormal(max_abs: float, dtype: str, scale: float) -> bool:
     """A 16-bit tensor (times the loss scale it was computed at) whose largest value is within
     2^10 of its dtype's smallest normal: its typical elements are subnormal, short of mantissa."""
     if dtype_key(dtype) == "fp32":

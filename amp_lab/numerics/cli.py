@@ -1,5 +1,6 @@
-"""`amp_lab numerics <overrides> --vs fp32|compiled [--also MODE ...] [--out DIR]`: where the
-precision under test parts ways with its reference, module by module, on one batch.
+"""`amp_lab numerics <overrides> --vs fp32|compiled [--also MODE ...] [--steps N] [--out DIR]`:
+where the precision under test parts ways with its reference, module by module, on one batch
+(and with --steps, where their weights part ways over N training steps).
 
 Prints a table, writes numerics.json and numerics.png to --out. Exit code 0 when every module
 stays in its band, 1 when one leaves it (a finding, not an error), 2 on bad input.

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from amp_lab.numerics.bands import FLAG_FACTOR, bands, near_overflow, near_underflow
+from amp_lab.numerics.bands import FLAG_FACTOR, bands, near_overflow, subnormal
 from amp_lab.numerics.capture import Capture, Entry
 
 AMPLIFIERS = 5  # how many of the strongest amplifiers the report names
@@ -75,7 +75,7 @@ def flag(row: dict[str, Any], compute: str, scale: float = 1.0) -> str | None:
     if near_overflow(row["max_abs"], row["dtype"], compute):
         return "near overflow"
     if row["norm"] > FLAG_FACTOR * row["band"]:
-        return "underflow" if near_underflow(row["max_abs"], row["dtype"], scale) else "out of band"
+        return "subnormal" if subnormal(row["max_abs"], row["dtype"], scale) else "out of band"
     return None
 
 

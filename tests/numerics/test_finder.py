@@ -104,3 +104,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("amp_lab: error: argument --vs: invalid choice: 'fp64'")
+
+
+def test_convnexts_fp16_gradients_sit_in_subnormals_at_the_default_initial_scale():
+    """Its layer scale (1e-6) makes the residual branches' gradients ~1e-10: subnormal in fp16
+    even at 65536x, so the finder flags them `subnormal` rather than plain out of band."""
+    found = find(_overrides("test_convnext", "precision=fp16"), "fp32", [])["modes"]["fp16"]
+    assert found["loss_scale"] == 65536.0
+    assert found["first_out_of_band"]["forward"] is None
+    first = found["first_out_of_band"]["backward"]
+    assert first["flag"] == "subnormal" and first["dtype"] == "float16"
+    assert first["max_abs"] * found["loss_scale"] < 2.0**-14  # below fp16's smallest normal
