@@ -123,11 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from amp_lab.numerics.error_plot import plot  # after parsing: --help stays fast
     from amp_lab.numerics.finder import find
+    from amp_lab.precision.modes import PRECISION_MODES
 
     out = args.out or Path("outputs/numerics") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     try:
         if (args.also or args.steps) and args.vs != "fp32":
             raise ConfigError("--also and --steps go with --vs fp32; drop them or --vs")
+        if unknown := [m for m in args.also if m not in PRECISION_MODES]:
+            raise ConfigError(
+                f"--also {unknown[0]}: not a precision mode (use {', '.join(PRECISION_MODES)}); "
+                "put the overrides before --also"
+            )
         if args.steps < 0:
             raise ConfigError(f"--steps={args.steps} must be >= 0")
         out.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,8 @@ from amp_lab.numerics.capture import Batch, Capture, capture, first_batch
 from amp_lab.numerics.weight_drift import drift
 from amp_lab.run import Run
 
-# one step's worth of a run, nothing kept: no tracker, no checkpoint, no progress bar, no audit
-ONE_STEP = [
-    "trainer.max_steps=1",
+# a run to compare, nothing kept: no tracker, no checkpoint, no progress bar, no audit
+QUIET = [
     "logger.mode=disabled",
     "checkpoint.enabled=false",
     "trainer.progress=false",
@@ -41,14 +40,17 @@ def built(overrides: list[str], into: Path, steps: int = 1) -> Iterator[Run]:
     """The run of `overrides` (`steps` steps of it), closed after use."""
     from amp_lab.build import build  # torch and timm load only when a comparison runs
 
-    run = build(compose_settings([*overrides, *ONE_STEP, f"trainer.max_steps={steps}"]), into)
+    run = build(compose_settings([*overrides, *QUIET, f"trainer.max_steps={steps}"]), into)
     try:
         yield run
     finally:
         run.dist.close()
 
 
-def _capture(overrides: list[str], into: Path, batch: Batch | None, ref: Run | None, hooks: bool):
+def _capture(
+    overrides: list[str], into: Path, batch: Batch | None, ref: Run | None, hooks: bool
+) -> tuple[Run, Capture]:
+    """One build's pass on `batch` (default: its own first), with `ref`'s weights if given."""
     with built(overrides, into) as run:
         if ref is not None:  # the very same weights, whatever each build's dtype
             run.model.load_state_dict(ref.model.state_dict())
@@ -166,7 +168,7 @@ def find(
     overrides: list[str], vs: str, also: list[str], out: Path | None = None, steps: int = 0
 ) -> dict:
     """The comparison the command asks for (ConfigError when it cannot be made)."""
-    mode = compose_settings([*overrides, *ONE_STEP]).precision.name
+    mode = compose_settings([*overrides, *QUIET]).precision.name
     if vs == "fp32" and mode == "fp32" and not also:
         raise ConfigError(
             "precision=fp32 is the reference itself; name the mode to test, e.g. "
