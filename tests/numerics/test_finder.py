@@ -120,3 +120,15 @@ def test_convnexts_fp16_gradients_sit_in_subnormals_at_the_default_initial_scale
     first = found["first_out_of_band"]["backward"]
     assert first["flag"] == "subnormal" and first["dtype"] == "float16"
     assert first["max_abs"] * found["loss_scale"] < 2.0**-14  # below fp16's smallest normal
+
+
+def test_float8_layers_sit_about_10x_above_bf16_inside_their_own_band():
+    pytest.importorskip("torchao")
+    found = find(
+        _overrides("test_vit", "precision=fp8", "precision.fp8_emulate=true"), "fp32", ["bf16"]
+    )["modes"]
+    fp8, bf16 = found["fp8"], found["bf16"]
+    ratios = [a["norm"] / b["norm"] for a, b in zip(fp8["forward"], bf16["forward"]) if b["norm"]]
+    # float8 e4m3 rounds GEMM inputs 16x coarser than bf16; outputs stay bf16
+    assert 5 < statistics.median(ratios) < 16, statistics.median(ratios)
+    assert fp8["first_out_of_band"]["forward"] is None
