@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from amp_lab.config import ConfigError, HealthConfig
+from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor, command
@@ -102,6 +103,9 @@ def print_report(
     user: list[str],
 ) -> None:
     console.print(verdict_table(probes, health))
+    if mechanism.NAME in probes and not probes[mechanism.NAME].crashed:
+        seen = mechanism.observed(probes[mechanism.NAME])
+        console.print(escape(f"scaler check: {mechanism.describe(seen)}"))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
@@ -224,6 +228,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         },
         "recommendations": recs,
         "search_fp32": search,
+        "scaler_check": mechanism.observed(probes[mechanism.NAME])
+        if mechanism.NAME in probes and not probes[mechanism.NAME].crashed
+        else None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(

@@ -16,6 +16,7 @@ from typing import Any
 from amp_lab.choices import Strategy
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
+from amp_lab.doctor import mechanism
 from amp_lab.doctor.verdict import Probe
 from amp_lab.records import METRICS_FILE
 
@@ -89,6 +90,8 @@ class Doctor:
             scaler.kind != "static"
             and (mode.dynamic_scaling if scaler.enabled is None else scaler.enabled)
         )
+        # the user's own step runs a dynamic scaler: its mechanism is probed actively
+        self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled
 
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [
@@ -98,6 +101,8 @@ class Doctor:
         ]
         if self.low != "bf16":
             plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
+        if self.checks_scaler:
+            plan.append((mechanism.NAME, mechanism.overrides(self.own)))
         return plan
 
     def run_probe(self, name: str, extra: list[str]) -> Probe:
