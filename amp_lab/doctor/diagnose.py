@@ -136,7 +136,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "bf16; name what goes wrong numerically and the override to try.",
     )
     parser.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per probe (40)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per probe (40; with --suite each case's own, 12)",
+    )
     parser.add_argument(
         "--search-fp32",
         action="store_true",
@@ -163,17 +168,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cases", nargs="+", default=None, metavar="NAME", help="with --suite: only these cases"
     )
+    parser.add_argument(
+        "--draw",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --suite: draw N new cases, every failure class in turn (amp_lab/doctor/draw.py)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="with --suite --draw: the draw's seed (0)"
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="MODEL",
+        help="with --suite --draw: draw among these models (test_vit test_convnext resnet18)",
+    )
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """All probes, the optional fp32 search, the report and doctor.json."""
+    args.steps = args.steps or 40
     if args.steps < 4:
         raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
     out = args.out or Path("outputs/doctor") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     doctor = Doctor(args.overrides, args.steps, out)
     probes = {}
     for name, extra in doctor.plan():
+        if why := doctor.skip(name, probes):
+            console.print(escape(f"probe {name}: {why}"))
+            continue
         console.print(escape(f"probe {name}: {' '.join(extra)} ({args.steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
@@ -200,10 +226,12 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         search["fp32_modules"] if search and search["found"] else None,
         applied_by(args.overrides, s),
     )
-    verify(doctor, recs, probes, advice, args.budget)
+    next_line = verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
     print_report(console, doctor.health, probes, recs, search, args.overrides)
+    if next_line:  # no fix verified: what to run next, and why the doctor did not
+        console.print(escape(next_line), soft_wrap=True)
     report = {
         "overrides": args.overrides,
         "steps": args.steps,
@@ -227,6 +255,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             for n, p in probes.items()
         },
         "recommendations": recs,
+        "next": next_line,
         "search_fp32": search,
         "scaler_check": mechanism.observed(probes[mechanism.NAME])
         if mechanism.NAME in probes and not probes[mechanism.NAME].crashed
