@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 
 from amp_lab.config import ConfigError
+from amp_lab.doctor.probes import key
 from amp_lab.doctor.suite import Case
 
 # per model: its overrides (CPU sizes) and the modules a forward overflow is injected into
@@ -36,15 +37,17 @@ FP16 = "precision=fp16"
 
 
 def _underflow(r: random.Random, model: str) -> tuple[list[str], str]:
-    # the loss (and with it every gradient) shrunk until fp16 flushes most gradients
-    return ["precision=fp16_noscale", f"fault.loss_multiplier={r.choice([1e-5, 1e-6, 1e-7])}"], (
+    # the loss (and with it every gradient) shrunk until fp16 flushes most gradients; AdamW,
+    # whose update does not depend on the gradient's size: under SGD fp32 stops training too
+    multiplier = r.choice([1e-5, 1e-6, 1e-7])
+    return ["precision=fp16_noscale", "optim=adamw", f"fault.loss_multiplier={multiplier}"], (
         "underflow_no_scaler"
     )
 
 
 def _overflow(r: random.Random, model: str) -> tuple[list[str], str]:
     module = MODELS[model][1](r)
-    factor = r.choice([1e5, 1e6, 1e8])  # each passes fp16's 65504 from activations of ~1
+    factor = r.choice([1e7, 1e8, 1e9])  # each passes fp16's 65504 from activations of ~1e-2
     return [FP16, f"fault.overflow_module={module}", f"fault.overflow_factor={factor:g}"], (
         "forward_overflow"
     )
@@ -139,8 +142,9 @@ def draw(n: int, seed: int, models: list[str] | None = None, steps: int = 12) ->
                 "data.val_fraction=0.05",
                 "trainer.device=cpu",
             ]
-            if not any(o.startswith("trainer.grad_accum=") for o in overrides):
-                common.append(f"trainer.grad_accum={r.choice([1, 1, 2])}")
+            common.append(f"trainer.grad_accum={r.choice([1, 1, 2])}")
+            # what the class sets itself (the optimizer, the accumulation) is its own
+            common = [o for o in common if key(o) not in {key(c) for c in overrides}]
             cases.append(
                 Case(
                     f"{len(cases) + 1:02d}_{name}_{model}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from amp_lab.compose import compose_settings
@@ -67,15 +67,23 @@ def verify(
             _verify_baseline(doctor, rec, advice)
         else:
             verify_fix(doctor, rec, probes, i, deadline)
-    return next_step(doctor, runnable, budget_s)
+    return next_step(doctor, runnable, budget_s, advice)
 
 
-def next_step(doctor: Doctor, runnable: list[dict[str, Any]], budget_s: float) -> str | None:
+def next_step(
+    doctor: Doctor, runnable: list[dict[str, Any]], budget_s: float, advice: Advice
+) -> str | None:
     """None when a fix is verified (or none was needed); else what to run next, and why the
     doctor did not."""
     if not runnable or any(r.get("verified") for r in runnable):
         return None
     over = f"not run: over --budget={budget_s:g} s"
+    if runnable[0]["cause"] == "baseline":  # the gentlest fixes failed: a lower LR still
+        lower = baseline_fixes(replace(advice, lr_scale=advice.lr_scale / 10))[-1]
+        return (
+            f"next: {command(doctor.user, lower)} (fp32 did not train with any fix tried; "
+            "this LR is below the doctor's lowest)"
+        )
     # the grown set of a fix whose overflow moved follows the problem: it comes first
     grown = next((r for r in runnable if (r.get("grown") or {}).get("stopped")), None)
     if grown:

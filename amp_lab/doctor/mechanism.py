@@ -12,13 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from amp_lab.doctor.verdict import Probe
+from amp_lab.numerics.scale_events import MULTI_UPDATE, NO_UPDATE
 
 NAME = "scaler_check"
 # step 2: the scale has been used once before the overflow, and the step after it is clean
 INJECT_STEP = 2
-# 2 clean steps per growth: a correct scaler grows at INJECT_STEP + 2 and + 4; one updated per
-# micro-batch grows sooner, one never updated neither backs off nor grows
-GROWTH_INTERVAL = 2
+# 3 clean steps per growth: a correct scaler grows at INJECT_STEP + 3 and + 6. Updated per
+# micro-batch, the growth counter advances grad_accum >= 2 times a step, so two growths come
+# less than 3 steps apart (with 2, accumulation over 3 grew every 2 steps, like a correct
+# scaler); never updated, the scale neither backs off nor grows
+GROWTH_INTERVAL = 3
 # the injected step, two growth intervals after it and one more step: the verdict is settled
 STEPS = INJECT_STEP + 2 * GROWTH_INTERVAL + 1
 
@@ -53,6 +56,16 @@ def observed(probe: Probe) -> dict[str, Any]:
         "grew_at": grew,
         "growth_interval": GROWTH_INTERVAL,
     }
+
+
+def signatures(probe: Probe) -> dict[str, str]:
+    """The check's scaler signatures. A skip that kept the scale means update() never runs only
+    if the scale never grew either: updated per micro-batch, a step's growths can cancel its
+    backoff, and the growth sooner than the interval names that mistake."""
+    found = dict(probe.diag.get("signatures", {}))
+    if NO_UPDATE in found and (MULTI_UPDATE in found or observed(probe).get("grew_at")):
+        del found[NO_UPDATE]
+    return found
 
 
 def describe(seen: dict[str, Any]) -> str:
