@@ -7,20 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_doctor import TINY as DOCTOR_TINY  # pytest puts this folder on sys.path
 
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.cli import main
 from amp_lab.doctor.verdict import Probe
 
-TINY = [
-    "model=test_vit",
-    "data.img_size=8",
-    "trainer.batch_size=8",
-    "data.val_fraction=0.05",
-    "+model.kwargs.depth=1",
-    "trainer.device=cpu",
-    "precision=fp16",
-]
+TINY = [*DOCTOR_TINY, "precision=fp16"]
 
 
 def _doctor(tmp_path, *args: str) -> dict:
