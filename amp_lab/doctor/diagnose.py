@@ -21,7 +21,7 @@ from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, verify
-from amp_lab.doctor.probes import Doctor, command
+from amp_lab.doctor.probes import Doctor, command, key
 from amp_lab.doctor.verdict import Probe, first_event, verdict
 
 
@@ -200,7 +200,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         if why := doctor.skip(name, probes):
             console.print(escape(f"probe {name}: {why}"))
             continue
-        console.print(escape(f"probe {name}: {' '.join(extra)} ({args.steps} steps)"))
+        steps = next((o.split("=")[1] for o in extra if key(o) == "trainer.max_steps"), args.steps)
+        console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None

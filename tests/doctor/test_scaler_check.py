@@ -65,7 +65,9 @@ def test_a_correct_scaler_with_accumulation_and_clipping_is_not_flagged(tmp_path
         start + 2 * mechanism.GROWTH_INTERVAL,
     ]
     assert report["probes"][mechanism.NAME]["summary"]["diagnostics"]["signatures"] == {}
-    assert "scaler check: inf injected at step 2: skipped, scale" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"trainer.max_steps={mechanism.STEPS} ({mechanism.STEPS} steps)" in out
+    assert "scaler check: inf injected at step 2: skipped, scale" in out
 
 
 def test_an_fp32_or_unscaled_config_gets_no_scaler_check(tmp_path):
