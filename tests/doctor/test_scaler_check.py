@@ -76,7 +76,9 @@ def test_an_fp32_or_unscaled_config_gets_no_scaler_check(tmp_path):
     for precision in ("precision=fp32", "precision=fp16_noscale"):
         doctor = Doctor([*TINY[:-1], precision], 4, tmp_path)
         assert mechanism.NAME not in dict(doctor.plan())
-    assert mechanism.NAME in dict(Doctor(TINY, 4, tmp_path).plan())
+    doctor = Doctor(TINY, 4, tmp_path)
+    assert mechanism.NAME in dict(doctor.plan())
+    assert "logger=disabled" in doctor.common  # a probe is not the user's run: no W&B
 
 
 def test_what_the_scaler_did_is_read_from_the_steps():
