@@ -8,11 +8,12 @@ import math
 import pytest
 
 from amp_lab.compose import compose_settings
+from amp_lab.config import HealthConfig
 from amp_lab.doctor.advice import BASELINE, Advice
 from amp_lab.doctor.cli import main
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor
-from amp_lab.doctor.verdict import Probe
+from amp_lab.doctor.verdict import Probe, verdict
 
 TINY = [
     "model=test_vit",
@@ -355,3 +356,19 @@ def test_underflow_whose_scaled_probe_tracks_fp32_offers_the_scaler_first(tmp_pa
     assert scaler["problem"] == "gradients underflow without loss scaling"
     assert scaler["override"] == "precision=fp16 scaler.enabled=true" and scaler["verified"]
     assert bf16["override"] == "precision=bf16" and bf16["verified"]
+
+
+def test_underflow_with_every_gradient_zero_is_never_unhurt():
+    """Drawn case (seed 47): fp16 without a scaler, the loss x1e-6: every gradient flushed, and
+    in 12 steps fp32's loss had moved less than health.loss_rel, so the autocast probe 'tracked'
+    it. Nothing trains there: the verdict stays `underflow`."""
+    health = [{"rule": "underflow", "kind": "window", "words": "underflow: 100% zero"}]
+    base = Probe("fp32", [], losses=[2.30, 2.29, 2.28, 2.27, 2.26, 2.25])
+    flat = [2.30] * 6  # within 2% of fp32's curve
+    records = [{"diag/grad_zero_share": share} for share in (1.0, 1.0, 1.0)]
+    dead = Probe("autocast", [], losses=flat, summary={"health": health}, records=records)
+    assert dead.deviation(base) <= HealthConfig().loss_rel
+    assert verdict(dead, base, HealthConfig()) == "underflow"
+    some = [{"diag/grad_zero_share": share} for share in (1.0, 0.5, 0.4)]
+    alive = Probe("autocast", [], losses=flat, summary={"health": health}, records=some)
+    assert verdict(alive, base, HealthConfig()) == "underflow, loss unhurt"
