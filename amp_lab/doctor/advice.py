@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amp_lab.config import HealthConfig
+from amp_lab.doctor import mechanism
 from amp_lab.doctor.verdict import HEALTHY, TRAINS, Probe, first_event, verdict
 
 
@@ -160,6 +161,9 @@ def _precision_recs(
     seen: dict[str, str] = {}
     for probe in [*low, base]:
         seen.update({k: v for k, v in probe.diag.get("signatures", {}).items() if k not in seen})
+    if (active := probes.get(mechanism.NAME)) and not active.crashed:  # the injected overflow
+        found = mechanism.signatures(active)
+        seen.update({k: f"{active.name}: {v}" for k, v in found.items() if k not in seen})
     for name, evidence in seen.items():
         score, problem, fix = SIGNATURE_FIXES[name]
         recs.append(_rec(name, score, problem, evidence, "pitfall=none", fix))

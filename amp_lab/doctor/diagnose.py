@@ -18,9 +18,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from amp_lab.config import ConfigError, HealthConfig
+from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, verify
-from amp_lab.doctor.probes import Doctor, command
+from amp_lab.doctor.probes import Doctor, command, key
 from amp_lab.doctor.verdict import Probe, first_event, verdict
 from amp_lab.numerics.finder import for_doctor
 
@@ -114,6 +115,9 @@ def print_report(
     user: list[str],
 ) -> None:
     console.print(verdict_table(probes, health))
+    if mechanism.NAME in probes and not probes[mechanism.NAME].crashed:
+        seen = mechanism.observed(probes[mechanism.NAME])
+        console.print(escape(f"scaler check: {mechanism.describe(seen)}"))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
@@ -144,7 +148,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "bf16; name what goes wrong numerically and the override to try.",
     )
     parser.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per probe (40)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per probe (40; with --suite each case's own, 12)",
+    )
     parser.add_argument(
         "--search-fp32",
         action="store_true",
@@ -171,18 +180,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cases", nargs="+", default=None, metavar="NAME", help="with --suite: only these cases"
     )
+    parser.add_argument(
+        "--draw",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --suite: draw N new cases, every failure class in turn (amp_lab/doctor/draw.py)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="with --suite --draw: the draw's seed (0)"
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="MODEL",
+        help="with --suite --draw: draw among these models (test_vit test_convnext resnet18)",
+    )
     return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """All probes, the optional fp32 search, the report and doctor.json."""
+    args.steps = args.steps or 40
     if args.steps < 4:
         raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
     out = args.out or Path("outputs/doctor") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     doctor = Doctor(args.overrides, args.steps, out)
     probes = {}
     for name, extra in doctor.plan():
-        console.print(escape(f"probe {name}: {' '.join(extra)} ({args.steps} steps)"))
+        if why := doctor.skip(name, probes):
+            console.print(escape(f"probe {name}: {why}"))
+            continue
+        steps = next((o.split("=")[1] for o in extra if key(o) == "trainer.max_steps"), args.steps)
+        console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None
@@ -212,12 +243,14 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         search["fp32_modules"] if search and search["found"] else None,
         applied_by(args.overrides, s),
     )
-    verify(doctor, recs, probes, advice, args.budget)
+    next_line = verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
     print_report(console, doctor.health, probes, recs, search, args.overrides)
     if numerics and any(r["cause"] == "forward_overflow" for r in recs):
         console.print(escape(numerics_line(numerics)), soft_wrap=True)
+    if next_line:  # no fix verified: what to run next, and why the doctor did not
+        console.print(escape(next_line), soft_wrap=True)
     report = {
         "overrides": args.overrides,
         "steps": args.steps,
@@ -241,8 +274,12 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             for n, p in probes.items()
         },
         "recommendations": recs,
+        "next": next_line,
         "search_fp32": search,
         "numerics": numerics,
+        "scaler_check": mechanism.observed(probes[mechanism.NAME])
+        if mechanism.NAME in probes and not probes[mechanism.NAME].crashed
+        else None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(

@@ -8,15 +8,16 @@ that does not train gets fp32 probes of the LR/warmup/clipping fixes.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.doctor.advice import Advice, baseline_fixes
-from amp_lab.doctor.probes import Doctor, key
+from amp_lab.doctor.probes import Doctor, command, key
 from amp_lab.doctor.verdict import HEALTHY, Probe, first_event, verdict
 
 FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]
@@ -50,28 +51,71 @@ def verify(
     probes: dict[str, Probe],
     advice: Advice,
     budget_s: float,
-) -> None:
-    """Run the top recommendation's override (and the next within the budget); mark each
-    `verified` true/false with a sentence in `verification`, or null when it was not run."""
-    started = time.monotonic()
+) -> str | None:
+    """Run the top recommendation's override, following a moved overflow, and the next ones
+    while the budget lasts: one budget for the whole verdict, counted from here, and no probe
+    after the first starts past it. Marks each `verified` true/false with a sentence in
+    `verification`, or null when it was not run; returns None when a fix is verified, else the
+    one line saying what to run next and why it was not run."""
+    deadline = time.monotonic() + budget_s
     runnable = [r for r in recs if r["override"]]
     for i, rec in enumerate(runnable, 1):
-        if i > 1 and time.monotonic() - started > budget_s:
+        if i > 1 and time.monotonic() > deadline:
             rec.update(verified=None, verification=f"not run (over --budget={budget_s:g} s)")
             continue
         if rec["cause"] == "baseline":
             _verify_baseline(doctor, rec, advice)
         else:
-            verify_fix(doctor, rec, probes, i)
+            verify_fix(doctor, rec, probes, i, deadline)
+    return next_step(doctor, runnable, budget_s, advice)
 
 
-def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i: int) -> None:
-    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not."""
+def next_step(
+    doctor: Doctor, runnable: list[dict[str, Any]], budget_s: float, advice: Advice
+) -> str | None:
+    """None when a fix is verified (or none was needed); else what to run next, and why the
+    doctor did not."""
+    if not runnable or any(r.get("verified") for r in runnable):
+        return None
+    over = f"not run: over --budget={budget_s:g} s"
+    if runnable[0]["cause"] == "baseline":  # the gentlest fixes failed: a lower LR still
+        lower = baseline_fixes(replace(advice, lr_scale=advice.lr_scale / 10))[-1]
+        return (
+            f"next: {command(doctor.user, lower)} (fp32 did not train with any fix tried; "
+            "this LR is below the doctor's lowest)"
+        )
+    # the grown set of a fix whose overflow moved follows the problem: it comes first
+    grown = next((r for r in runnable if (r.get("grown") or {}).get("stopped")), None)
+    if grown:
+        return f"next: {command(doctor.user, grown['grown']['next'])} ({over})"
+    pending = next((r for r in runnable if r.get("verified") is None), None)
+    if pending:
+        return f"next: {command(doctor.user, pending['override'])} ({over})"
+    return (
+        f"next: {command(doctor.user, 'precision=fp32')} (every fix above was run and none "
+        "verified; fp32 trains)"
+    )
+
+
+def verify_fix(
+    doctor: Doctor,
+    rec: dict[str, Any],
+    probes: dict[str, Probe],
+    i: int,
+    deadline: float = math.inf,
+) -> None:
+    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not.
+    A kept-in-fp32 set after which the overflow moves grows by the fp32 search until a probe
+    runs clean or `deadline` passes."""
     new = rec["override"].split()
     fix = doctor.run_probe(f"fix_{i}", [*doctor.own, *new])
     base = probes["fp32"]
     if any(key(o).startswith("lr.") for o in new):  # compare with fp32 at the same LR
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
+    event = first_event(fix)
+    if rec["cause"] == "forward_overflow" and event and event["phase"] == "forward":
+        fix = _grow(doctor, rec, fix, i, deadline)
+        event = first_event(fix)
     rec["fix_probe"] = {
         "name": fix.name,
         "losses": fix.losses,
@@ -79,7 +123,6 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
         "health": fix.summary.get("health"),
         "deviation_from_fp32": fix.deviation(base) if fix.losses else None,
     }
-    event = first_event(fix)
     target = rec.get("module")  # the module a forward-overflow fix keeps in fp32
     if fix.crashed:
         rec.update(verified=False, verification=f"the fix crashed: {fix.crashed}")
@@ -106,6 +149,37 @@ def verify_fix(doctor: Doctor, rec: dict[str, Any], probes: dict[str, Probe], i:
                 + ("no health finding" if said == "ok" else f"health: {'; '.join(fix.health)}")
             ),
         )
+    if rec.get("grown"):
+        rec["verification"] += f"; {rec['grown']['said']}"
+
+
+def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: float) -> Probe:
+    """The overflow moved (or remains): grow the kept set with the fp32 search on the user's
+    own precision, from the set `fix` ran; the recommendation takes the grown set when a probe
+    of it ran clean. Returns the probe of the set the recommendation ends with."""
+    start = rec["override"].split("=", 1)[1].strip("[]").split(",")
+    search = doctor.search_fp32(
+        start, fix, base=doctor.own, name=f"fix_{i}_grow", deadline=deadline
+    )
+    grown = search["fp32_modules"]
+    sets = dict.fromkeys(f"[{','.join(t['fp32_modules'])}]" for t in search["tried"])
+    steps = " -> ".join(sets)  # each set once, in the order first run
+    said = (
+        f"keeping [{','.join(grown)}] in fp32 is next, not run: over the budget"
+        if search["stopped"]
+        else f"the kept set grew {steps}"
+    )
+    rec["grown"] = {
+        "from": start,
+        "tried": search["tried"],
+        "stopped": search["stopped"],
+        "next": f"precision.fp32_modules=[{','.join(grown)}]",
+        "said": said,
+    }
+    if search["found"] and grown != start:
+        rec["override"] = f"precision.fp32_modules=[{','.join(grown)}]"
+        return doctor.fp32_run(doctor.own, grown) or fix
+    return fix
 
 
 def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> None:

@@ -9,13 +9,16 @@ import contextlib
 import io
 import json
 import logging
-from dataclasses import replace
+import math
+import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from amp_lab.choices import Strategy
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
+from amp_lab.doctor import mechanism
 from amp_lab.doctor.verdict import Probe
 from amp_lab.records import METRICS_FILE
 
@@ -30,12 +33,17 @@ PROBE_KEYS = (
     "trainer.resume",
     "trainer.strategy",
     "checkpoint.enabled",
+    "logger",
+    "logger.mode",
     "diagnostics",
     "diagnostics.mode",
     "diagnostics.every",
     "hydra.run.dir",
 )
 log = logging.getLogger("amp_lab.doctor")
+# the fp32 baseline probe per composed config (its JSON): deterministic for its seed, so a
+# process that diagnoses several configs (the suite) runs each baseline once
+BASELINES: dict[str, Probe] = {}
 
 
 class Doctor:
@@ -63,6 +71,7 @@ class Doctor:
             "trainer.resume=false",
             "trainer.strategy=single",  # the probes are short runs on one process
             "checkpoint.enabled=false",
+            "logger=disabled",  # a probe is no run of the user's: nothing goes to W&B
         ]
         if self.settings.trainer.strategy == "fsdp":  # its policy is checked, its probes not
             from amp_lab.components.fsdp import resolve_plan
@@ -89,6 +98,19 @@ class Doctor:
             scaler.kind != "static"
             and (mode.dynamic_scaling if scaler.enabled is None else scaler.enabled)
         )
+        # every probe of the fp32 search, per base overrides and module set (deterministic)
+        self.fp32_runs: dict[tuple[str, ...], dict[tuple[str, ...], Probe]] = {}
+        # the user's own step runs a dynamic scaler: its mechanism is probed actively
+        self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled
+
+    def skip(self, name: str, probes: dict[str, Probe]) -> str | None:
+        """Why probe `name` cannot change the ranking after `probes`, or None: the scaler check
+        of a step that overflows in the forward pass skips every step whatever the scaler does."""
+        scaled = probes.get("autocast+scaler")
+        event = scaled and (scaled.diag.get("nonfinite") or {}).get("forward")
+        if name == mechanism.NAME and event:
+            return f"skipped: the forward pass overflows ({event['module']}), every step skips"
+        return None
 
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [
@@ -98,6 +120,8 @@ class Doctor:
         ]
         if self.low != "bf16":
             plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
+        if self.checks_scaler:
+            plan.append((mechanism.NAME, mechanism.overrides(self.own)))
         return plan
 
     def run_probe(self, name: str, extra: list[str]) -> Probe:
@@ -107,8 +131,14 @@ class Doctor:
 
         replaced = {key(e) for e in extra}
         probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
+        settings = compose_settings(probe.overrides)
+        # the fp32 baseline, once per config in this process (the suite's cases share it)
+        config = json.dumps(asdict(settings), sort_keys=True, default=str) if name == "fp32" else ""
+        if config in BASELINES:
+            log.info("probe fp32: the baseline of this config, already run in this process")
+            return replace(BASELINES[config], overrides=probe.overrides)
         try:
-            trainer = Trainer(build(compose_settings(probe.overrides), self.out / "probes" / name))
+            trainer = Trainer(build(settings, self.out / "probes" / name))
         except ConfigError as err:
             if name != "bf16":
                 raise
@@ -133,24 +163,40 @@ class Doctor:
         ]
         probe.records = [r for r in rows if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
+        if config:
+            BASELINES[config] = probe
         log.info("probe %s: %s", name, " ".join(extra))
         return probe
 
-    def search_fp32(self, start: list[str], scaled: Probe, max_rounds: int = 6) -> dict[str, Any]:
+    def search_fp32(
+        self,
+        start: list[str],
+        scaled: Probe,
+        max_rounds: int = 6,
+        base: list[str] | None = None,
+        name: str = "search",
+        deadline: float = math.inf,
+    ) -> dict[str, Any]:
         """Greedy: add the module named by the forward attribution until a probe runs clean.
-        `scaled` (the autocast+scaler probe) is the run with the `start` set; a set already run
-        is not run again (the probes are deterministic for a seed)."""
-        extra = [f"precision={self.low}", "scaler.enabled=true"]
+        `scaled` is the run of `base` (default: autocast+scaler) with the `start` set; a set
+        already run is not run again (the probes are deterministic for a seed). No new probe
+        starts after `deadline` (time.monotonic()); the result then says `stopped`."""
+        extra = base or [f"precision={self.low}", "scaler.enabled=true"]
+        runs = self.fp32_runs.setdefault(tuple(extra), {})
+        runs.setdefault(tuple(start), scaled)
         chosen = list(start)
         tried: list[dict[str, Any]] = []
-        runs: dict[tuple[str, ...], Probe] = {tuple(start): scaled}
+        ran = 0
 
-        def clean(modules: list[str]) -> bool:
+        def clean(modules: list[str]) -> bool | None:
+            nonlocal ran
             key = tuple(modules)
             if key not in runs:
+                if time.monotonic() > deadline:
+                    return None
+                ran += 1
                 runs[key] = self.run_probe(
-                    f"search_{len(runs) - 1}",
-                    [*extra, f"precision.fp32_modules=[{','.join(modules)}]"],
+                    f"{name}_{ran}", [*extra, f"precision.fp32_modules=[{','.join(modules)}]"]
                 )
             probe = runs[key]
             forward = (probe.diag.get("nonfinite") or {}).get("forward")
@@ -166,17 +212,21 @@ class Doctor:
                 )
             return ok
 
-        def result(found: bool) -> dict[str, Any]:
+        def result(found: bool, stopped: bool = False) -> dict[str, Any]:
             return {
                 "found": found,
                 "verified": found,
                 "fp32_modules": chosen,
                 "tried": tried,
-                "probe_runs": len(runs) - 1,
+                "probe_runs": ran,
+                "stopped": "over the budget" if stopped else None,
             }
 
         for _ in range(max_rounds):
-            if clean(chosen):
+            ok = clean(chosen)
+            if ok is None:
+                return result(False, stopped=True)
+            if ok:
                 break
             culprit = tried[-1]["forward_nonfinite"]
             if culprit is None or culprit["module"] in chosen:
@@ -186,9 +236,13 @@ class Doctor:
             return result(False)
         for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
             smaller = [m for m in chosen if m != module]
-            if clean(smaller):  # drop modules the others already cover
+            if clean(smaller):  # drop modules the others already cover (None: not run)
                 chosen = smaller
-        return result(clean(chosen))  # the final set, run with every module of it
+        return result(bool(clean(chosen)))  # the final set, run with every module of it
+
+    def fp32_run(self, base: list[str], modules: list[str]) -> Probe | None:
+        """The probe the search ran for this set on top of `base`, if it ran one."""
+        return self.fp32_runs.get(tuple(base), {}).get(tuple(modules))
 
 
 def key(override: str) -> str:

@@ -8,6 +8,8 @@ in >= 90% of cases, no alarm on the healthy cases, every top fix verified.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,10 @@ SUITE_BASE = [
 ]
 HEALTHY = ("none", "transient")  # causes that mean "no precision problem found"
 TARGET_RIGHT_FIRST = 0.9
+# seconds for fixes after the top one's first probe: a moved overflow's grown set, the next
+# fix when the top one fails (the budget covers the whole verdict)
+BUDGET_S = 30.0
+CLASS_KEYS = ("cases", "right_first", "alarms", "fix_verified", "next_line")
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class Case:
     cause: str  # the `cause` of the recommendation that must rank first
     steps: int = 12
     flags: tuple[str, ...] = ()  # extra doctor flags (e.g. --search-fp32)
+    base: tuple[str, ...] = tuple(SUITE_BASE)  # the model and data it runs on
+    kind: str = ""  # its failure class (draw.py); "": the case's own name
 
 
 FP16 = ("precision=fp16",)
@@ -106,17 +114,19 @@ CASES = [
 ]
 
 
-def run_case(case: Case, out: Path) -> dict[str, Any]:
-    """The doctor on one case, its output in <out>/<case>.txt; the figures the table shows."""
-
+def run_case(
+    case: Case, out: Path, steps: int | None = None, budget_s: float = BUDGET_S
+) -> dict[str, Any]:
+    """The doctor on one case (`steps` per probe, default the case's), its output in
+    <out>/<case>.txt; the figures the table shows."""
     args = parse_args(
         [
-            *SUITE_BASE,
+            *case.base,
             *case.overrides,
             "--steps",
-            str(case.steps),
+            str(steps or case.steps),
             "--budget",
-            "0",
+            f"{budget_s:g}",
             *case.flags,
             "--out",
             str(out / case.name),
@@ -130,6 +140,7 @@ def run_case(case: Case, out: Path) -> dict[str, Any]:
     healthy_case = case.cause in HEALTHY
     return {
         "case": case.name,
+        "class": case.kind or case.name,
         "expected": case.cause,
         "top_cause": top["cause"],
         "right_first": top["cause"] == case.cause,
@@ -138,6 +149,9 @@ def run_case(case: Case, out: Path) -> dict[str, Any]:
         "fix": top.get("override"),
         "verified": top.get("verified"),
         "verification": top.get("verification"),
+        # the doctor's answer: a verified fix among its recommendations, or what to run next
+        "fix_verified": any(r.get("verified") for r in report["recommendations"]),
+        "next": report["next"],
         "seconds": time.monotonic() - started,
     }
 
@@ -170,11 +184,21 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The benchmark's figures and whether each target is met."""
+    """The benchmark's figures, per failure class too, and whether each target is met."""
     right = sum(r["right_first"] for r in rows)
     fixes = [r for r in rows if r["fix"]]
     verified = sum(r["verified"] is True for r in fixes)
     alarms = sum(r["alarm"] for r in rows)
+    failing = [r for r in rows if r.get("expected") not in HEALTHY]
+    seconds = sorted(r["seconds"] for r in rows if "seconds" in r)
+    classes: dict[str, dict[str, int]] = {}
+    for r in rows:
+        c = classes.setdefault(r.get("class", r.get("case", "?")), dict.fromkeys(CLASS_KEYS, 0))
+        c["cases"] += 1
+        c["right_first"] += r["right_first"]
+        c["alarms"] += r["alarm"]
+        c["fix_verified"] += bool(r.get("fix_verified"))
+        c["next_line"] += bool(r.get("next"))
     return {
         "cases": len(rows),
         "right_first": right,
@@ -182,36 +206,63 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "alarms_on_healthy": alarms,
         "top_fixes": len(fixes),
         "top_fixes_verified": verified,
+        # failure cases that ended with a verified fix, or else with the line of what to run
+        "failure_cases": len(failing),
+        "ended_verified": sum(bool(r.get("fix_verified")) for r in failing),
+        "ended_with_next": sum(bool(r.get("next")) for r in failing),
+        "median_s": statistics.median(seconds) if seconds else None,
+        "max_s": seconds[-1] if seconds else None,
+        "per_class": classes,
         "targets_met": right / len(rows) >= TARGET_RIGHT_FIRST
         and alarms == 0
         and verified == len(fixes),
     }
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
-    """Run the chosen cases (all by default); 0 when every target is met, else 1."""
-    import json
+def chosen_cases(args: argparse.Namespace) -> list[Case]:
+    """The fixed cases (all, or --cases), or --draw N of them drawn with --seed."""
+    from amp_lab.config import ConfigError
 
+    if args.draw:
+        from amp_lab.doctor.draw import draw
+
+        if args.cases:
+            raise ConfigError("--cases picks fixed cases; --draw draws new ones: use one")
+        return draw(args.draw, args.seed, args.models)
     known = {c.name: c for c in CASES}
     unknown = [n for n in args.cases or [] if n not in known]
     if unknown:
-        from amp_lab.config import ConfigError
-
         raise ConfigError(f"unknown suite case {', '.join(unknown)}; cases: {', '.join(known)}")
+    return [known[n] for n in args.cases] if args.cases else CASES
+
+
+def main(args: argparse.Namespace, console: Console) -> int:
+    """Run the chosen cases; 0 when every target is met, else 1. suite.json is rewritten after
+    every case, so a suite stopped early keeps the figures of the cases it ran."""
+    cases = chosen_cases(args)
     out = args.out or Path("outputs/doctor_suite")
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for case in [known[n] for n in args.cases] if args.cases else CASES:
+    rows: list[dict[str, Any]] = []
+    for case in cases:
         console.print(f"case {case.name}: {' '.join(case.overrides)}")
-        rows.append(run_case(case, out))
+        rows.append(run_case(case, out, args.steps))
+        saved = {"draw": args.draw, "seed": args.seed, "figures": figures(rows), "cases": rows}
+        (out / "suite.json").write_text(json.dumps(saved, indent=2))
     console.print(table(rows))
     result = figures(rows)
     console.print(
         f"right cause first: {result['right_first']}/{result['cases']} "
         f"({result['right_first_share']:.0%}, target >= {TARGET_RIGHT_FIRST:.0%}); "
         f"alarms on healthy cases: {result['alarms_on_healthy']}; top fixes verified: "
-        f"{result['top_fixes_verified']}/{result['top_fixes']}"
+        f"{result['top_fixes_verified']}/{result['top_fixes']}; failure cases ending with a "
+        f"verified fix: {result['ended_verified']}/{result['failure_cases']} (else a next line: "
+        f"{result['ended_with_next']}); per case median {result['median_s']:.0f} s, "
+        f"max {result['max_s']:.0f} s"
     )
-    (out / "suite.json").write_text(json.dumps({"figures": result, "cases": rows}, indent=2))
+    for name, c in result["per_class"].items():
+        console.print(
+            f"  {name}: right first {c['right_first']}/{c['cases']}, alarms {c['alarms']}, "
+            f"verified fix {c['fix_verified']}, next line {c['next_line']}"
+        )
     console.print(f"wrote {out / 'suite.json'}")
     return 0 if result["targets_met"] else 1

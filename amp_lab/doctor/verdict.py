@@ -115,8 +115,8 @@ HEALTHY = ("ok", UNHURT)
 def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
     """ok | diverged | underflow | underflow, loss unhurt | rises | skips | stalls | deviates |
     unavailable | crashed: the probe's own health findings first, then its loss against fp32's
-    (`health.*`). Underflow whose loss stays within `health.loss_rel` of fp32's says so: the
-    label never contradicts the curve beside it."""
+    (`health.*`). Underflow whose loss stays within `health.loss_rel` of fp32's says so, unless
+    every gradient is zero: the label never contradicts the curve beside it."""
     if probe.unavailable:
         return "unavailable"
     if probe.crashed:
@@ -132,6 +132,13 @@ def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
         loss = "deviates"
     for found, name in HEALTH_VERDICTS:
         if fired & found:
-            unhurt = probe is not base and not loss and probe.deviation(base) <= cfg.loss_rel
+            # every gradient zero: nothing trains, its loss tracks fp32's only while fp32's
+            # has not moved yet (a short probe), so it is no evidence of an unhurt loss
+            unhurt = (
+                probe is not base
+                and not loss
+                and probe.deviation(base) <= cfg.loss_rel
+                and (probe.flushed or 0.0) < 1.0
+            )
             return UNHURT if name == "underflow" and unhurt else name
     return loss or "ok"
