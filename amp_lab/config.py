@@ -546,7 +546,13 @@ class HealthConfig:
     base_drop: float = 0.04  # see stall_share
 
     def __post_init__(self) -> None:
-        for name in ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate", "erased_share"):
+        for name in (
+            "zero_grad_share",
+            "min_drop",
+            "skip_rate",
+            "window_skip_rate",
+            "erased_share",
+        ):
             value = getattr(self, name)
             _require(0 < value <= 1, f"health.{name}={value} must be in (0, 1]")
         for name in (

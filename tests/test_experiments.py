@@ -52,8 +52,10 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
         "grad_accum",
         "optimizer_state",
         "precision_modes",
+        "pure_bf16_updates",
         "recipe_precision",
         "scaler_grid",
+        "silent_noops",
     ]
     index = (ROOT / "experiments" / "README.md").read_text()
     for study in STUDIES:

@@ -25,7 +25,9 @@ from amp_lab.numerics.early_signals import (
     BlockSignals,
     adam_rms,
     erased_counts,
+    low_precision_weights,
     optimizer_floors,
+    since_start,
 )
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
@@ -89,6 +91,7 @@ class Diagnostics(StepObserver):
                 "trainer.compile=model, or trainer.compile=off"
             )
         self.probe = ModuleProbe(model, self.device)
+        self.probe_model = model
         self.blocks = BlockSignals(model)  # attention logits and kurtosis, at probe steps
         names = {id(p): n for n, p in model.named_parameters()}
         self.optimized_names = [  # the pure modes' masters are not the model's: named by index
@@ -96,6 +99,8 @@ class Diagnostics(StepObserver):
             for i, p in enumerate(p for g in view.optimizer.param_groups for p in g["params"])
         ]
         self.floors: dict[str, Any] = {}  # eps and lr x wd against their dtypes, read once
+        # the pure modes' 16-bit weights at this start (2 bytes a weight): which never moved
+        self.start_weights: list[torch.Tensor] | None = None
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
         # a step without a scaler runs at scale 1, and none of its skips backs off
@@ -111,6 +116,8 @@ class Diagnostics(StepObserver):
     # -- the step ----------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         self.step = step
+        if self.start_weights is None:
+            self.start_weights = low_precision_weights(self.probe_model)
         self.probing = self.step % self.every == 0
         if self.probing or self.cfg.mode == "full" or self.armed:
             self.probe.attach()
@@ -355,6 +362,9 @@ class Diagnostics(StepObserver):
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
             "fp32_state_ok": PitfallName.half_model not in self.signatures,
+            # the 16-bit weights (pure modes) since this start: the share that never moved, and
+            # their norm's ratio; null in other modes
+            **since_start(self.probe_model, self.start_weights or []),
         }
 
 

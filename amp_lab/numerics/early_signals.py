@@ -52,7 +52,7 @@ class BlockSignals:
     def attach(self) -> None:
         if self.handles:
             return
-        for name, attn in self.attention:
+        for _, attn in self.attention:
             self.handles.append(attn.q_norm.register_forward_hook(self._keep_q))
             self.handles.append(attn.k_norm.register_forward_hook(self._logits(attn.scale)))
         for _, block in self.blocks:
@@ -183,3 +183,27 @@ def _smallest_positive(dtype: torch.dtype) -> float:
     """The smallest subnormal of a float dtype: anything below half of it rounds to 0."""
     info = torch.finfo(dtype)
     return info.smallest_normal * info.eps
+
+
+def low_precision_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's 16-bit weights (the pure modes'), as they are now: a copy to compare with."""
+    return [
+        p.detach().clone() for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)
+    ]
+
+
+def since_start(model: torch.nn.Module, start: list[torch.Tensor]) -> dict[str, float | None]:
+    """The 16-bit weights against `start` (a sync): the share of elements still exactly where
+    they were, and the ratio of their L2 norms now and then (what weight decay shrinks)."""
+    now = [p.detach() for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)]
+    if not start or len(now) != len(start):
+        return {"unmoved_share": None, "weight_norm_ratio": None}
+    same = torch.stack([(a == b).sum() for a, b in zip(now, start)]).sum()
+    norms = [
+        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(t, dtype=torch.float32)))
+        for t in (now, start)
+    ]
+    return {
+        "unmoved_share": float(same) / sum(t.numel() for t in start),
+        "weight_norm_ratio": float(norms[0] / norms[1]),
+    }

@@ -302,3 +302,27 @@ def test_fsdp_precision_no_policy_is_told_from_ddp_and_the_state_per_rank_halves
         assert delta["acc"]["std"] == pytest.approx(std, abs=5e-4), policy
         assert delta["loss_rel"] == pytest.approx(loss_rel, rel=0.05)  # the val loss, relative
         assert delta["loss"]["std"] > 0  # the arithmetic moved: the seeds' losses differ
+
+
+def test_pure_bf16_updates_nearest_freezes_a_fifth_of_the_weights_and_the_cures_recover_it():
+    [group] = _groups("pure_bf16_updates").values()
+    grid = {
+        value.split()[-1].split("=")[1] + ("" if value.startswith("false") else "+masters"): c
+        for value, c in cells(group).items()
+    }
+    masters, nearest = grid["nearest+masters"], grid["nearest"]
+    assert masters["reference"] and not masters["health"]
+    # 22.4 +- 0.6% never moved under nearest rounding, ~3.7% under every cure
+    assert 0.21 < _mean(nearest, "unmoved_share") < 0.24
+    for cure in ("nearest+masters", "stochastic", "kahan"):
+        assert 0.035 < _mean(grid[cure], "unmoved_share") < 0.039, cure
+        assert not grid[cure]["health"], cure  # no warning on the runs that keep their updates
+    assert nearest["health"] == [
+        "weight decay does nothing in 3 of 3 seeds",
+        "updates rounded away in 3 of 3 seeds",
+    ]
+    assert nearest["delta"]["verdict"] == "worse"
+    low, high = _interval(nearest)
+    assert high < -0.002 and low > -0.09  # -4.4 +- 4.1 pp
+    assert grid["kahan"]["delta"]["verdict"] == "matches"
+    assert _inconclusive(group, "false update_rounding=stochastic", "1.1")
