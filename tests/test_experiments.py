@@ -46,6 +46,7 @@ def _distinct_builds(experiment: str) -> list[list[str]]:
 
 def test_the_studies_are_there_with_readme_and_cpu_variant():
     assert STUDIES == [
+        "attention_logits",
         "beyond_autocast",
         "fp16_lr_warmup",
         "fsdp_precision",

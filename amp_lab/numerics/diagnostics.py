@@ -101,6 +101,7 @@ class Diagnostics(StepObserver):
         self.floors: dict[str, Any] = {}  # eps and lr x wd against their dtypes, read once
         # the pure modes' 16-bit weights at this start (2 bytes a weight): which never moved
         self.start_weights: list[torch.Tensor] | None = None
+        self.attn_logit_peak: float | None = None  # the largest attention logit of any probe
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
         # a step without a scaler runs at scale 1, and none of its skips backs off
@@ -248,7 +249,12 @@ class Diagnostics(StepObserver):
             top = sorted(acts.items(), key=lambda kv: -nan_as_inf(kv[1][0]))[: self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
         record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
-        record.update(self.blocks.read())
+        blocks = self.blocks.read()
+        record.update(blocks)
+        if "diag/attn_logit_max" in blocks:
+            peak = self.attn_logit_peak
+            logit = blocks["diag/attn_logit_max"]
+            self.attn_logit_peak = logit if peak is None else max(peak, logit, key=nan_as_inf)
         record.update(self._read_signals(w))
         if "counts" not in w:
             return detail
@@ -365,6 +371,7 @@ class Diagnostics(StepObserver):
             # the 16-bit weights (pure modes) since this start: the share that never moved, and
             # their norm's ratio; null in other modes
             **since_start(self.probe_model, self.start_weights or []),
+            "attn_logit_max": self.attn_logit_peak,  # over the probes of this start
         }
 
 

@@ -38,9 +38,10 @@ FIGURES = (
     "low_precision_share",  # the precision audit's: in summary.json's precision_audit
     "unmoved_share",  # the diagnostics': 16-bit weights that never moved (pure modes)
     "weight_norm_ratio",  # the diagnostics': their norm at the end over their norm at the start
+    "attn_logit_max",  # the diagnostics': the largest attention logit of the run's probes
 )
 AUDIT_FIGURES = ("low_precision_share",)
-DIAGNOSTICS_FIGURES = ("unmoved_share", "weight_norm_ratio")
+DIAGNOSTICS_FIGURES = ("unmoved_share", "weight_norm_ratio", "attn_logit_max")
 
 
 def summary_figure(summary: dict[str, Any], key: str) -> object:

@@ -326,3 +326,41 @@ def test_pure_bf16_updates_nearest_freezes_a_fifth_of_the_weights_and_the_cures_
     assert high < -0.002 and low > -0.09  # -4.4 +- 4.1 pp
     assert grid["kahan"]["delta"]["verdict"] == "matches"
     assert _inconclusive(group, "false update_rounding=stochastic", "1.1")
+
+
+def test_silent_noops_fp16_eps_diverges_and_bf16_decay_leaves_the_norm_where_it_was():
+    groups = list(_groups("silent_noops").values())
+    eps = cells(next(g for g in groups if "half_model" in g["name"]))
+    default, safe = (
+        eps["{} master_weights=true weight_decay=0.05"],
+        eps['{"eps": 0.0001} master_weights=true weight_decay=0.05'],
+    )
+    assert default["status"] == "3× diverged" and safe["status"] == "completed"
+    assert "eps is 0 in the state dtype in 3 of 3 seeds" in default["health"]
+    runs = [
+        r
+        for r in json.loads((ROOT / "experiments/silent_noops/report/report.json").read_text())[
+            "runs"
+        ]
+        if r["value"] == default["value"]
+    ]
+    assert len(runs) == 3 and all(
+        {"eps 1e-08 is 0 in float16", "diverged at step 5 (loss scale fell to 2^0)"}
+        <= set(r["health"])
+        for r in runs
+    )
+    assert _mean(safe, "final_val_acc") == pytest.approx(0.699, abs=0.001)
+    decay = cells(next(g for g in groups if "bf16_pure" in g["name"]))
+    nearest = decay["{} master_weights=false weight_decay=150"]
+    masters = decay["{} master_weights=true weight_decay=150"]
+    no_decay = decay["{} master_weights=true weight_decay=0"]
+    assert 0.9999 < _mean(nearest, "weight_norm_ratio") < 1.0  # 0.99997: the decay is lost
+    assert 0.994 < _mean(masters, "weight_norm_ratio") < 0.995  # 0.99457 with fp32 masters
+    assert abs(_mean(no_decay, "weight_norm_ratio") - 1) < 1e-4  # the shrink is the decay's
+    assert 0.82 < _mean(nearest, "unmoved_share") < 0.84
+    assert nearest["health"] == [
+        "weight decay does nothing in 3 of 3 seeds",
+        "updates rounded away in 3 of 3 seeds",
+    ]
+    assert not masters["health"] and not no_decay["health"]
+    assert masters["delta"]["verdict"] == "better"  # +11.9 +- 5.6 pp at lr 1e-5
