@@ -3,8 +3,9 @@
 Diverging cases run with a probe and a log window at every step; a run diverges at its first step
 whose loss is non-finite or above twice the lowest loss before it. For each early warning
 (rules.EARLY) the table gives the steps between its firing and that divergence. The healthy
-runs are each CPU study's jobs of seed 0 (single-process studies): a warning that fires on one
-of them, while no other rule does, is a false alarm. Writes lead_time.json.
+runs are the seed-0 jobs of each CPU study but those built to fail (PHENOMENA), single-process
+ones: a warning that fires on one of them, while no other rule does, is a false alarm. Writes
+lead_time.json.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from amp_lab.compose import CONF_DIR, compose_settings
+from amp_lab.config import register
 from amp_lab.health.rules import EARLY
 from amp_lab.records import METRICS_FILE
 
@@ -38,6 +40,8 @@ DIVERGING = {  # the published phenomena that end in divergence, and fp16's own 
     "fp16_underflow": ["precision=fp16_noscale", "fault.loss_multiplier=1e-6", "lr.base=1e-2"],
 }
 LEAD_TARGET = 10  # steps: a warning this early is in time to act on
+# studies built to show a failure: their broken cells are the phenomena, not healthy runs
+PHENOMENA = ("attention_logits", "pure_bf16_updates", "silent_noops")
 
 
 @dataclass
@@ -94,6 +98,7 @@ def study_jobs(study: str) -> list[list[str]]:
     from hydra import compose, initialize_config_dir
 
     experiment = f"+experiment/cpu={study}"
+    register()  # the schema the configs name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         params = compose("config", [experiment], return_hydra_config=True).hydra.sweeper.params
     axes = [
@@ -104,8 +109,10 @@ def study_jobs(study: str) -> list[list[str]]:
     return [[experiment, "trainer.seed=0", *job] for job in itertools.product(*axes)]
 
 
-def cpu_studies() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "experiment" / "cpu").glob("*.yaml"))
+def healthy_studies() -> list[str]:
+    """The CPU studies whose runs are meant to train: all but PHENOMENA."""
+    names = sorted(p.stem for p in (CONF_DIR / "experiment" / "cpu").glob("*.yaml"))
+    return [n for n in names if n not in PHENOMENA]
 
 
 def table(diverging: list[CaseResult], healthy: list[CaseResult]) -> Table:
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "--studies",
         nargs="*",
         default=None,
-        help="CPU studies whose seed-0 jobs are the healthy runs (default: all)",
+        help="CPU studies whose seed-0 jobs are the healthy runs (default: all but PHENOMENA)",
     )
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the cases' own warnings are what is measured
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.cases
     ]
     healthy = []
-    for study in cpu_studies() if args.studies is None else args.studies:
+    for study in healthy_studies() if args.studies is None else args.studies:
         for i, job in enumerate(study_jobs(study)):
             if compose_settings(job).trainer.strategy != "single":
                 break  # a study of several ranks runs under torchrun, not here
