@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from amp_lab.components.fsdp import local
+
 BLOCK_CLASSES = ("Bottleneck", "BasicBlock")  # timm blocks whose class name lacks "Block"
 
 
@@ -107,7 +109,8 @@ class BlockSignals:
 
 def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]] | None:
     """Per weight matrix with a gradient, RMS of g^2 / max(v-hat, eps^2) after the step, as
-    StableAdamW measures it (device tensor), with the matrices' indices in the param groups."""
+    StableAdamW measures it (device tensor), with the matrices' indices in the param groups.
+    Under FSDP each rank measures its own shards."""
     values, index = [], []
     i = -1
     for group in optimizer.param_groups:
@@ -118,10 +121,10 @@ def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]]
             v = state.get("exp_avg_sq")
             if v is None or p.grad is None or p.dim() < 2:  # biases and norms: a few values
                 continue
-            v = v.dequantize() if hasattr(v, "dequantize") else v  # torchao's low-bit states
+            v = local(v.dequantize() if getattr(v, "codes", None) is not None else v)  # torchao
             step = torch.as_tensor(state.get("step", 1), device=v.device, dtype=torch.float32)
             v_hat = v.float() / (1 - beta2**step).clamp_min(1e-30)
-            ratio = p.grad.detach().float().square() / v_hat.clamp_min(eps * eps)
+            ratio = local(p.grad).detach().float().square() / v_hat.clamp_min(eps * eps)
             values.append(ratio.mean().sqrt())
             index.append(i)
     return (torch.stack(values), index) if values else None
