@@ -94,7 +94,8 @@ def run_case(name: str, overrides: list[str], out: Path) -> CaseResult:
 
 
 def study_jobs(study: str) -> list[list[str]]:
-    """A CPU study's sweep jobs of seed 0 (its `hydra.sweeper.params` grid)."""
+    """A CPU study's sweep jobs of seed 0 (its `hydra.sweeper.params` grid), probed every 10
+    steps."""
     from hydra import compose, initialize_config_dir
 
     experiment = f"+experiment/cpu={study}"
@@ -106,7 +107,9 @@ def study_jobs(study: str) -> list[list[str]]:
         for key, values in params.items()
         if key != "trainer.seed"
     ]
-    return [[experiment, "trainer.seed=0", *job] for job in itertools.product(*axes)]
+    # a probe at every log step (the CPU studies log every 10), so every warning is judged
+    probe = ["diagnostics.every=10"]
+    return [[experiment, "trainer.seed=0", *job, *probe] for job in itertools.product(*axes)]
 
 
 def healthy_studies() -> list[str]:

@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from amp_lab.health.lead_time import BASE, EVERY_STEP, CaseResult, divergence_step, run_case, table
+from amp_lab.health.lead_time import (
+    BASE,
+    EVERY_STEP,
+    PHENOMENA,
+    CaseResult,
+    divergence_step,
+    healthy_studies,
+    run_case,
+    study_jobs,
+    table,
+)
 
 
 def test_divergence_is_the_first_non_finite_loss_or_twice_the_lowest_before_it():
@@ -31,3 +41,10 @@ def test_a_diverging_case_gives_each_warning_its_lead(tmp_path):
     rows = dict(zip(grid.columns[0]._cells, grid.columns[1]._cells))
     assert rows["eps_lost"] == str(case.lead) and rows["decay_lost"] == "-"  # fp32 weights
     assert grid.columns[-1]._cells == ["0"] * len(rows)
+
+
+def test_the_healthy_runs_are_each_studys_seed_0_jobs_probed_at_every_log_step():
+    assert not set(PHENOMENA) & set(healthy_studies()) and "scaler_grid" in healthy_studies()
+    jobs = study_jobs("scaler_grid")
+    assert len(jobs) == 6  # 3 init_scale x 2 growth_interval
+    assert all("trainer.seed=0" in job and "diagnostics.every=10" in job for job in jobs)
