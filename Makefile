@@ -9,7 +9,7 @@ ARGS ?=
 TEST_JOBS ?= auto
 SOURCES := amp_lab tests
 
-.PHONY: help run test test-fast bench doctor-bench studies check lint format-check typecheck format clean
+.PHONY: help run test test-fast bench doctor-bench warnings-bench studies check lint format-check typecheck format clean
 
 help:  ## this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-13s %s\n", $$1, $$2}' \
@@ -36,21 +36,27 @@ bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python
 doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 min): figures
 	$(PY) -m amp_lab.doctor --suite $(ARGS)
 
+warnings-bench: $(VENV)/.installed  ## the early warnings' lead time and false alarms (CPU)
+	$(PY) -m amp_lab.health.lead_time $(ARGS)
+
 # Each study's CPU variant, then its report (verdicts, tables, overview.png) written into
 # experiments/<study>/README.md; `make study-scaler_grid` runs one (1-6 min each: 138 jobs in 21
 # minutes on 2 cores at load 4-7, one job at a time).
 STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast optimizer_state \
-	recipe_precision fsdp_precision
+	recipe_precision fsdp_precision pure_bf16_updates silent_noops attention_logits
 REPORT_scaler_grid := --by scaler.init_scale
 REPORT_fp16_lr_warmup := --by lr.warmup_steps
 REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size
 REPORT_beyond_autocast := --ref bf16
 REPORT_optimizer_state := --by optim.state_dtype
+REPORT_attention_logits := --by model.kwargs,data.z_loss --ref '{"patch_size": 8, "qk_norm": false} z_loss=0'
+REPORT_pure_bf16_updates := --by precision.master_weights,precision.update_rounding
+REPORT_silent_noops := --by optim.kwargs,precision.master_weights,optim.weight_decay
 REPORT_fsdp_precision := --by trainer.strategy,fsdp.param_dtype,fsdp.reduce_dtype --ref ddp
 # a study of N-rank jobs runs its sweep under torchrun (each rank runs every job, one group each)
 LAUNCH_fsdp_precision := -m torch.distributed.run --nproc_per_node=2
 
-studies: $(addprefix study-,$(STUDIES))  ## every study's CPU variant and its report (CPU: ~24 min, 162 jobs)
+studies: $(addprefix study-,$(STUDIES))  ## every study's CPU variant and its report (CPU: ~50 min, 333 jobs)
 
 study-%: $(VENV)/.installed
 	rm -rf multirun/studies/$*

@@ -116,6 +116,9 @@ class DataConfig:
     mixup_switch_prob: float = 0.5  # with both on: share of mixed batches that use cutmix
     mixup_mode: MixupMode = MixupMode.batch  # one blend per batch, per pair or per element
     label_smoothing: float = 0.0  # target smoothing (inside the soft targets when mixing)
+    # z-loss: this x mean(logsumexp(logits)^2) added to the training loss, which keeps the
+    # output logits from drifting (PaLM, Wortsman et al. 2023 use 1e-4); 0: off
+    z_loss: float = 0.0
     num_classes: int = 10  # synthetic only: classes
     channels: int = 3  # synthetic only: input channels
     num_samples: int = 2048  # synthetic only: samples kept on the device
@@ -151,6 +154,7 @@ class DataConfig:
             0.0 <= self.label_smoothing < 1.0,
             f"data.label_smoothing={self.label_smoothing} must be in [0, 1)",
         )
+        _require(self.z_loss >= 0, f"data.z_loss={self.z_loss} must be >= 0")
         _require(
             len(self.scale) == 2 and 0.0 < self.scale[0] <= self.scale[1] <= 1.0,
             f"data.scale={self.scale} must be [min, max] area shares, 0 < min <= max <= 1",
@@ -519,6 +523,12 @@ class HealthConfig:
     # consecutive skipped steps (non-finite gradients: a scale at inf, a forward non-finite at
     # any scale) after which the run can no longer train: it stops, diverged
     max_bad_steps: int = 50
+    # -- early warnings, judged at probe steps (diagnostics.every; docs/diagnostics.md)
+    attn_logit: float = 100.0  # attention logits growing: a block's max q.k/sqrt(d) this high
+    # outlier features: a block's output feature kurtosis this high (1: every feature alike)
+    kurtosis: float = 20.0
+    adam_rms: float = 5.0  # second moment lags: a weight matrix's RMS of g^2/v-hat this high
+    erased_share: float = 0.5  # updates rounded away: this share of 16-bit updates left at 0
     # -- a run against its reference: the report's verdicts, the doctor's probes against fp32
     acc_pp: float = 1.0  # accuracy matches within this many percentage points
     loss_rel: float = 0.02  # final val loss matches within this share of the reference's
@@ -536,10 +546,19 @@ class HealthConfig:
     base_drop: float = 0.04  # see stall_share
 
     def __post_init__(self) -> None:
-        for name in ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate"):
+        for name in (
+            "zero_grad_share",
+            "min_drop",
+            "skip_rate",
+            "window_skip_rate",
+            "erased_share",
+        ):
             value = getattr(self, name)
             _require(0 < value <= 1, f"health.{name}={value} must be in (0, 1]")
-        for name in ("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop"):
+        for name in (
+            *("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop"),
+            *("attn_logit", "kurtosis", "adam_rms"),
+        ):
             value = getattr(self, name)
             _require(0 < value < math.inf, f"health.{name}={value} must be > 0")
         _require(
@@ -578,9 +597,13 @@ class FaultConfig:
     overflow_module: str | None = None  # module whose activations are multiplied by the factor
     overflow_factor: float = 1e6  # large enough that the module's fp16 output passes 65504
     loss_multiplier: float = 1.0  # < 1 shrinks the loss so fp16 gradients underflow
+    # optimizer step (1-based) whose gradients are multiplied by grad_spike_factor; 0: never
+    grad_spike_at_step: int = 0
+    grad_spike_factor: float = 100.0  # a gradient spike Adam's second moment lags behind
 
     def __post_init__(self) -> None:
         _require(self.inf_grad_at_step >= 0, "fault.inf_grad_at_step must be >= 0 (0: off)")
+        _require(self.grad_spike_at_step >= 0, "fault.grad_spike_at_step must be >= 0 (0: off)")
         _require(self.overflow_factor > 0, "fault.overflow_factor must be > 0")
         _require(self.loss_multiplier > 0, "fault.loss_multiplier must be > 0")
 

@@ -71,6 +71,8 @@ class StepView:
     scaler: GradScaler = field(repr=False)
     masters: bool = False  # the optimizer updates fp32 masters of 16-bit weights
     checks_weights: bool = True  # the weights the optimizer updates must be fp32
+    # no masters: how the optimizer's fp32 step is rounded into the 16-bit weights
+    rounding: str = "nearest"
 
     def scale(self) -> torch.Tensor:
         """The loss scale as a device tensor (no sync); 1 before the scaler's first scale()."""
@@ -197,6 +199,7 @@ class TrainStep:
             masters=low_weights and options.master_weights,
             # without masters, the bf16 weights are what bf16_pure studies
             checks_weights=not low_weights or options.master_weights,
+            rounding=options.update_rounding,
         )
 
     def __call__(

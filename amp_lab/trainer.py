@@ -172,7 +172,7 @@ class Trainer:
             **self._device_figures(meter),
             **run.train_step.diagnostics.read(st.step, rows, monitor.history.first_bad),
         }
-        lines = monitor.judge(rows, window, run.dist.world_size, record.get("diag/grad_zero_share"))
+        lines = monitor.judge(rows, window, run.dist.world_size, record)
         self._warn(lines)
         st.diverged = monitor.diverged
         return record

@@ -46,14 +46,17 @@ def _distinct_builds(experiment: str) -> list[list[str]]:
 
 def test_the_studies_are_there_with_readme_and_cpu_variant():
     assert STUDIES == [
+        "attention_logits",
         "beyond_autocast",
         "fp16_lr_warmup",
         "fsdp_precision",
         "grad_accum",
         "optimizer_state",
         "precision_modes",
+        "pure_bf16_updates",
         "recipe_precision",
         "scaler_grid",
+        "silent_noops",
     ]
     index = (ROOT / "experiments" / "README.md").read_text()
     for study in STUDIES:

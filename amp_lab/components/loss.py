@@ -2,7 +2,8 @@
 
 Mixup/CutMix on: soft targets, timm's SoftTargetCrossEntropy (the smoothing is inside the
 targets). Label smoothing alone: timm's LabelSmoothingCrossEntropy on hard labels. Neither: plain
-cross-entropy. Evaluation stays hard-label cross-entropy (amp_lab.step.loss_fn).
+cross-entropy. `data.z_loss` adds its penalty on the logits to any of them. Evaluation stays
+hard-label cross-entropy (amp_lab.step.loss_fn).
 """
 
 from __future__ import annotations
@@ -32,10 +33,26 @@ class Fp32Loss(torch.nn.Module):
         return self.loss(logits.float(), target)
 
 
+class ZLoss(torch.nn.Module):
+    """A loss plus z * mean(logsumexp(logits)^2), in fp32: the penalty pulls the softmax's
+    normaliser towards 1, so the logits cannot drift upwards together."""
+
+    def __init__(self, loss: LossFn, z: float) -> None:
+        super().__init__()
+        self.loss, self.z = loss, z
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        log_z = torch.logsumexp(logits.float(), dim=-1)
+        return self.loss(logits, target) + self.z * log_z.square().mean()
+
+
 def build_loss(cfg: DataConfig) -> LossFn:
-    """The recipe's training loss: soft-target, label-smoothing or plain cross-entropy."""
+    """The recipe's training loss: soft-target, label-smoothing or plain cross-entropy, with
+    the z-loss when `data.z_loss` > 0."""
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
-        return Fp32Loss(SoftTargetCrossEntropy())
-    if cfg.label_smoothing > 0:
-        return Fp32Loss(LabelSmoothingCrossEntropy(smoothing=cfg.label_smoothing))
-    return loss_fn
+        loss: LossFn = Fp32Loss(SoftTargetCrossEntropy())
+    elif cfg.label_smoothing > 0:
+        loss = Fp32Loss(LabelSmoothingCrossEntropy(smoothing=cfg.label_smoothing))
+    else:
+        loss = loss_fn
+    return ZLoss(loss, cfg.z_loss) if cfg.z_loss > 0 else loss

@@ -64,6 +64,16 @@ SIGNATURE_FIXES = {  # pitfall signature -> (score, problem, fix)
         "compute the loss in fp32: loss_fn(logits.float(), labels)",
     ),
 }
+# early warning (health/rules.py EARLY) -> (score, problem), most urgent first; its override:
+# warning_fixes()
+WARNING_PROBLEMS = {
+    "eps_lost": (82, "Adam's eps is 0 in its state dtype"),
+    "attn_logits": (80, "attention logits grow until the run diverges"),
+    "updates_erased": (78, "rounding erases the 16-bit weights' small updates"),
+    "decay_lost": (68, "weight decay is rounded away in the 16-bit weights"),
+    "adam_rms": (65, "Adam's second moment lags the gradient (a loss spike follows)"),
+    "kurtosis": (55, "outlier features grow in the activations"),
+}
 NO_PROBLEM = "no precision problem found"
 BASELINE = "the baseline does not train: not a precision problem"
 
@@ -98,6 +108,37 @@ def baseline_fixes(advice: Advice) -> list[str]:
         f"{lower}{clip}",
         f"lr.scale={advice.lr_scale / 100:g} lr.warmup_steps={warm}{clip}",
     ]
+
+
+def warning_fixes(advice: Advice) -> dict[str, str]:
+    """The override that removes each early warning's cause: qk-layernorm bounds the attention
+    logits (Wortsman et al. 2023), stochastic rounding carries small updates, fp32 masters the
+    decay, fp32 state holds eps; a lower LR (with a longer warmup) calms the rest."""
+    warm = max(advice.warmup_steps * 2, advice.steps // 5, 1)
+    calmer = f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm}"
+    return {
+        "eps_lost": "optim.state_dtype=fp32",
+        "attn_logits": "++model.kwargs.qk_norm=true",
+        "updates_erased": "precision.update_rounding=stochastic",
+        "decay_lost": "precision.master_weights=true",
+        "adam_rms": calmer,
+        "kurtosis": calmer,
+    }
+
+
+def _warning_recs(probes: dict[str, Probe], advice: Advice) -> list[dict[str, Any]]:
+    """One recommendation per early warning a probe raised (its first probe's evidence); a
+    fix another warning already recommends is made once."""
+    fixes, recs, made = warning_fixes(advice), [], set()
+    for rule in WARNING_PROBLEMS:  # most urgent first: a shared fix goes to the first
+        probe = next((p for p in probes.values() if rule in p.findings), None)
+        if probe is None or fixes[rule] in made:
+            continue
+        made.add(fixes[rule])
+        evidence = next(e["evidence"] for e in probe.summary["health"] if e["rule"] == rule)
+        score, problem = WARNING_PROBLEMS[rule]
+        recs.append(_rec(rule, score, problem, f"{probe.name}: {evidence}", fixes[rule]))
+    return recs
 
 
 def user_probe(probes: dict[str, Probe], advice: Advice) -> Probe:
@@ -139,8 +180,8 @@ def recommend(
                 baseline_fixes(advice)[0],
             )
         )
-        return _ranked(recs)
-    recs += _precision_recs(probes, advice, fp32_set)
+        return _ranked(recs)  # the LR, warmup and clipping first: the warnings wait too
+    recs += _precision_recs(probes, advice, fp32_set) + _warning_recs(probes, advice)
     recs = [r for r in recs if not (r["override"] and applied(r["override"]))]
     if not any(r["score"] > 0 for r in recs):
         recs.append(_no_problem(user_probe(probes, advice), base, advice))

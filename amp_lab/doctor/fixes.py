@@ -110,7 +110,9 @@ def verify_fix(
     new = rec["override"].split()
     fix = doctor.run_probe(f"fix_{i}", [*doctor.own, *new])
     base = probes["fp32"]
-    if any(key(o).startswith("lr.") for o in new):  # compare with fp32 at the same LR
+    # a fix that changes what fp32 runs too (the LR, the model, the optimizer, the loss) is
+    # compared with fp32 under the same change
+    if any(key(o).startswith(("lr.", "model.", "optim.", "data.")) for o in new):
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
     event = first_event(fix)
     if rec["cause"] == "forward_overflow" and event and event["phase"] == "forward":
@@ -131,6 +133,11 @@ def verify_fix(
         rec.update(
             verified=False,
             verification=(f"not verified: the overflow{moved} (step {event['step']}, forward)"),
+        )
+    elif rec["cause"] in fix.findings:  # an early warning's fix must silence it
+        rec.update(
+            verified=False,
+            verification=f"not verified: the warning remains ({'; '.join(fix.health)})",
         )
     elif (said := verdict(fix, base, doctor.health)) not in HEALTHY:
         rec.update(

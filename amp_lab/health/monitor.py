@@ -18,7 +18,7 @@ from torch.amp import GradScaler
 
 from amp_lab.components.distributed import DistContext
 from amp_lab.config import HealthConfig
-from amp_lab.health.rules import DIVERGED, Finding, History, Window, judge
+from amp_lab.health.rules import DIVERGED, SIGNALS, Finding, History, Window, judge
 from amp_lab.precision.scaling import scaler_stop_reason
 from amp_lab.step import Rows, StepResult
 
@@ -107,9 +107,10 @@ class Monitor:
         return totals
 
     def judge(
-        self, rows: Rows, totals: dict[str, float], world: int, zero_grad_share: float | None
+        self, rows: Rows, totals: dict[str, float], world: int, probes: dict[str, Any]
     ) -> list[str]:
-        """The window rules on this log window; returns the warning lines of new findings."""
+        """The window rules on this log window and its record's `diag/` probe figures; returns
+        the warning lines of new findings."""
         h = self.history
         clean_before = rows.first_step - 1 > sum(w.skipped for w in h.windows)
         h.windows.append(
@@ -121,7 +122,8 @@ class Monitor:
                 totals["loss_sum"] / totals["loss_count"] if totals["loss_count"] else math.nan,
                 rows.scales[-1] if rows.scales else float(self.scaler.get_scale()),
                 clean_before,
-                zero_grad_share,
+                probes.get("diag/grad_zero_share"),
+                {k: probes[k] for k in SIGNALS if probes.get(k) is not None},
             )
         )
         h.floor = scaler_stop_reason(self.scaler)

@@ -28,6 +28,8 @@ class Window:
     scale: float  # loss scale after the window
     clean_before: bool = True  # a step before this window updated the weights
     zero_grad_share: float | None = None  # a probe step's share of exactly-zero gradients
+    # the probe's early-warning figures (diag/ keys of SIGNALS; numerics/early_signals.py)
+    signals: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -222,12 +224,109 @@ def _stalls(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | No
     )
 
 
+def _signal(w: Window, key: str) -> float | None:
+    value = w.signals.get(f"diag/{key}")
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _attn_logits(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    logit = _signal(w, "attn_logit_max")
+    if logit is None or w.skipped or logit < cfg.attn_logit:
+        return None
+    words = f"attention logits growing: {logit:.3g} in {w.signals['diag/attn_logit_max_block']}"
+    return words, (
+        f"{words} (>= health.attn_logit={cfg.attn_logit:g}): the softmax is nearly one-hot and "
+        "the logits grow until the run diverges (Wortsman et al. 2023); qk_norm or a z-loss "
+        "keeps them bounded, a lower LR slows them"
+    )
+
+
+def _kurtosis(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    kurt = _signal(w, "kurtosis_max")
+    if kurt is None or w.skipped or kurt < cfg.kurtosis:
+        return None
+    words = f"outlier features: kurtosis {kurt:.3g} in {w.signals['diag/kurtosis_max_block']}"
+    return words, (
+        f"{words} (>= health.kurtosis={cfg.kurtosis:g}): a few features carry the block's "
+        "activations, which low precision divergence follows (FOG); lower the LR"
+    )
+
+
+def _adam_rms(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    rms = _signal(w, "adam_rms_max")
+    if rms is None or w.skipped or rms < cfg.adam_rms:
+        return None
+    words = f"second moment lags: RMS(g²/v̂) {rms:.3g} in {w.signals['diag/adam_rms_param']}"
+    return words, (
+        f"{words} (>= health.adam_rms={cfg.adam_rms:g}): Adam's second moment underestimates "
+        "the squared gradient, as 1-8 steps before a loss spike (StableAdamW); lower the LR or "
+        "lengthen the warmup"
+    )
+
+
+def _updates_erased(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    share = _signal(w, "erased_share")
+    if share is None or w.skipped or share < cfg.erased_share:
+        return None
+    words = f"updates rounded away: {share:.0%} of 16-bit weight updates erased"
+    return words, (
+        f"{words} (>= health.erased_share={cfg.erased_share:g}): a step below half an ulp of "
+        "its weight leaves it unchanged; use fp32 masters, stochastic rounding or Kahan"
+    )
+
+
+def _eps_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    eps, floor = _signal(w, "eps"), _signal(w, "eps_floor")
+    if eps is None or floor is None or eps >= floor:
+        return None
+    dtype = w.signals["diag/eps_dtype"]
+    words = f"eps {eps:g} is 0 in {dtype}"
+    return words, (
+        f"{words} (its smallest positive value is {floor:.3g}): where the second moment is 0, "
+        "the step divides by nothing; use eps >= that value, or fp32 optimizer state"
+    )
+
+
+def _decay_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    w = _last(h)
+    lr_wd, floor = _signal(w, "lr_wd"), _signal(w, "lr_wd_floor")
+    if lr_wd is None or floor is None or lr_wd >= floor:
+        return None
+    dtype = w.signals["diag/lr_wd_dtype"]
+    words = f"weight decay does nothing in {dtype}: lr x wd = {lr_wd:.3g}"
+    return words, (
+        f"{words} is below half the relative spacing of {dtype} ({floor:.3g}), so w (1 - lr wd) "
+        "rounds back to w; use fp32 masters, stochastic rounding or Kahan"
+    )
+
+
 def _mean(windows: list[Window]) -> float:
     """Mean finite loss over windows, weighted by their finite steps."""
     return sum(w.loss * w.finite for w in windows) / sum(w.finite for w in windows)
 
 
 DIVERGED = "diverged"
+# the probe's figures a Window keeps for the early-warning rules
+SIGNALS = (
+    "diag/attn_logit_max",
+    "diag/attn_logit_max_block",
+    "diag/kurtosis_max",
+    "diag/kurtosis_max_block",
+    "diag/adam_rms_max",
+    "diag/adam_rms_param",
+    "diag/erased_share",
+    "diag/eps",
+    "diag/eps_floor",
+    "diag/eps_dtype",
+    "diag/lr_wd",
+    "diag/lr_wd_floor",
+    "diag/lr_wd_dtype",
+)
 RULES: dict[str, Rule] = {
     rule.name: rule
     for rule in (
@@ -240,8 +339,19 @@ RULES: dict[str, Rule] = {
         Rule("not_training", "no longer training", "end", _not_training),
         Rule("loss_rises", "loss rising", "end", _rises),
         Rule("loss_stalls", "loss stalled", "end", _stalls),
+        # early warnings: they come before the loss diverges (docs/diagnostics.md)
+        Rule("attn_logits", "attention logits growing", "window", _attn_logits),
+        Rule("kurtosis", "outlier features", "window", _kurtosis),
+        Rule("adam_rms", "second moment lags", "window", _adam_rms),
+        Rule("updates_erased", "updates rounded away", "window", _updates_erased),
+        Rule("eps_lost", "eps is 0 in the state dtype", "window", _eps_lost),
+        Rule("decay_lost", "weight decay does nothing", "window", _decay_lost),
     )
 }
+
+
+# the early warnings: they fire before the loss diverges (their lead time: docs/diagnostics.md)
+EARLY = ("attn_logits", "kurtosis", "adam_rms", "updates_erased", "eps_lost", "decay_lost")
 
 
 def judge(h: History, cfg: HealthConfig, at_end: bool, already: set[str]) -> list[Finding]:

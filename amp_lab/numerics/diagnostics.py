@@ -21,6 +21,14 @@ import torch
 from amp_lab.choices import PitfallName
 from amp_lab.components.fsdp import full_value, local, shard_group, sum_over_shards
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
+from amp_lab.numerics.early_signals import (
+    BlockSignals,
+    adam_rms,
+    erased_counts,
+    low_precision_weights,
+    optimizer_floors,
+    since_start,
+)
 from amp_lab.numerics.grad_numerics import FP16_MAX, HIST_HIGH, HIST_LOW, grad_stats, summarize
 from amp_lab.numerics.module_probe import ModuleProbe
 from amp_lab.numerics.optimizer_state import nan_as_inf, probe_state, read_state_probe
@@ -83,6 +91,17 @@ class Diagnostics(StepObserver):
                 "trainer.compile=model, or trainer.compile=off"
             )
         self.probe = ModuleProbe(model, self.device)
+        self.probe_model = model
+        self.blocks = BlockSignals(model)  # attention logits and kurtosis, at probe steps
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.optimized_names = [  # the pure modes' masters are not the model's: named by index
+            names.get(id(p), f"optimizer param {i} {tuple(p.shape)}")
+            for i, p in enumerate(p for g in view.optimizer.param_groups for p in g["params"])
+        ]
+        self.floors: dict[str, Any] = {}  # eps and lr x wd against their dtypes, read once
+        # the pure modes' 16-bit weights at this start (2 bytes a weight): which never moved
+        self.start_weights: list[torch.Tensor] | None = None
+        self.attn_logit_peak: float | None = None  # the largest attention logit of any probe
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.group = shard_group([p for _, p in self.named])  # FSDP: probes sum over shards
         # a step without a scaler runs at scale 1, and none of its skips backs off
@@ -98,9 +117,13 @@ class Diagnostics(StepObserver):
     # -- the step ----------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         self.step = step
+        if self.start_weights is None:
+            self.start_weights = low_precision_weights(self.probe_model)
         self.probing = self.step % self.every == 0
         if self.probing or self.cfg.mode == "full" or self.armed:
             self.probe.attach()
+        if self.probing:
+            self.blocks.attach()
 
     def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
         # A compiled model ignores hooks added after it was compiled (dynamo does not guard
@@ -142,8 +165,15 @@ class Diagnostics(StepObserver):
             self.window["state"] = probe_state(
                 self.view.optimizer, params, before, delta, self.group
             )
+            if self.view.rounding == "nearest":  # stochastic and Kahan carry small updates on
+                grads = [local(p.grad) for p in params]
+                self.window["erased"] = erased_counts(before, delta, grads)
         elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
             self.window["state"] = probe_state(self.view.optimizer, [], [], [], self.group)
+        if self.probing:
+            self.window["adam_rms"] = adam_rms(self.view.optimizer)
+            self.blocks.end_step()
+            self.blocks.detach()
         if self.probe.attached:
             self.probe.end_step(self.step)
             if not (self.cfg.mode == "full" or self.armed):
@@ -151,6 +181,7 @@ class Diagnostics(StepObserver):
         if not self.state_checked:  # optimizer state exists after the first step
             self.state_checked = True
             self._check_state()
+            self.floors = optimizer_floors(self.view.optimizer, self.view.rounding)
 
     def _check_state(self) -> None:
         """The weights the optimizer updates and its state must be fp32 (StepView says which
@@ -218,6 +249,13 @@ class Diagnostics(StepObserver):
             top = sorted(acts.items(), key=lambda kv: -nan_as_inf(kv[1][0]))[: self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
         record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
+        blocks = self.blocks.read()
+        record.update(blocks)
+        if "diag/attn_logit_max" in blocks:
+            peak = self.attn_logit_peak
+            logit = blocks["diag/attn_logit_max"]
+            self.attn_logit_peak = logit if peak is None else max(peak, logit, key=nan_as_inf)
+        record.update(self._read_signals(w))
         if "counts" not in w:
             return detail
         stats = summarize(w["counts"].tolist(), w["sizes"], w["grad_names"], self.cfg.top_layers)
@@ -232,6 +270,20 @@ class Diagnostics(StepObserver):
             grad_log2_hist={"low": HIST_LOW, "high": HIST_HIGH, "counts": w["hist"].tolist()},
         )
         return detail
+
+    def _read_signals(self, w: dict[str, Any]) -> dict[str, Any]:
+        """The early-warning figures of the window's probe (the rule table judges them)."""
+        record, self.floors = dict(self.floors), {}  # the config-time facts, once
+        if w.get("adam_rms") is not None:
+            values, index = w["adam_rms"]
+            values = values.tolist()
+            top = max(range(len(values)), key=lambda i: nan_as_inf(values[i]))
+            record["diag/adam_rms_max"] = values[top]
+            record["diag/adam_rms_param"] = self.optimized_names[index[top]]
+        if w.get("erased") is not None:
+            erased, updated = w["erased"].tolist()
+            record["diag/erased_share"] = erased / updated if updated else None
+        return record
 
     def _check_clip(self, applied: float) -> None:
         """Clipping scaled gradients leaves the optimizer a norm of clip / scale."""
@@ -267,6 +319,7 @@ class Diagnostics(StepObserver):
             },
             "signatures": self.signatures,
             "warnings": self.warnings,
+            "floors": self.floors,
             "reported": sorted(self.reported),
             "first": {phase: f.state_dict() for phase, f in self.probe.first.items()},
             "act_max": self.probe.act_max,
@@ -286,6 +339,7 @@ class Diagnostics(StepObserver):
         for key, value in state["tracker"].items():
             setattr(self.tracker, key, value)
         self.signatures, self.warnings = state["signatures"], state["warnings"]
+        self.floors = state.get("floors", {})  # a checkpoint from before the early warnings
         self.reported = set(state["reported"])
         for phase, first in state["first"].items():
             self.probe.first[phase].load_state_dict(first)
@@ -314,6 +368,10 @@ class Diagnostics(StepObserver):
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
             "fp32_state_ok": PitfallName.half_model not in self.signatures,
+            # the 16-bit weights (pure modes) since this start: the share that never moved, and
+            # their norm's ratio; null in other modes
+            **since_start(self.probe_model, self.start_weights or []),
+            "attn_logit_max": self.attn_logit_peak,  # over the probes of this start
         }
 
 

@@ -71,6 +71,8 @@ class LabStep(TrainStep):
         logits, loss = super().forward_and_loss(model, images, labels, micro_batches, last)
         if last and self.step_number == self.fault.inf_grad_at_step:
             logits.register_hook(lambda g: g * math.inf)  # the injected inf gradient
+        if last and self.step_number == self.fault.grad_spike_at_step:
+            logits.register_hook(lambda g: g * self.fault.grad_spike_factor)
         return logits, loss
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

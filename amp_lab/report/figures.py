@@ -36,14 +36,20 @@ FIGURES = (
     "skipped_steps",
     "final_loss_scale",
     "low_precision_share",  # the precision audit's: in summary.json's precision_audit
+    "unmoved_share",  # the diagnostics': 16-bit weights that never moved (pure modes)
+    "weight_norm_ratio",  # the diagnostics': their norm at the end over their norm at the start
+    "attn_logit_max",  # the diagnostics': the largest attention logit of the run's probes
 )
 AUDIT_FIGURES = ("low_precision_share",)
+DIAGNOSTICS_FIGURES = ("unmoved_share", "weight_norm_ratio", "attn_logit_max")
 
 
 def summary_figure(summary: dict[str, Any], key: str) -> object:
     """One of FIGURES from a run's summary.json (the audit's from its precision_audit)."""
     if key in AUDIT_FIGURES:
         return (summary.get("precision_audit") or {}).get(key)
+    if key in DIAGNOSTICS_FIGURES:
+        return (summary.get("diagnostics") or {}).get(key)
     return summary.get(key)
 
 

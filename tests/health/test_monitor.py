@@ -50,7 +50,9 @@ def _feed(monitor: Monitor, steps: list[tuple], zero: float | None = None) -> li
         monitor.add(_result(*step))
         if i % every == 0 or i == len(steps):
             rows = monitor.read(i)
-            lines += monitor.judge(rows, monitor.window_totals(DistContext()), 1, zero)
+            lines += monitor.judge(
+                rows, monitor.window_totals(DistContext()), 1, {"diag/grad_zero_share": zero}
+            )
     return lines + monitor.finish()
 
 
@@ -167,6 +169,7 @@ def test_every_rule_has_a_label_and_a_place_in_the_table():
         "not_training",
         "loss_rises",
         "loss_stalls",
+        *("attn_logits", "kurtosis", "adam_rms", "updates_erased", "eps_lost", "decay_lost"),
     }
     assert all(r.label and r.when in ("window", "end", "any") for r in RULES.values())
 
@@ -176,6 +179,8 @@ def test_every_rule_has_a_label_and_a_place_in_the_table():
     [
         ("health.skip_rate=0", "health.skip_rate=0.0 must be in (0, 1]"),
         ("health.rise=-1", "health.rise=-1.0 must be > 0"),
+        ("health.attn_logit=0", "health.attn_logit=0.0 must be > 0"),
+        ("health.erased_share=2", "health.erased_share=2.0 must be in (0, 1]"),
         ("health.window=0", "health.window and health.max_bad_steps must be >= 1"),
         ("health.confidence=1", "health.confidence=1.0 must be in [0.5, 1)"),
         ("scaler.max_scale=inf", "scaler.max_scale=inf must be finite and > 0"),

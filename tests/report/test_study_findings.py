@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,128 @@ def test_fsdp_precision_no_policy_is_told_from_ddp_and_the_state_per_rank_halves
         assert delta["acc"]["std"] == pytest.approx(std, abs=5e-4), policy
         assert delta["loss_rel"] == pytest.approx(loss_rel, rel=0.05)  # the val loss, relative
         assert delta["loss"]["std"] > 0  # the arithmetic moved: the seeds' losses differ
+
+
+def test_pure_bf16_updates_nearest_freezes_a_fifth_of_the_weights_and_the_cures_recover_it():
+    [group] = _groups("pure_bf16_updates").values()
+    grid = {
+        value.split()[-1].split("=")[1] + ("" if value.startswith("false") else "+masters"): c
+        for value, c in cells(group).items()
+    }
+    masters, nearest = grid["nearest+masters"], grid["nearest"]
+    assert masters["reference"] and not masters["health"]
+    # 22.4 +- 0.6% never moved under nearest rounding, ~3.7% under every cure
+    assert 0.21 < _mean(nearest, "unmoved_share") < 0.24
+    for cure in ("nearest+masters", "stochastic", "kahan"):
+        assert 0.035 < _mean(grid[cure], "unmoved_share") < 0.039, cure
+        assert not grid[cure]["health"], cure  # no warning on the runs that keep their updates
+    assert nearest["health"] == [
+        "weight decay does nothing in 3 of 3 seeds",
+        "updates rounded away in 3 of 3 seeds",
+    ]
+    assert nearest["delta"]["verdict"] == "worse"
+    low, high = _interval(nearest)
+    assert high < -0.002 and low > -0.09  # -4.4 +- 4.1 pp
+    assert grid["kahan"]["delta"]["verdict"] == "matches"
+    assert _inconclusive(group, "false update_rounding=stochastic", "1.1")
+
+
+def test_silent_noops_fp16_eps_diverges_and_bf16_decay_leaves_the_norm_where_it_was():
+    groups = list(_groups("silent_noops").values())
+    eps = cells(next(g for g in groups if "half_model" in g["name"]))
+    default, safe = (
+        eps["{} master_weights=true weight_decay=0.05"],
+        eps['{"eps": 0.0001} master_weights=true weight_decay=0.05'],
+    )
+    assert default["status"] == "3× diverged" and safe["status"] == "completed"
+    assert "eps is 0 in the state dtype in 3 of 3 seeds" in default["health"]
+    runs = [
+        r
+        for r in json.loads((ROOT / "experiments/silent_noops/report/report.json").read_text())[
+            "runs"
+        ]
+        if r["value"] == default["value"]
+    ]
+    assert len(runs) == 3 and all(
+        {"eps 1e-08 is 0 in float16", "diverged at step 5 (loss scale fell to 2^0)"}
+        <= set(r["health"])
+        for r in runs
+    )
+    assert _mean(safe, "final_val_acc") == pytest.approx(0.699, abs=0.001)
+    decay = cells(next(g for g in groups if "bf16_pure" in g["name"]))
+    nearest = decay["{} master_weights=false weight_decay=150"]
+    masters = decay["{} master_weights=true weight_decay=150"]
+    no_decay = decay["{} master_weights=true weight_decay=0"]
+    assert 0.9999 < _mean(nearest, "weight_norm_ratio") < 1.0  # 0.99997: the decay is lost
+    assert 0.994 < _mean(masters, "weight_norm_ratio") < 0.995  # 0.99457 with fp32 masters
+    assert abs(_mean(no_decay, "weight_norm_ratio") - 1) < 1e-4  # the shrink is the decay's
+    assert 0.82 < _mean(nearest, "unmoved_share") < 0.84
+    assert nearest["health"] == [
+        "weight decay does nothing in 3 of 3 seeds",
+        "updates rounded away in 3 of 3 seeds",
+    ]
+    assert not masters["health"] and not no_decay["health"]
+    assert masters["delta"]["verdict"] == "better"  # +11.9 +- 5.6 pp at lr 1e-5
+
+
+def _attention_grid() -> dict[tuple[str, str], dict[float, dict]]:
+    """(precision, variant) -> lr -> cell, variant being plain, z, qk or qk+z."""
+    names = {
+        '{"patch_size": 8, "qk_norm": false} z_loss=0': "plain",
+        '{"patch_size": 8, "qk_norm": false} z_loss=0.0001': "z",
+        '{"patch_size": 8, "qk_norm": true} z_loss=0': "qk",
+        '{"patch_size": 8, "qk_norm": true} z_loss=0.0001': "qk+z",
+    }
+    grid: dict[tuple[str, str], dict[float, dict]] = {}
+    for group in _groups("attention_logits").values():
+        lr, precision = float(group["settings"]["lr.base"]), group["settings"]["precision.name"]
+        for value, cell in cells(group).items():
+            grid.setdefault((precision, names[value]), {})[lr] = cell
+    return grid
+
+
+def _lr_sensitivity(by_lr: dict[float, dict]) -> float:
+    """Wortsman et al.: the mean over LRs of min(loss, initial loss) minus the best loss."""
+    losses = [_mean(cell, "final_val_loss") for cell in by_lr.values()]
+    return statistics.fmean(min(loss, math.log(10)) for loss in losses) - min(losses)
+
+
+def test_attention_logits_grow_with_the_lr_qk_norm_bounds_them_the_sensitivity_stays():
+    grid = _attention_grid()
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
+    for precision in ("fp32", "bf16"):
+        plain = [_mean(grid[precision, "plain"][lr], "attn_logit_max") for lr in lrs]
+        assert plain == sorted(plain) and plain[0] < 1 and plain[-1] > 2.5e4  # 0.55 -> 3e4
+        for variant in ("qk", "qk+z"):
+            bounded = [_mean(grid[precision, variant][lr], "attn_logit_max") for lr in lrs]
+            assert 5 < min(bounded) and max(bounded) < 35  # 5.1 -> 25 (fp32), 32.5 (bf16)
+        for variant, by_lr in grid.items():
+            if variant[0] != precision:
+                continue
+            for lr, cell in by_lr.items():
+                warned = "attention logits growing in 3 of 3 seeds" in cell["health"]
+                assert warned == ("qk" not in variant[1] and lr >= 3e-2), (variant, lr)
+    table = {  # the README's table, LR 1e-3 -> 3e-1
+        ("fp32", "plain"): [0.55, 1.9, 14.5, 249, 3014, 28739],
+        ("fp32", "z"): [0.55, 1.9, 13.8, 232, 3569, 34267],
+        ("fp32", "qk"): [5.1, 5.4, 5.8, 7.1, 9.7, 25.0],
+        ("bf16", "plain"): [0.54, 1.9, 11.4, 195, 3061, 37376],
+        ("bf16", "qk"): [5.1, 5.5, 5.9, 6.9, 9.9, 32.5],
+    }
+    for key, row in table.items():
+        measured = [_mean(grid[key][lr], "attn_logit_max") for lr in lrs]
+        assert measured == pytest.approx(row, rel=0.02, abs=0.05), key
+    sensitivity = {key: round(_lr_sensitivity(by_lr), 3) for key, by_lr in grid.items()}
+    assert sensitivity == {
+        ("fp32", "plain"): 0.613,
+        ("fp32", "z"): 0.647,
+        ("fp32", "qk"): 0.653,
+        ("fp32", "qk+z"): 0.656,
+        ("bf16", "plain"): 0.599,
+        ("bf16", "z"): 0.601,
+        ("bf16", "qk"): 0.626,
+        ("bf16", "qk+z"): 0.631,
+    }
+    for key in grid:  # a high LR ends near chance with or without the fixes
+        for lr in (3e-2, 1e-1, 3e-1):
+            assert 1.8 < _mean(grid[key][lr], "final_val_loss") < 2.55, (key, lr)

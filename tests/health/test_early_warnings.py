@@ -1,0 +1,99 @@
+"""The early warnings on real runs: each fires on the case it names, with a real timm model, and
+none fires on a healthy default run probed at every step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import settings
+
+from amp_lab.build import build
+from amp_lab.components.loss import build_loss
+from amp_lab.health.rules import EARLY, RULES, rule_names
+from amp_lab.numerics.early_signals import feature_kurtosis
+from amp_lab.trainer import Trainer
+
+SHORT = ["trainer.max_steps=12", "trainer.log_every=4", "diagnostics.every=4"]
+
+# each warning's case: a real test_vit run on 16x16 digits (FAST), its probes every 4 steps
+CASES = {
+    # a high LR in bf16: the attention logits grow past 100 within 4 steps (2.6e3 measured)
+    "attn_logits": ["precision=bf16", "lr.base=0.3"],
+    # an outlier feature built in (see _outlier): block 0 writes 100 into feature 3 of every
+    # token; a short run does not grow one (2.0-4.7 measured at lr 1e-3 to 0.3)
+    "kurtosis": [],
+    # a 1000x gradient spike at step 40: Adam's second moment lags it (RMS ~6)
+    "adam_rms": [
+        *("trainer.max_steps=40", "diagnostics.every=40", "trainer.log_every=10"),
+        *("fault.grad_spike_at_step=40", "fault.grad_spike_factor=1000"),
+    ],
+    # pure bf16 without masters at a small LR: most updates are below half an ulp
+    "updates_erased": ["precision=bf16_pure", "precision.master_weights=false", "lr.base=1e-5"],
+    "eps_lost": ["optim.state_dtype=fp16"],  # Adam's eps 1e-8 is below fp16's 6e-8
+    # lr x wd = 1e-3 x 0.05 (default) is below bf16's 2^-8
+    "decay_lost": ["precision=bf16_pure", "precision.master_weights=false"],
+}
+
+
+def _fit(tmp_path, *overrides: str, outlier: bool = False) -> dict:
+    run = build(settings(*SHORT, *overrides), tmp_path)
+    if outlier:
+        with torch.no_grad():
+            run.model.blocks[0].mlp.fc2.bias[3] = 100.0
+    return Trainer(run).fit()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", EARLY)
+def test_each_warning_fires_on_its_case_with_its_words(tmp_path, rule):
+    summary = _fit(tmp_path, *CASES[rule], outlier=rule == "kurtosis")
+    assert rule in rule_names(summary), summary["health"]
+    [entry] = [e for e in summary["health"] if e["rule"] == rule]
+    assert entry["evidence"].startswith(entry["words"]) and entry["step"] > 0
+    assert RULES[rule].when == "window"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["test_vit", "test_convnext"])
+def test_no_warning_on_a_healthy_default_run_probed_every_step(tmp_path, model):
+    summary = _fit(
+        tmp_path,
+        f"model={model}",
+        "data.img_size=32",  # test_convnext downsamples 32x
+        *("trainer.max_steps=40", "diagnostics.every=1", "trainer.log_every=5"),
+    )
+    assert summary["health"] == [] and summary["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_the_fixes_silence_their_warnings(tmp_path):
+    """qk_norm bounds the attention logits at the LR that grows them; stochastic rounding and
+    Kahan carry the small updates and the decay that nearest rounding erases."""
+    qk = _fit(tmp_path / "qk", *CASES["attn_logits"], "+model.kwargs.qk_norm=true")
+    assert "attn_logits" not in rule_names(qk)
+    for rounding in ("stochastic", "kahan"):
+        fixed = _fit(
+            tmp_path / rounding, *CASES["updates_erased"], f"precision.update_rounding={rounding}"
+        )
+        assert not rule_names(fixed) & {"updates_erased", "decay_lost"}, fixed["health"]
+    safe = _fit(tmp_path / "eps", *CASES["eps_lost"], "+optim.kwargs.eps=1e-7")
+    assert "eps_lost" not in rule_names(safe)
+
+
+def test_feature_kurtosis_is_one_for_equal_features_and_the_count_for_one():
+    equal = torch.ones(4, 8, 16)
+    one = torch.zeros(4, 8, 16)
+    one[..., 3] = 1.0
+    assert feature_kurtosis(equal).item() == pytest.approx(1.0)
+    assert feature_kurtosis(one).item() == pytest.approx(16.0)  # tokens: the last dim
+    conv = torch.zeros(2, 16, 4, 4)
+    conv[:, 5] = 1.0
+    assert feature_kurtosis(conv).item() == pytest.approx(16.0)  # NCHW: the channels
+
+
+def test_the_z_loss_adds_its_penalty_to_the_cross_entropy():
+    logits, labels = torch.randn(8, 10) * 5, torch.randint(0, 10, (8,))
+    plain = build_loss(settings().data)(logits, labels)
+    with_z = build_loss(settings("data.z_loss=1e-4").data)(logits, labels)
+    penalty = 1e-4 * torch.logsumexp(logits, -1).square().mean()
+    torch.testing.assert_close(with_z, plain + penalty)
