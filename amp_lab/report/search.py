@@ -1,0 +1,196 @@
+"""`amp_lab report SWEEP` on a search: per study (one per precision) the best LR and warmup with
+the trial count, each mode's best LR against fp32's, the loss-vs-LR curve and the LR
+sensitivity: the LR range of the trials within 1% of the study's best loss.
+
+The studies' journal (search.journal) says which trials finished and how; each trial's run
+folder says what it ran (its lr.base, warmup, precision), as for any run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from amp_lab.records import SEARCH_FILE
+from amp_lab.report.runs import ReportError, load_run
+from amp_lab.report.tables import markdown_table
+from amp_lab.search.study import JOB_DIR, RESULT, finished, storage, verdict
+
+NEAR_BEST = 0.01  # the sensitivity band: trials whose loss is within 1% of the best
+REFERENCE = "fp32"  # each mode's best LR is told as a ratio to this mode's
+HEADER = ["study", "trials", "best lr.base", "warmup", "val loss", "× fp32 LR", "LR within 1%"]
+
+
+def is_search(paths: list[Path]) -> bool:
+    """One sweep folder that holds a search's journal."""
+    return len(paths) == 1 and (paths[0] / SEARCH_FILE).is_file()
+
+
+def _setting(settings: dict[str, str], key: str) -> Any:
+    return json.loads(settings[key]) if key in settings else None
+
+
+def _row(sweep_dir: Path, trial: Any) -> dict[str, Any]:
+    run = load_run(sweep_dir / trial.user_attrs[JOB_DIR])
+    return {
+        "trial": trial.number,
+        "state": trial.state.name,
+        "result": trial.user_attrs[RESULT],
+        "val_loss": trial.value,
+        "lr": _setting(run.settings, "lr.base"),
+        "warmup_steps": _setting(run.settings, "lr.warmup_steps"),
+        "precision": run.precision,
+        "job_dir": trial.user_attrs[JOB_DIR],
+        # a pruned trial's last reported val loss, where the curve could not take it further
+        "last_reported": trial.intermediate_values[max(trial.intermediate_values)]
+        if trial.intermediate_values
+        else None,
+    }
+
+
+def _study(study: Any, sweep_dir: Path) -> dict[str, Any]:
+    rows = [_row(sweep_dir, t) for t in finished(study)]
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    best = min(done, key=lambda r: r["val_loss"], default=None)
+    near = [r["lr"] for r in done if best and r["val_loss"] <= best["val_loss"] * (1 + NEAR_BEST)]
+    return {
+        "study": study.study_name,
+        "precision": rows[0]["precision"] if rows else None,
+        "trials": len(rows),
+        "completed": len(done),
+        "diverged": sum(r["result"].startswith("diverged") for r in rows),
+        "pruned": sum(r["state"] == "PRUNED" for r in rows),
+        "best": best,
+        "near_best_lr": [min(near), max(near)] if near else None,
+        "near_best_trials": len(near),
+        "verdict": verdict(study),
+        "rows": rows,
+    }
+
+
+def _ratios(studies: list[dict[str, Any]]) -> None:
+    """Each study's best LR over fp32's, with the range its 1% band allows (the noise)."""
+    ref = next((s for s in studies if s["precision"] == REFERENCE and s["best"]), None)
+    for s in studies:
+        s["lr_ratio"] = s["lr_ratio_range"] = None
+        if ref and s["best"]:
+            (lo, hi), (ref_lo, ref_hi) = s["near_best_lr"], ref["near_best_lr"]
+            s["lr_ratio"] = s["best"]["lr"] / ref["best"]["lr"]
+            s["lr_ratio_range"] = [lo / ref_hi, hi / ref_lo]
+
+
+def search_data(sweep_dir: Path) -> dict[str, Any]:
+    """report.json of a search."""
+    import optuna
+
+    journal = storage(sweep_dir)
+    names = optuna.get_all_study_names(journal)
+    if not names:
+        raise ReportError(f"{sweep_dir / SEARCH_FILE} holds no study; run the search first")
+    studies = [_study(optuna.load_study(study_name=n, storage=journal), sweep_dir) for n in names]
+    _ratios(studies)
+    return {"kind": "search", "sweep_dir": str(sweep_dir), "near_best": NEAR_BEST, "studies": studies}
+
+
+def _cells(s: dict[str, Any]) -> list[str]:
+    best, band, ratio = s["best"], s["near_best_lr"], s["lr_ratio"]
+    counts = f"{s['trials']} ({s['completed']} ok, {s['pruned']} pruned, {s['diverged']} diverged)"
+    if best is None:
+        return [s["study"], counts, "-", "-", "-", "-", "-"]
+    width = f"{band[0]:.3g}-{band[1]:.3g} (×{band[1] / band[0]:.2g}, {s['near_best_trials']} trials)"
+    within = f" ({s['lr_ratio_range'][0]:.2f}-{s['lr_ratio_range'][1]:.2f})" if ratio else ""
+    return [
+        s["study"],
+        counts,
+        f"{best['lr']:.3g}",
+        str(best["warmup_steps"]),
+        f"{best['val_loss']:.4f}",
+        f"{ratio:.2f}{within}" if ratio is not None else "-",
+        width,
+    ]
+
+
+def markdown(data: dict[str, Any], picture: str) -> str:
+    """The verdicts, the table and the curve, as markdown."""
+    return "\n".join(
+        [
+            *(f"- {s['verdict']}" for s in data["studies"]),
+            "",
+            markdown_table(HEADER, [_cells(s) for s in data["studies"]]),
+            "",
+            f"`× fp32 LR`: the best LR over fp32's best, in brackets the range the trials within "
+            f"{100 * NEAR_BEST:g}% of each best loss allow; `LR within 1%`: that LR range (the "
+            "sensitivity: a wide range is a forgiving mode).",
+            "",
+            f"![loss against LR per precision]({picture})",
+        ]
+    )
+
+
+def print_search(console: Console, data: dict[str, Any]) -> None:
+    table = Table(title=f"search {data['sweep_dir']}")
+    for name in HEADER:
+        table.add_column(name)
+    for s in data["studies"]:
+        table.add_row(*_cells(s))
+    console.print(table)
+    for s in data["studies"]:
+        console.print(s["verdict"])
+
+
+def plot(data: dict[str, Any], path: Path) -> Path:
+    """search.png: final val loss against lr.base (log), a line per study through its completed
+    trials, a star at its best, a hollow ring at a pruned trial's last reported loss, and an x at
+    the top edge for each trial that failed (diverged, crashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    top = ax.get_xaxis_transform()  # x in data, y in axes fractions: the top edge is y=0.97
+    for color, s in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], data["studies"]):
+        rows = sorted(s["rows"], key=lambda r: r["lr"])
+        done = [r for r in rows if r["state"] == "COMPLETE"]
+        label = f"{s['study']} ({s['trials']} trials)"
+        ax.plot([r["lr"] for r in done], [r["val_loss"] for r in done], "o-", color=color,
+                label=label, markersize=4)
+        if s["best"]:
+            ax.plot(s["best"]["lr"], s["best"]["val_loss"], "*", color=color, markersize=14)
+        pruned = [r for r in rows if r["state"] == "PRUNED" and r["last_reported"] is not None]
+        ax.plot([r["lr"] for r in pruned], [r["last_reported"] for r in pruned], "o",
+                mfc="none", color=color)
+        failed = [r["lr"] for r in rows if r["state"] == "FAIL"]
+        ax.plot(failed, [0.97] * len(failed), "x", color=color, markersize=10,
+                markeredgewidth=2, transform=top)
+    ax.set(xscale="log", xlabel="lr.base", ylabel="final val loss",
+           title="loss against LR per study (x at the top: failed or diverged; ring: pruned)")
+    ax.legend(loc="best", fontsize="small")  # inside the axes: the figure keeps its width
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def make_search_report(sweep_dir: Path, out: Path, console: Console, readme: Path | None) -> Path:
+    """Read the search, print it, write report.json, report.md and search.png into `out`."""
+    from amp_lab.report.readme import write_block
+
+    data = search_data(sweep_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    picture = plot(data, out / "search.png")
+    print_search(console, data)
+    report = out / "report.md"
+    report.write_text(f"# amp_lab search: {sweep_dir}\n\n{markdown(data, picture.name)}\n")
+    console.print(f"report: {report}")
+    if readme is not None:
+        write_block(readme, markdown(data, os.path.relpath(picture, readme.parent)))
+        console.print(f"findings written into {readme}")
+    return report
