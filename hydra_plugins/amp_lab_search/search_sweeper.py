@@ -28,6 +28,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
+ALL = "all"  # the one study of a search that sweeps no setting
 
 
 @dataclass
@@ -116,7 +117,7 @@ class SearchSweeper(Sweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        opened = [(axis, self._open(",".join(axis) or "search", sweep_dir)) for axis in axes]
+        opened = [(axis, self._open(",".join(axis) or ALL, sweep_dir)) for axis in axes]
         returns = []
         while batch := self._ask(opened, fixed, dims, sweep_dir):
             overrides = [job for _, _, job in batch]
