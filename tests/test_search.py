@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,32 @@ def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     assert (sweep / before[0].user_attrs[JOB_DIR] / "summary.json").read_text() == first
     [line] = [x for x in result.stderr.splitlines() if x.startswith("amp_lab: search ")]
     assert line.startswith("amp_lab: search all: best") and "3 trials: 3 completed)" in line
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch (scripts/slurm_cluster.sh)")
+def test_a_search_runs_its_trials_as_slurm_jobs(cluster, tmp_path):
+    """The same search under hydra/launcher=submitit_slurm_cpu: each round's trials (one per
+    study) are one job array on the test cluster; every trial reaches its study through the
+    journal, pruning included (each job reports its evaluations from its own process)."""
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        "+search=lr",
+        "precision=fp32,bf16",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.pruner.n_startup_trials=1",
+        "hydra/launcher=submitit_slurm_cpu",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=null",
+        "hydra.launcher.timeout_min=5",
+        f"hydra.sweep.dir={sweep}",
+        *TINY,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list((sweep / ".submitit").glob("*/*_submission.sh"))) == 2  # 2 rounds, 2 arrays
+    for study in ("precision=fp32", "precision=bf16"):
+        trials = _trials(sweep, study)
+        assert len(trials) == 2 and trials[0].state.name == "COMPLETE"
+        assert all(t.intermediate_values for t in trials)  # reported from the SLURM job
+        assert trials[1].state.name in {"COMPLETE", "PRUNED"}

@@ -19,7 +19,7 @@ from rich.table import Table
 from amp_lab.records import SEARCH_FILE
 from amp_lab.report.runs import ReportError, load_run
 from amp_lab.report.tables import markdown_table
-from amp_lab.search.study import JOB_DIR, RESULT, finished, storage, verdict
+from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, storage, verdict
 
 NEAR_BEST = 0.01  # the sensitivity band: trials whose loss is within 1% of the best
 REFERENCE = "fp32"  # each mode's best LR is told as a ratio to this mode's
@@ -60,6 +60,7 @@ def _study(study: Any, sweep_dir: Path) -> dict[str, Any]:
     near = [r["lr"] for r in done if best and r["val_loss"] <= best["val_loss"] * (1 + NEAR_BEST)]
     return {
         "study": study.study_name,
+        "axis": study.user_attrs.get(AXIS, []),
         "precision": rows[0]["precision"] if rows else None,
         "trials": len(rows),
         "completed": len(done),
@@ -73,12 +74,18 @@ def _study(study: Any, sweep_dir: Path) -> dict[str, Any]:
     }
 
 
+def _others(study: dict[str, Any]) -> tuple[str, ...]:
+    """The study's sweep values other than its precision (e.g. its model)."""
+    return tuple(o for o in study["axis"] if not o.startswith("precision="))
+
+
 def _ratios(studies: list[dict[str, Any]]) -> None:
-    """Each study's best LR over fp32's, with the range its 1% band allows (the noise)."""
-    ref = next((s for s in studies if s["precision"] == REFERENCE and s["best"]), None)
+    """Each study's best LR over that of the fp32 study with the same other sweep values (the
+    same model), with the range the two 1% bands allow (the noise)."""
+    refs = {_others(s): s for s in studies if s["precision"] == REFERENCE and s["best"]}
     for s in studies:
         s["lr_ratio"] = s["lr_ratio_range"] = None
-        if ref and s["best"]:
+        if (ref := refs.get(_others(s))) and s["best"]:
             (lo, hi), (ref_lo, ref_hi) = s["near_best_lr"], ref["near_best_lr"]
             s["lr_ratio"] = s["best"]["lr"] / ref["best"]["lr"]
             s["lr_ratio_range"] = [lo / ref_hi, hi / ref_lo]

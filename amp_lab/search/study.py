@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # optuna takes ~0.5 s to import: only a search imports it
 
 JOB_DIR = "job_dir"  # a trial's user attributes: its run directory, relative to the sweep folder
 RESULT = "result"  # how the run ended: completed, diverged, pruned at step N, crashed: ...
-PRUNER = "pruner"  # a study's user attribute: the MedianPruner's settings, for its trials
+AXIS = "axis"  # a study's user attributes: its sweep overrides (["precision=fp16"]),
+PRUNER = "pruner"  # and the MedianPruner's settings, for its trials
 NO_SUMMARY = "no readable summary.json"
 PRUNED_MARK = "pruned by the search"  # the start of a pruned run's summary status
 

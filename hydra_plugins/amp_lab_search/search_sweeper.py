@@ -51,6 +51,9 @@ class SearchSweeperConf:
     seed: int = 0  # the sampler's seed
     n_startup_trials: int = 4  # TPE: random trials before its model of the loss takes over
     space: dict[str, Any] = field(default_factory=dict)  # {lr: {base: {low, high, log}}}
+    # overrides a study config carries, as if typed first on the command line: {precision:
+    # "fp32,fp16,bf16"} opens a study per precision (BasicSweeper's `params`)
+    params: dict[str, str] = field(default_factory=dict)
     pruner: PrunerConf = field(default_factory=PrunerConf)
 
 
@@ -112,12 +115,13 @@ class SearchSweeper(Sweeper):
         if s.n_trials < 1 or s.n_jobs < 1:
             raise SearchError(f"hydra.sweeper.n_trials={s.n_trials}, n_jobs={s.n_jobs}: use >= 1")
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        fixed, axes, keys = _split(arguments, parser)
+        typed = [f"{key}={value}" for key, value in s.params.items()]
+        fixed, axes, keys = _split([*typed, *arguments], parser)
         dims = parse_space(OmegaConf.to_container(s.space), keys)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        opened = [(axis, self._open(",".join(axis) or ALL, sweep_dir)) for axis in axes]
+        opened = [(axis, self._open(axis, sweep_dir)) for axis in axes]
         returns = []
         while batch := self._ask(opened, fixed, dims, sweep_dir):
             overrides = [job for _, _, job in batch]
@@ -132,13 +136,15 @@ class SearchSweeper(Sweeper):
             print(f"amp_lab: {studies.verdict(study)}", file=sys.stderr)
         return returns
 
-    def _open(self, name: str, sweep_dir: Path) -> Any:
-        """The study `name` in the sweep folder's journal, its interrupted trials queued again."""
+    def _open(self, axis: list[str], sweep_dir: Path) -> Any:
+        """The study of the sweep values `axis` (named after them) in the sweep folder's journal,
+        its interrupted trials queued again."""
         import optuna
 
         from amp_lab.search import study as studies
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
+        name = ",".join(axis) or ALL
         journal = studies.storage(sweep_dir)
         known = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(journal)}
         # a resumed search draws anew: the same seed would replay the first run's random trials
@@ -150,6 +156,7 @@ class SearchSweeper(Sweeper):
             study_name=name, storage=journal, sampler=sampler, load_if_exists=True
         )
         pruner = self.settings.pruner
+        study.set_user_attr(studies.AXIS, axis)  # the report pairs each study with fp32's
         study.set_user_attr(
             studies.PRUNER,
             {"n_startup_trials": pruner.n_startup_trials, "n_warmup_steps": pruner.n_warmup_steps},
