@@ -7,7 +7,7 @@ ARGS ?=
 # pytest workers for make test / test-fast (pytest-xdist); auto: one per CPU. A test file runs
 # whole in one worker (--dist loadfile): its module fixtures (a sweep, a wheel) are built once.
 TEST_JOBS ?= auto
-SOURCES := amp_lab tests
+SOURCES := amp_lab hydra_plugins tests
 
 .PHONY: help run test test-fast bench doctor-bench studies check lint format-check typecheck format clean
 

@@ -158,8 +158,8 @@ def test_a_bad_search_space_is_one_line_and_exit_2(override, expected, tmp_path)
 def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     """Ctrl-C mid-trial stops the sweep; the same command again fails the interrupted trial,
     runs its settings again and completes the study, leaving the finished trials as they were."""
-    sweep = tmp_path / "sweep"
-    args = ["+search=lr", "precision=fp32", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep}"]
+    sweep = tmp_path / "sweep"  # given relative to the working directory, as users do
+    args = ["+search=lr", "precision=fp32", "hydra.sweeper.n_trials=3", "hydra.sweep.dir=sweep"]
     long_runs = [*TINY, "trainer.max_steps=150", "trainer.eval_every=50"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
     cmd = [sys.executable, "-m", "amp_lab", "-m", *args, *long_runs]
@@ -218,3 +218,22 @@ def test_a_search_runs_its_trials_as_slurm_jobs(cluster, tmp_path):
         assert len(trials) == 2 and trials[0].state.name == "COMPLETE"
         assert all(t.intermediate_values for t in trials)  # reported from the SLURM job
         assert trials[1].state.name in {"COMPLETE", "PRUNED"}
+
+
+def test_a_refused_trial_fails_and_a_key_fixed_on_the_command_line_leaves_the_space(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        "+search=lr",
+        "precision=fp32",
+        "lr.warmup_steps=0",
+        "hydra.sweeper.n_trials=1",
+        "+hydra.sweeper.space.lr.warmup_init={low: 2, high: 3}",  # lr.warmup_init must be <= 1
+        f"hydra.sweep.dir={sweep}",
+        *TINY,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "1 sweep job(s) did not run" in result.stderr
+    [trial] = _trials(sweep, "all")
+    assert trial.state.name == "FAIL" and set(trial.params) == {"lr.base", "lr.warmup_init"}
+    assert trial.user_attrs[RESULT].startswith("refused: lr.warmup_init=")

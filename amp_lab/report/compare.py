@@ -51,10 +51,11 @@ def make_report(
             console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
     if readme is not None and not readme.is_file():
         raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
+    argv = argv if argv is not None else [str(p) for p in paths]
     if is_search(paths):  # a search's sweep folder: its studies, not a comparison of runs
-        return make_search_report(paths[0], out or default_out(paths), console, readme)
+        return make_search_report(paths[0], out or default_out(paths), console, readme, argv)
     runs = load_runs(paths)
-    data = build(runs, by, ref, argv if argv is not None else [str(p) for p in paths])
+    data = build(runs, by, ref, argv)
     out = out or default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_JSON).write_text(json.dumps(data, indent=1) + "\n")

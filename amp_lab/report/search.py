@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from amp_lab.records import SEARCH_FILE
-from amp_lab.report.runs import ReportError, load_run
+from amp_lab.report.context import gather
+from amp_lab.report.context import markdown as context_markdown
+from amp_lab.report.runs import ReportError, RunData, load_run
 from amp_lab.report.tables import markdown_table
 from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, storage, verdict
 
@@ -35,8 +37,7 @@ def _setting(settings: dict[str, str], key: str) -> Any:
     return json.loads(settings[key]) if key in settings else None
 
 
-def _row(sweep_dir: Path, trial: Any) -> dict[str, Any]:
-    run = load_run(sweep_dir / trial.user_attrs[JOB_DIR])
+def _row(run: RunData, trial: Any) -> dict[str, Any]:
     return {
         "trial": trial.number,
         "state": trial.state.name,
@@ -53,8 +54,11 @@ def _row(sweep_dir: Path, trial: Any) -> dict[str, Any]:
     }
 
 
-def _study(study: Any, sweep_dir: Path) -> dict[str, Any]:
-    rows = [_row(sweep_dir, t) for t in finished(study)]
+def _study(study: Any, sweep_dir: Path, runs: list[RunData]) -> dict[str, Any]:
+    """A study's figures; its trials' runs are added to `runs`."""
+    trials = finished(study)
+    runs += [load_run(sweep_dir / t.user_attrs[JOB_DIR]) for t in trials]
+    rows = [_row(run, t) for run, t in zip(runs[-len(trials) :], trials)] if trials else []
     done = [r for r in rows if r["state"] == "COMPLETE"]
     best = min(done, key=lambda r: r["val_loss"], default=None)
     near = [r["lr"] for r in done if best and r["val_loss"] <= best["val_loss"] * (1 + NEAR_BEST)]
@@ -91,17 +95,26 @@ def _ratios(studies: list[dict[str, Any]]) -> None:
             s["lr_ratio_range"] = [lo / ref_hi, hi / ref_lo]
 
 
-def search_data(sweep_dir: Path) -> dict[str, Any]:
-    """report.json of a search."""
+def search_data(sweep_dir: Path, argv: list[str]) -> dict[str, Any]:
+    """report.json of a search; `argv`: the report's command line, for its context."""
     import optuna
 
     journal = storage(sweep_dir)
     names = optuna.get_all_study_names(journal)
     if not names:
         raise ReportError(f"{sweep_dir / SEARCH_FILE} holds no study; run the search first")
-    studies = [_study(optuna.load_study(study_name=n, storage=journal), sweep_dir) for n in names]
+    runs: list[RunData] = []
+    studies = [
+        _study(optuna.load_study(study_name=n, storage=journal), sweep_dir, runs) for n in names
+    ]
     _ratios(studies)
-    return {"kind": "search", "sweep_dir": str(sweep_dir), "near_best": NEAR_BEST, "studies": studies}
+    return {
+        "kind": "search",
+        "sweep_dir": str(sweep_dir),
+        "context": gather(runs, argv),
+        "near_best": NEAR_BEST,
+        "studies": studies,
+    }
 
 
 def _cells(s: dict[str, Any]) -> list[str]:
@@ -126,6 +139,8 @@ def markdown(data: dict[str, Any], picture: str) -> str:
     """The verdicts, the table and the curve, as markdown."""
     return "\n".join(
         [
+            context_markdown(data["context"]),
+            "",
             *(f"- {s['verdict']}" for s in data["studies"]),
             "",
             markdown_table(HEADER, [_cells(s) for s in data["studies"]]),
@@ -185,11 +200,13 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def make_search_report(sweep_dir: Path, out: Path, console: Console, readme: Path | None) -> Path:
+def make_search_report(
+    sweep_dir: Path, out: Path, console: Console, readme: Path | None, argv: list[str]
+) -> Path:
     """Read the search, print it, write report.json, report.md and search.png into `out`."""
     from amp_lab.report.readme import write_block
 
-    data = search_data(sweep_dir)
+    data = search_data(sweep_dir, argv)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     picture = plot(data, out / "search.png")

@@ -79,7 +79,7 @@ def tell(
     found = outcome(job_dir)
     if error and found.result == NO_SUMMARY:
         found = Outcome("FAIL", None, f"crashed: {error}")
-    trial.set_user_attr(JOB_DIR, str(job_dir.relative_to(sweep_dir)))
+    trial.set_user_attr(JOB_DIR, str(job_dir.resolve().relative_to(sweep_dir.resolve())))
     trial.set_user_attr(RESULT, found.result)
     study.tell(trial, found.value, state=TrialState[found.state])
     return found

@@ -63,12 +63,15 @@ ConfigStore.instance().store(
 
 
 def _split(arguments: list[str], parser: Any) -> tuple[list[str], list[list[str]], set[str]]:
-    """(overrides every trial gets, one override list per study, the keys fixed for all)."""
+    """(overrides every trial gets, one override list per study, the keys fixed for all); of two
+    overrides of one key the later wins (the command line over the config's params)."""
     from amp_lab.search.space import SearchError
 
-    fixed, axes, keys = [], [], set()
+    last: dict[str, Any] = {}
     for override in parser.parse_overrides(arguments):
-        key = override.get_key_element()
+        last[override.get_key_element()] = override
+    fixed, axes, keys = [], [], set()
+    for key, override in last.items():
         if not override.is_sweep_override():
             fixed.append(f"{key}={override.get_value_element_as_str()}")
             keys.add(override.key_or_group)
