@@ -40,7 +40,7 @@ doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 mi
 # experiments/<study>/README.md; `make study-scaler_grid` runs one (1-6 min each: 138 jobs in 21
 # minutes on 2 cores at load 4-7, one job at a time).
 STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast optimizer_state \
-	recipe_precision fsdp_precision
+	recipe_precision fsdp_precision lr_per_precision
 REPORT_scaler_grid := --by scaler.init_scale
 REPORT_fp16_lr_warmup := --by lr.warmup_steps
 REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size

@@ -62,8 +62,8 @@ from amp_lab.precision.modes import PrecisionPolicy, resolve_precision
 from amp_lab.precision.scaling import build_scaler, uses_dynamic_scaling
 from amp_lab.records import METRICS_FILE
 from amp_lab.run import LoopState, Run
-from amp_lab.step import TrainStep
 from amp_lab.search.trial import pruning_sinks
+from amp_lab.step import TrainStep
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink
 from amp_lab.tracking.wandb_sink import build_tracking_sinks
 

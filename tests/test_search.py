@@ -112,7 +112,7 @@ def test_the_report_reads_a_search(search, tmp_path):
     near = [r["lr"] for r in done if r["val_loss"] <= 1.01 * bf16["best"]["val_loss"]]
     assert bf16["near_best_lr"] == [min(near), max(near)]
     report = (tmp_path / "report" / "report.md").read_text()
-    assert f"| precision=fp32 | 3 (1 ok, 1 pruned, 1 diverged) | 0.003 | 0 |" in report
+    assert "| precision=fp32 | 3 (1 ok, 1 pruned, 1 diverged) | 0.003 | 0 |" in report
     assert (tmp_path / "report" / "search.png").stat().st_size > 10_000
     assert "best lr.base" in result.stdout and "× fp32 LR" in result.stdout
 

@@ -122,7 +122,9 @@ def _cells(s: dict[str, Any]) -> list[str]:
     counts = f"{s['trials']} ({s['completed']} ok, {s['pruned']} pruned, {s['diverged']} diverged)"
     if best is None:
         return [s["study"], counts, "-", "-", "-", "-", "-"]
-    width = f"{band[0]:.3g}-{band[1]:.3g} (×{band[1] / band[0]:.2g}, {s['near_best_trials']} trials)"
+    width = (
+        f"{band[0]:.3g}-{band[1]:.3g} (×{band[1] / band[0]:.2g}, {s['near_best_trials']} trials)"
+    )
     within = f" ({s['lr_ratio_range'][0]:.2f}-{s['lr_ratio_range'][1]:.2f})" if ratio else ""
     return [
         s["study"],
@@ -165,33 +167,37 @@ def print_search(console: Console, data: dict[str, Any]) -> None:
         console.print(s["verdict"])
 
 
+def _draw(ax: Any, study: dict[str, Any], color: str) -> None:
+    """One study: a line through its completed trials, a star at its best, a ring at each
+    pruned trial's last reported loss, an x at the top edge for each failed trial."""
+    rows = sorted(study["rows"], key=lambda r: r["lr"])
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    label = f"{study['study']} ({study['trials']} trials)"
+    xs, ys = [r["lr"] for r in done], [r["val_loss"] for r in done]
+    ax.plot(xs, ys, "o-", color=color, label=label, markersize=4)
+    if study["best"]:
+        ax.plot(study["best"]["lr"], study["best"]["val_loss"], "*", color=color, markersize=14)
+    pruned = [r for r in rows if r["state"] == "PRUNED" and r["last_reported"] is not None]
+    xs, ys = [r["lr"] for r in pruned], [r["last_reported"] for r in pruned]
+    ax.plot(xs, ys, "o", mfc="none", color=color)
+    failed = [r["lr"] for r in rows if r["state"] == "FAIL"]
+    top = ax.get_xaxis_transform()  # x in data, y in axes fractions: 0.97 is the top edge
+    ax.plot(failed, [0.97] * len(failed), "x", color=color, ms=10, mew=2, transform=top)
+
+
 def plot(data: dict[str, Any], path: Path) -> Path:
-    """search.png: final val loss against lr.base (log), a line per study through its completed
-    trials, a star at its best, a hollow ring at a pruned trial's last reported loss, and an x at
-    the top edge for each trial that failed (diverged, crashed)."""
+    """search.png: final val loss against lr.base (log scale), one colour per study."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    top = ax.get_xaxis_transform()  # x in data, y in axes fractions: the top edge is y=0.97
-    for color, s in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], data["studies"]):
-        rows = sorted(s["rows"], key=lambda r: r["lr"])
-        done = [r for r in rows if r["state"] == "COMPLETE"]
-        label = f"{s['study']} ({s['trials']} trials)"
-        ax.plot([r["lr"] for r in done], [r["val_loss"] for r in done], "o-", color=color,
-                label=label, markersize=4)
-        if s["best"]:
-            ax.plot(s["best"]["lr"], s["best"]["val_loss"], "*", color=color, markersize=14)
-        pruned = [r for r in rows if r["state"] == "PRUNED" and r["last_reported"] is not None]
-        ax.plot([r["lr"] for r in pruned], [r["last_reported"] for r in pruned], "o",
-                mfc="none", color=color)
-        failed = [r["lr"] for r in rows if r["state"] == "FAIL"]
-        ax.plot(failed, [0.97] * len(failed), "x", color=color, markersize=10,
-                markeredgewidth=2, transform=top)
-    ax.set(xscale="log", xlabel="lr.base", ylabel="final val loss",
-           title="loss against LR per study (x at the top: failed or diverged; ring: pruned)")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, study in enumerate(data["studies"]):
+        _draw(ax, study, colors[i % len(colors)])
+    title = "loss against LR per study (x at the top: failed or diverged; ring: pruned)"
+    ax.set(xscale="log", xlabel="lr.base", ylabel="final val loss", title=title)
     ax.legend(loc="best", fontsize="small")  # inside the axes: the figure keeps its width
     ax.grid(alpha=0.3)
     fig.tight_layout()

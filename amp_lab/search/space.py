@@ -90,5 +90,7 @@ def parse_space(space: Mapping[str, Any], fixed: set[str]) -> list[Dim]:
     dims = [_dim(key, spec) for key, spec in _leaves(space).items()]
     dims = [d for d in dims if d.key not in fixed]
     if not dims:
-        raise SearchError("the search space is empty; set hydra.sweeper.space (conf/search/lr.yaml)")
+        raise SearchError(
+            "the search space is empty; set hydra.sweeper.space (conf/search/lr.yaml)"
+        )
     return dims

@@ -169,7 +169,11 @@ class SearchSweeper(Sweeper):
         return study
 
     def _ask(
-        self, opened: list[tuple[list[str], Any]], fixed: list[str], dims: list[Any], sweep_dir: Path
+        self,
+        opened: list[tuple[list[str], Any]],
+        fixed: list[str],
+        dims: list[Any],
+        sweep_dir: Path,
     ) -> list[tuple[Any, Any, list[str]]]:
         """The next batch: up to n_jobs new trials of each study short of n_trials."""
         from amp_lab.search.study import finished
@@ -177,7 +181,8 @@ class SearchSweeper(Sweeper):
 
         batch = []
         for axis, study in opened:
-            for _ in range(min(self.settings.n_jobs, self.settings.n_trials - len(finished(study)))):
+            todo = self.settings.n_trials - len(finished(study))
+            for _ in range(min(self.settings.n_jobs, todo)):
                 trial = study.ask()
                 job = [*fixed, *axis, *(d.override(d.suggest(trial)) for d in dims)]
                 if self.settings.pruner.enabled:
