@@ -191,6 +191,26 @@ def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     assert line.startswith("amp_lab: search all: best") and "3 trials: 3 completed)" in line
 
 
+def test_a_search_hands_its_trials_to_submitit_local(tmp_path):
+    """Each trial in its own process: it reports to its study through the journal."""
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        "+search=lr",
+        "precision=fp32,bf16",
+        "hydra.sweeper.n_trials=1",
+        "hydra/launcher=submitit_local",
+        f"hydra.sweep.dir={sweep}",
+        *TINY,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list((sweep / ".submitit").glob("*/*_submitted.pkl"))) == 2
+    for study in ("precision=fp32", "precision=bf16"):
+        [trial] = _trials(sweep, study)
+        assert trial.state.name == "COMPLETE" and sorted(trial.intermediate_values) == [4, 8, 12]
+
+
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch (scripts/slurm_cluster.sh)")
 def test_a_search_runs_its_trials_as_slurm_jobs(cluster, tmp_path):
     """The same search under hydra/launcher=submitit_slurm_cpu: each round's trials (one per

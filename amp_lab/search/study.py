@@ -120,7 +120,7 @@ def verdict(study: optuna.Study) -> str:
             f"search {study.study_name}: no trial of {len(trials)} finished with a finite loss "
             f"({tally}): no best setting; lower the space's upper bounds (hydra.sweeper.space)"
         )
-    best = min(complete, key=lambda t: t.value)
+    best = study.best_trial  # the least loss of the COMPLETE trials
     params = ", ".join(f"{k}={v:.4g}" for k, v in best.params.items())
     return (
         f"search {study.study_name}: best {params}: val loss {best.value:.4f} "
