@@ -150,7 +150,8 @@ class SearchSweeper(Sweeper):
         name = ",".join(axis) or ALL
         journal = studies.storage(sweep_dir)
         known = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(journal)}
-        # a resumed search draws anew: the same seed would replay the first run's random trials
+        # every study of a launch draws the same random trials (one seed), so the precisions'
+        # curves meet at the same LRs; a resumed search draws anew, or it would replay them
         sampler = optuna.samplers.TPESampler(
             seed=self.settings.seed + known.get(name, 0),
             n_startup_trials=self.settings.n_startup_trials,
@@ -195,5 +196,8 @@ def _error(ret: JobReturn) -> str | None:
     """A failed job's exception, in one line (its summary.json may say more)."""
     if ret.status != JobStatus.FAILED:
         return None
+    # the exception itself: `return_value` would raise it and print "Error executing job" for
+    # every pruned trial
     err = ret._return_value
-    return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
