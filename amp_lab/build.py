@@ -62,6 +62,7 @@ from amp_lab.precision.modes import PrecisionPolicy, resolve_precision
 from amp_lab.precision.scaling import build_scaler, uses_dynamic_scaling
 from amp_lab.records import METRICS_FILE
 from amp_lab.run import LoopState, Run
+from amp_lab.search.trial import pruning_sinks
 from amp_lab.step import TrainStep
 from amp_lab.tracking.sinks import ConsoleSink, JsonlSink, Sink
 from amp_lab.tracking.wandb_sink import build_tracking_sinks
@@ -291,13 +292,15 @@ def audit(
 
 
 def sinks(settings: AmpLabConfig, where: Placement, feed: Feed) -> list[Sink]:
-    """metrics.jsonl, the console and W&B, on rank 0 (the other ranks record nothing)."""
+    """metrics.jsonl, the console and W&B, on rank 0 (the other ranks record nothing); a
+    search trial's pruning sink (amp_lab/search/trial.py)."""
     if not where.dist.is_main:
         return []
     return [
         JsonlSink(where.out_dir / METRICS_FILE),
         ConsoleSink(feed.total_steps, settings.trainer.progress),
         *build_tracking_sinks(settings, where.out_dir),
+        *pruning_sinks(),
     ]
 
 

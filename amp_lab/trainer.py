@@ -24,6 +24,7 @@ from amp_lab.components.metrics import ThroughputMeter, peak_memory_mb, reset_pe
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes, state_dtype_of
 from amp_lab.records import SUMMARY_FILE
 from amp_lab.run import Run
+from amp_lab.search.trial import TrialPruned
 from amp_lab.step import StepResult, evaluate, take
 from amp_lab.tracking.sinks import Sink, Sinks
 
@@ -92,7 +93,7 @@ class Trainer:
                 f"interrupted: {err}"
                 if isinstance(err, Interrupted)
                 else f"stopped: {err}"
-                if isinstance(err, BrokenPromise)
+                if isinstance(err, (BrokenPromise, TrialPruned))
                 else f"crashed: {type(err).__name__}: {err}"
             )
             self.tracking = sinks.describe() or self.tracking

@@ -29,6 +29,7 @@ BAD_INPUTS = [
     (["accum=b64x4"], "accum is an optional group: choose it with +accum=OPTION (options: b16x4,"),
     (["experiment=scaler_grd"], "did you mean experiment=scaler_grid?"),
     (["+recipe=deit3"], "recipe=deit3 is not an option of the recipe group"),
+    (["+search=lrr"], "search=lrr is not an option of the search group; did you mean search=lr?"),
     (["+parallel=fsdp_bf16"], "parallel=fsdp_bf16 is not an option of the parallel group"),
     (["logger=offline"], "logger=offline is not an option of the logger group"),
     (["hydra/launcher=submitit_slrum"], "did you mean hydra/launcher=submitit_slurm?"),

@@ -31,6 +31,13 @@ def _sweep_jobs(experiment: str) -> list[list[str]]:
     return [list(job) for job in itertools.product(*axes)]
 
 
+def _job_count(experiment: str) -> int:
+    """The runs a study launches: one per grid point, or n_trials per study of a search."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        sweeper = compose("config", [experiment], return_hydra_config=True).hydra.sweeper
+    return len(_sweep_jobs(experiment)) * sweeper.get("n_trials", 1)
+
+
 def _distinct_builds(experiment: str) -> list[list[str]]:
     """The study's jobs less those that differ from an earlier one by the seed alone (the seed
     builds nothing differently)."""
@@ -51,6 +58,7 @@ def test_the_studies_are_there_with_readme_and_cpu_variant():
         "fp16_lr_warmup",
         "fsdp_precision",
         "grad_accum",
+        "lr_per_precision",
         "optimizer_state",
         "precision_modes",
         "pure_bf16_updates",
@@ -74,9 +82,10 @@ def test_the_index_gives_each_study_its_job_counts_and_the_cpu_variants_three_se
         if line.startswith("| [")
     }
     for study in STUDIES:
-        gpu, cpu = _sweep_jobs(f"experiment={study}"), _sweep_jobs(f"+experiment/cpu={study}")
-        assert rows[study].endswith(f"| {len(gpu)} / {len(cpu)} |"), study
-        assert {o for job in cpu for o in job if o.startswith("trainer.seed=")} == {
+        gpu, cpu = _job_count(f"experiment={study}"), _job_count(f"+experiment/cpu={study}")
+        assert rows[study].endswith(f"| {gpu} / {cpu} |"), study
+        cpu_jobs = _sweep_jobs(f"+experiment/cpu={study}")
+        assert {o for job in cpu_jobs for o in job if o.startswith("trainer.seed=")} == {
             "trainer.seed=0",
             "trainer.seed=1",
             "trainer.seed=2",

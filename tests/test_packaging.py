@@ -51,9 +51,10 @@ def _run(*command: str | Path, cwd: Path, timeout: int = 600) -> subprocess.Comp
 def _build_wheel(tmp: Path) -> Path:
     """`pip wheel` from a copy of the sources (the build leaves build/ and *.egg-info behind)."""
     src = tmp / "src"
-    shutil.copytree(
-        ROOT / "amp_lab", src / "amp_lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-    )
+    for package in ("amp_lab", "hydra_plugins"):
+        shutil.copytree(
+            ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     result = _run(
@@ -107,13 +108,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_the_wheel_holds_every_config_and_no_search_path_plugin(wheel):
+def test_the_wheel_holds_every_config_the_search_sweeper_and_no_search_path_plugin(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     configs = {p.relative_to(ROOT).as_posix() for p in CONF_DIR.rglob("*.yaml")}
     assert configs and configs <= names, sorted(configs - names)
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "amp_lab").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
-    assert not [n for n in names if n.startswith("hydra_plugins/")]
+    assert {n for n in names if n.startswith("hydra_plugins/")} == {
+        "hydra_plugins/amp_lab_search/__init__.py",
+        "hydra_plugins/amp_lab_search/search_sweeper.py",
+    }
 
 
 @pytest.mark.slow
@@ -133,6 +137,8 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
 
     result = _run(command, "--help", cwd=work)
     assert result.returncode == 0 and "Config groups" in result.stdout, result.stderr[-2000:]
+    result = _run(command, "+search=lr", "--cfg", "hydra", cwd=work)  # Hydra finds the sweeper
+    assert "amp_lab_search.search_sweeper.SearchSweeper" in result.stdout, result.stderr[-2000:]
 
     result = _run(
         command,

@@ -1,7 +1,8 @@
 """`python -m amp_lab.report PATH... [--by KEY] [--ref RUN|VALUE] [--out DIR] [--wandb]`.
 
 Compares runs along one axis (`precision` unless `--by KEY`), group by group: runs equal in every
-other setting, seeds aside, against their own reference (see amp_lab.report.groups). Prints the
+other setting, seeds aside, against their own reference (see amp_lab.report.groups). A search's
+sweep folder (`+search=lr`) is read as a search instead (amp_lab.report.search). Prints the
 tables and verdicts (rich), writes report.json, report.md and overview.png to DIR (default:
 `<PATH>/report`), and with --wandb the same comparison as a W&B Report.
 """
@@ -20,6 +21,7 @@ from amp_lab.report.document import build
 from amp_lab.report.groups import DEFAULT_AXIS
 from amp_lab.report.readme import update_readme
 from amp_lab.report.runs import ReportError, load_runs
+from amp_lab.report.search import is_search, make_search_report
 from amp_lab.report.tables import print_tables, write_markdown
 
 REPORT_JSON = "report.json"
@@ -49,8 +51,11 @@ def make_report(
             console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
     if readme is not None and not readme.is_file():
         raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
+    argv = argv if argv is not None else [str(p) for p in paths]
+    if is_search(paths):  # a search's sweep folder: its studies, not a comparison of runs
+        return make_search_report(paths[0], out or default_out(paths), console, readme, argv)
     runs = load_runs(paths)
-    data = build(runs, by, ref, argv if argv is not None else [str(p) for p in paths])
+    data = build(runs, by, ref, argv)
     out = out or default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_JSON).write_text(json.dumps(data, indent=1) + "\n")

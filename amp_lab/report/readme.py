@@ -33,9 +33,14 @@ def findings(data: dict[str, Any], picture: str) -> str:
 
 def update_readme(readme: Path, data: dict[str, Any], overview: Path) -> None:
     """Replace the findings between the markers of `readme` (appended when it has none)."""
+    write_block(readme, findings(data, os.path.relpath(overview, readme.parent)))
+
+
+def write_block(readme: Path, body: str) -> None:
+    """Replace what lies between the markers of `readme` with `body` (appended with markers
+    when it has none)."""
     text = readme.read_text()
-    picture = os.path.relpath(overview, readme.parent)
-    block = f"{START}\n{findings(data, picture)}\n{END}"
+    block = f"{START}\n{body}\n{END}"
     if START in text and END in text:
         head, rest = text.split(START, 1)
         text = head + block + rest.split(END, 1)[1]

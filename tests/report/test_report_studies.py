@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from amp_lab.report.readme import END, START, findings
+from amp_lab.report.search import markdown as search_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted(p.name for p in (ROOT / "experiments").iterdir() if p.is_dir())
@@ -22,8 +23,12 @@ def test_study_readme_holds_its_report(study: str) -> None:
     data = json.loads((folder / "report" / "report.json").read_text())
     readme = (folder / "README.md").read_text()
     block = readme.split(START, 1)[1].split(END, 1)[0]
-    assert block.strip("\n") == findings(data, "report/overview.png")
-    assert (folder / "report" / "overview.png").stat().st_size > 20_000
+    # a search (lr_per_precision) is reported as one: its studies and search.png
+    search = data.get("kind") == "search"
+    picture = "report/search.png" if search else "report/overview.png"
+    expected = search_markdown(data, picture) if search else findings(data, picture)
+    assert block.strip("\n") == expected
+    assert (folder / picture).stat().st_size > 20_000
     assert data["context"]["report_command"].startswith(
         f"python -m amp_lab.report multirun/studies/{study}"
     )  # as `make study-{study}` runs it
@@ -32,8 +37,10 @@ def test_study_readme_holds_its_report(study: str) -> None:
     assert data["context"]["commands"] == [
         f"{launch} -m amp_lab -m +experiment/cpu={study} logger=disabled"
     ]
-    for group in data["groups"]:
+    for group in data.get("groups", []):
         assert f"**Verdict:** {group['verdict']}" in block
+    for study_ in data.get("studies", []):
+        assert f"- {study_['verdict']}" in block
 
 
 def test_per_rank_memory_columns_show_when_the_runs_report_them() -> None:

@@ -428,3 +428,60 @@ def test_attention_logits_grow_with_the_lr_qk_norm_bounds_them_the_sensitivity_s
     for key in grid:  # a high LR ends near chance with or without the fixes
         for lr in (3e-2, 1e-1, 3e-1):
             assert 1.8 < _mean(grid[key][lr], "final_val_loss") < 2.55, (key, lr)
+
+
+def _lr_search() -> dict[tuple[str, int], dict]:
+    """lr_per_precision's studies by (precision, seed)."""
+    data = json.loads((ROOT / "experiments/lr_per_precision/report/report.json").read_text())
+    return {
+        (s["precision"], int(o.partition("=")[2])): s
+        for s in data["studies"]
+        for o in s["axis"]
+        if o.startswith("trainer.seed=")
+    }
+
+
+def _sci(x: float) -> str:
+    """1.4e-2, as the README writes it."""
+    return f"{x:.1e}".replace("e-0", "e-")
+
+
+def _first_bad_lr(study: dict) -> float:
+    """The smallest LR whose run ended with a val loss above 1.5 (chance is ln 10 = 2.3)."""
+    return min(r["lr"] for r in study["rows"] if r["state"] != "COMPLETE" or r["val_loss"] > 1.5)
+
+
+def test_lr_per_precision_best_lr_ratios_and_their_noise_are_the_readmes():
+    studies = _lr_search()
+    readme = " ".join((ROOT / "experiments/lr_per_precision/README.md").read_text().split())
+    assert len(studies) == 9 and all(s["trials"] == s["completed"] == 10 for s in studies.values())
+    seeds = (0, 1, 2)
+    for mode in ("fp16", "bf16"):
+        ratios = " / ".join(f"{studies[(mode, seed)]['lr_ratio']:.2f}×" for seed in seeds)
+        assert f"{mode}'s best LR over fp32's, seeds 0/1/2: {ratios}" in readme
+    bands = ", ".join(
+        "{:.2f}–{:.2f}×".format(*studies[("fp16", seed)]["lr_ratio_range"]) for seed in seeds
+    )
+    assert f"the within-1% bands allow {bands}" in readme
+    inside = sum(0.5 <= studies[("fp16", seed)]["lr_ratio"] <= 0.8 for seed in seeds)
+    assert f"{inside} of 3 seeds falls in 0.5–0.8×" in readme and inside < 2
+    fp32 = [studies[("fp32", seed)]["best"] for seed in seeds]
+    lrs = [b["lr"] for b in fp32]
+    spread = (
+        f"moves {max(lrs) / min(lrs):.1f}× between seeds ({_sci(min(lrs))} to {_sci(max(lrs))})"
+    )
+    assert spread in readme
+    spreads = []
+    for mode in ("fp32", "fp16", "bf16"):
+        losses = [studies[(mode, seed)]["best"]["val_loss"] for seed in seeds]
+        spreads.append(max(losses) / min(losses) - 1)
+        assert all(3e-3 <= studies[(mode, seed)]["best"]["lr"] <= 8e-3 for seed in seeds)
+        cliff = " / ".join(_sci(_first_bad_lr(studies[(mode, seed)])) for seed in seeds)
+        assert f"{cliff} for {mode}" in readme, cliff
+    assert f"best losses of one mode differ by up to {100 * max(spreads):.0f}%" in readme
+    top = max(r["lr"] for s in studies.values() for r in s["rows"])
+    assert f"90 of 90 trials completed (none diverged, up to {_sci(top)})" in readme
+    fp32_0 = {f"{r['lr']:.1e}": r["val_loss"] for r in studies[("fp32", 0)]["rows"]}
+    margin = fp32_0["4.3e-03"] / fp32_0["7.8e-03"] - 1
+    assert f"preferring 7.8e-3 over 4.3e-3 by {100 * margin:.1f}% of loss" in readme
+    assert margin < 0.01 and fp32[0]["lr"] == pytest.approx(7.8e-3, rel=0.01)
