@@ -30,6 +30,8 @@ BAD_INPUTS = [
     (["experiment=scaler_grd"], "did you mean experiment=scaler_grid?"),
     (["+recipe=deit3"], "recipe=deit3 is not an option of the recipe group"),
     (["+search=lrr"], "search=lrr is not an option of the search group; did you mean search=lr?"),
+    (["+updates=nearst"], "updates=nearst is not an option of the updates group; did you mean"),
+    (["+noop=eps_fp17"], "noop=eps_fp17 is not an option of the noop group; did you mean"),
     (["+parallel=fsdp_bf16"], "parallel=fsdp_bf16 is not an option of the parallel group"),
     (["logger=offline"], "logger=offline is not an option of the logger group"),
     (["hydra/launcher=submitit_slrum"], "did you mean hydra/launcher=submitit_slurm?"),
