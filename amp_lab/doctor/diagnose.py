@@ -207,7 +207,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
     out = args.out or Path("outputs/doctor") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     doctor = Doctor(args.overrides, args.steps, out)
-    probes = {}
+    probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
         if why := doctor.skip(name, probes):
             console.print(escape(f"probe {name}: {why}"))

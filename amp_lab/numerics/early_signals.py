@@ -13,6 +13,7 @@ Nothing here judges: the rule table (amp_lab/health/rules.py) compares these wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -131,7 +132,7 @@ def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]]
 
 
 def erased_counts(
-    before: list[torch.Tensor], delta: list[torch.Tensor], grads: list[torch.Tensor]
+    before: Sequence[torch.Tensor], delta: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
 ) -> torch.Tensor | None:
     """[erased, updated] over the 16-bit weights: elements with a nonzero gradient, and those of
     them the step left exactly where they were (the update rounded away)."""

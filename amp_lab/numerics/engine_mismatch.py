@@ -35,7 +35,7 @@ def unfused_attention(model: torch.nn.Module) -> Iterator[None]:
     modules = [m for m in model.modules() if hasattr(m, "fused_attn")]
     before = [m.fused_attn for m in modules]
     for m in modules:
-        m.fused_attn = False
+        m.fused_attn = False  # type: ignore[assignment]  # a plain bool attribute of timm's
     try:
         yield
     finally:
