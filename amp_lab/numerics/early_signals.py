@@ -153,7 +153,7 @@ def optimizer_floors(optimizer: torch.optim.Optimizer, rounding: str | None) -> 
     the weights are rounded to nearest after each step."""
     record: dict[str, Any] = {}
     eps = [
-        (g["eps"], s.dtype)
+        (float(g["eps"]), s.dtype)
         for g in optimizer.param_groups
         if "eps" in g
         for p in g["params"]
@@ -168,7 +168,8 @@ def optimizer_floors(optimizer: torch.optim.Optimizer, rounding: str | None) -> 
     if rounding in ("stochastic", "kahan"):
         return record  # those carry the small decays on: in expectation, or in the compensation
     decays = [
-        (g.get("initial_lr", g["lr"]) * g["weight_decay"], p.dtype)
+        # float(): torchao's low-bit optimizers keep lr as a tensor
+        (float(g.get("initial_lr", g["lr"])) * g["weight_decay"], p.dtype)
         for g in optimizer.param_groups
         if g.get("weight_decay", 0) > 0
         for p in g["params"]
