@@ -229,11 +229,18 @@ def _signal(w: Window, key: str) -> float | None:
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _attn_logits(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+def _reached(h: History, key: str, threshold: float) -> tuple[float, Window] | None:
+    """The last window's probe figure `key` and the window, when it reached `threshold` in a
+    window without a skipped step (a skip's figures hold inf/nan)."""
     w = _last(h)
-    logit = _signal(w, "attn_logit_max")
-    if logit is None or w.skipped or logit < cfg.attn_logit:
+    value = _signal(w, key)
+    return None if value is None or w.skipped or value < threshold else (value, w)
+
+
+def _attn_logits(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+    if not (found := _reached(h, "attn_logit_max", cfg.attn_logit)):
         return None
+    logit, w = found
     words = f"attention logits growing: {logit:.3g} in {w.signals['diag/attn_logit_max_block']}"
     return words, (
         f"{words} (>= health.attn_logit={cfg.attn_logit:g}): the softmax is nearly one-hot and "
@@ -243,10 +250,9 @@ def _attn_logits(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str]
 
 
 def _kurtosis(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    w = _last(h)
-    kurt = _signal(w, "kurtosis_max")
-    if kurt is None or w.skipped or kurt < cfg.kurtosis:
+    if not (found := _reached(h, "kurtosis_max", cfg.kurtosis)):
         return None
+    kurt, w = found
     words = f"outlier features: kurtosis {kurt:.3g} in {w.signals['diag/kurtosis_max_block']}"
     return words, (
         f"{words} (>= health.kurtosis={cfg.kurtosis:g}): a few features carry the block's "
@@ -255,10 +261,9 @@ def _kurtosis(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
 
 
 def _adam_rms(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    w = _last(h)
-    rms = _signal(w, "adam_rms_max")
-    if rms is None or w.skipped or rms < cfg.adam_rms:
+    if not (found := _reached(h, "adam_rms_max", cfg.adam_rms)):
         return None
+    rms, w = found
     words = f"second moment lags: RMS(g²/v̂) {rms:.3g} in {w.signals['diag/adam_rms_param']}"
     return words, (
         f"{words} (>= health.adam_rms={cfg.adam_rms:g}): Adam's second moment underestimates "
@@ -268,10 +273,9 @@ def _adam_rms(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
 
 
 def _updates_erased(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    w = _last(h)
-    share = _signal(w, "erased_share")
-    if share is None or w.skipped or share < cfg.erased_share:
+    if not (found := _reached(h, "erased_share", cfg.erased_share)):
         return None
+    share, _ = found
     words = f"updates rounded away: {share:.0%} of 16-bit weight updates erased"
     return words, (
         f"{words} (>= health.erased_share={cfg.erased_share:g}): a step below half an ulp of "
