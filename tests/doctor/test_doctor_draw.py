@@ -69,3 +69,30 @@ def test_bad_draw_input_is_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(message)
     assert not out.exists()
+
+
+def test_the_documented_draw_on_main_is_its_committed_suite_files():
+    """docs/diagnostics.md's re-measured table reads docs/doctor_draw/seed_<S>.json row by row."""
+    import json
+    import re
+
+    from helpers import ROOT
+
+    text = (ROOT / "docs/diagnostics.md").read_text()
+    section = text[text.index("#### Re-measured on main") :]
+    rows = re.findall(
+        r"^\| (\d+) \| (\d+/\d+) \| (\d+/\d+) \| (\d+/\d+) \| (\d+) \| (\d+) / (\d+) \|",
+        section,
+        flags=re.M,
+    )
+    assert len(rows) == 3
+    for seed, right, alarms, ended, nexts, median, worst in rows:
+        saved = json.loads((ROOT / f"docs/doctor_draw/seed_{seed}.json").read_text())
+        f = saved["figures"]
+        assert (saved["seed"], saved["draw"]) == (int(seed), 30)
+        healthy = sum(r["class"] in ("healthy", "one_transient_inf_step") for r in saved["cases"])
+        assert right == f"{f['right_first']}/{f['cases']}"
+        assert alarms == f"{f['alarms_on_healthy']}/{healthy}"
+        assert ended == f"{f['ended_verified']}/{f['failure_cases']}"
+        assert int(nexts) == f["ended_with_next"]
+        assert (int(median), int(worst)) == (round(f["median_s"]), round(f["max_s"]))
