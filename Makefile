@@ -69,7 +69,7 @@ study-%: $(VENV)/.installed
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(ARGS)
 
-test-fast: $(VENV)/.installed-dev  ## unit tests only (-m "not slow"), under 2 minutes on 2 cores
+test-fast: $(VENV)/.installed-dev  ## unit tests only (-m "not slow"), about 4 minutes on 2 cores
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile -m "not slow" $(ARGS)
 
 check: lint format-check typecheck  ## what CI checks before the tests: lint, format, types
