@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from helpers import DOCTOR_TINY
 
 from amp_lab.compose import compose_settings
 from amp_lab.config import HealthConfig
@@ -15,14 +16,7 @@ from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor
 from amp_lab.doctor.verdict import Probe, verdict
 
-TINY = [
-    "model=test_vit",
-    "data.img_size=8",
-    "trainer.batch_size=8",
-    "data.val_fraction=0.05",
-    "+model.kwargs.depth=1",
-    "trainer.device=cpu",
-]
+TINY = DOCTOR_TINY
 
 
 def _doctor(tmp_path, capsys, *args: str) -> tuple[dict, str]:

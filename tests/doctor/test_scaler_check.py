@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_doctor import TINY as DOCTOR_TINY  # pytest puts this folder on sys.path
+from helpers import DOCTOR_TINY
 
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.cli import main

@@ -7,6 +7,15 @@ settings; wandb_records: W&B's offline file reader).
 """
 
 from helpers.cli import run_cli
-from helpers.compose import CONF_DIR, FAST, ROOT, compose_cfg, leaves, settings
+from helpers.compose import CONF_DIR, DOCTOR_TINY, FAST, ROOT, compose_cfg, leaves, settings
 
-__all__ = ["CONF_DIR", "FAST", "ROOT", "compose_cfg", "leaves", "run_cli", "settings"]
+__all__ = [
+    "CONF_DIR",
+    "DOCTOR_TINY",
+    "FAST",
+    "ROOT",
+    "compose_cfg",
+    "leaves",
+    "run_cli",
+    "settings",
+]

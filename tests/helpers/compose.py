@@ -27,6 +27,16 @@ FAST = [
     "logger.mode=disabled",
 ]  # W&B offline costs ~1-2 s a run
 
+# The doctor's smallest run (a one-block ViT on 8 px digits): its probes take seconds
+DOCTOR_TINY = [
+    "model=test_vit",
+    "data.img_size=8",
+    "trainer.batch_size=8",
+    "data.val_fraction=0.05",
+    "+model.kwargs.depth=1",
+    "trainer.device=cpu",
+]
+
 register()  # the schema in Hydra's ConfigStore: conf/config.yaml's defaults start with it
 
 

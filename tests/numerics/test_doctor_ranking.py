@@ -6,17 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import DOCTOR_TINY
 
 from amp_lab.doctor.cli import main
 
-TINY = [  # tests/doctor's smallest run: a one-block ViT on 8 px digits
-    "model=test_vit",
-    "data.img_size=8",
-    "trainer.batch_size=8",
-    "data.val_fraction=0.05",
-    "+model.kwargs.depth=1",
-    "trainer.device=cpu",
-]
+TINY = DOCTOR_TINY
 
 
 @pytest.mark.slow
