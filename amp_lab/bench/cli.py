@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cli = parser(
         "python -m amp_lab.bench",
         __doc__.split("\n\n")[0],
-        "amp_lab.bench",
+        tool="amp_lab.bench",
         epilog="docs/benchmarks.md describes each part and its figures.",
     )
     add = cli.add_argument
