@@ -62,6 +62,7 @@ _BOUNDS: dict[str, Callable[[Any], bool]] = {  # the words of the message -> the
     "> 0": lambda v: v > 0,
     "in [0, 1]": lambda v: 0 <= v <= 1,
     "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
     "between 0 and 1": lambda v: 0 < v < 1,
 }
 
@@ -273,7 +274,7 @@ class LRConfig:
         _bound(self, "lr", ">= 1", "ref_batch")
         _bound(self, "lr", ">= 0", "warmup_steps", "warmup_epochs")
         _bound(self, "lr", "in [0, 1]", "warmup_init", "min_factor")
-        _require(0 < self.step_gamma <= 1, f"lr.step_gamma={self.step_gamma} must be in (0, 1]")
+        _bound(self, "lr", "in (0, 1]", "step_gamma")
         _bound(self, "lr", ">= 0", "step_every", hint=" (0: a third of the run)")
 
 
@@ -524,15 +525,8 @@ class HealthConfig:
     base_drop: float = 0.04  # see stall_share
 
     def __post_init__(self) -> None:
-        for name in (
-            "zero_grad_share",
-            "min_drop",
-            "skip_rate",
-            "window_skip_rate",
-            "erased_share",
-        ):
-            value = getattr(self, name)
-            _require(0 < value <= 1, f"health.{name}={value} must be in (0, 1]")
+        shares = ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate", "erased_share")
+        _bound(self, "health", "in (0, 1]", *shares)
         for name in (
             *("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop"),
             *("attn_logit", "kurtosis", "adam_rms"),
