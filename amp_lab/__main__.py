@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab import sweeps
+from amp_lab.command import error
 from amp_lab.compose import validate
 from amp_lab.config import CONF_DIR, ConfigError, register
 from amp_lab.errors import one_line
@@ -55,9 +56,9 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:
         # One line, no traceback. A bad setting stops before anything but Hydra's .hydra/
         # folder is written; a broken precision promise after the audited first step.
-        print(f"amp_lab: error: {err}", file=sys.stderr)
+        code = error(str(err))
         if hydra_cfg.mode == RunMode.RUN:
-            sys.exit(2)
+            sys.exit(code)
         log.error("job %s skipped: %s", hydra_cfg.job.num, err)  # the sweep goes on
         sweeps.mark_refused(out_dir, str(hydra_cfg.job.num), str(err))
         return None
@@ -75,13 +76,11 @@ def run_hydra() -> None:
     try:
         main()
     except (HydraException, OmegaConfBaseException) as err:
-        print(f"amp_lab: error: {one_line(err)}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(error(one_line(err)))
     except Exception as err:
         if (line := sweeps.slurm_error_line(err)) is None:
             raise
-        print(f"amp_lab: error: {line}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(error(line))
     finally:
         os.environ.pop("HYDRA_FULL_ERROR")
         if asked is not None:
@@ -96,21 +95,17 @@ def cli() -> None:
     word = sys.argv[1] if len(sys.argv) > 1 else "="
     if not (word.startswith(("-", "~", "+")) or "=" in word):  # not an override: a tool typo
         close = get_close_matches(word, TOOLS, n=1)
-        print(
-            f"amp_lab: error: unknown command {word!r}"
-            f"{f'; did you mean {close[0]}?' if close else ''} (commands: "
-            f"{', '.join(TOOLS)}; anything else is key=value overrides)",
-            file=sys.stderr,
+        sys.exit(
+            error(
+                f"unknown command {word!r}{f'; did you mean {close[0]}?' if close else ''} "
+                f"(commands: {', '.join(TOOLS)}; anything else is key=value overrides)"
+            )
         )
-        sys.exit(2)
     run_hydra()
     if sweeps.skipped:  # the other jobs ran; a script or CI job still learns that some did not
-        print(
-            f"amp_lab: error: {len(sweeps.skipped)} sweep job(s) did not run: "
-            f"{'; '.join(sweeps.skipped)}",
-            file=sys.stderr,
+        sys.exit(
+            error(f"{len(sweeps.skipped)} sweep job(s) did not run: {'; '.join(sweeps.skipped)}")
         )
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def resume(
         "diagnostics": stepping.train_step.diagnostics,
         **({"ema": stepping.ema} if stepping.ema else {}),
     }
-    checkpointer = Checkpointer(settings, where.out_dir, state, held, where.dist)
+    checkpointer = Checkpointer(settings, where.out_dir, state, held, where.dist, where.device)
     finished = checkpointer.finished() if settings.trainer.resume else None
     if finished is None:
         checkpointer.restore()

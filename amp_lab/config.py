@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import Field, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,24 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+_BOUNDS: dict[str, Callable[[Any], bool]] = {  # the words of the message -> the test
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "> 0": lambda v: v > 0,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "between 0 and 1": lambda v: 0 < v < 1,
+}
+
+
+def _bound(section: Any, group: str, bound: str, *keys: str, hint: str = "") -> None:
+    """Each key's value holds `bound` (a key of _BOUNDS), else `group.key=value must be ...`."""
+    for key in keys:
+        value = getattr(section, key)
+        _require(_BOUNDS[bound](value), f"{group}.{key}={value} must be {bound}{hint}")
+
+
 # Field metadata: this setting (or, on a group, the whole group) may differ between an
 # interrupted run and its resume; none so marked changes the weights, the optimizer, the scaler,
 # the LR schedule or the data order. Every other setting must match the checkpoint's.
@@ -74,9 +92,7 @@ class ModelConfig:
     drop_rate: float = 0.0  # dropout before the classifier: timm's drop_rate (0: the model's own)
 
     def __post_init__(self) -> None:
-        for key in ("drop_path_rate", "drop_rate"):
-            value = getattr(self, key)
-            _require(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")
+        _bound(self, "model", "in [0, 1)", "drop_path_rate", "drop_rate")
 
 
 @dataclass
@@ -136,25 +152,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(self.img_size >= 8, f"data.img_size={self.img_size} is too small; use >= 8")
-        _require(
-            0.0 < self.val_fraction < 1.0,
-            f"data.val_fraction={self.val_fraction} must be between 0 and 1",
-        )
-        _require(self.num_workers >= 0, "data.num_workers must be >= 0")
-        for key in ("mixup_alpha", "cutmix_alpha"):
-            _require(
-                getattr(self, key) >= 0, f"data.{key}={getattr(self, key)} must be >= 0 (0: off)"
-            )
-        for key in ("mixup_prob", "mixup_switch_prob", "hflip", "re_prob"):
-            _require(
-                0.0 <= getattr(self, key) <= 1.0,
-                f"data.{key}={getattr(self, key)} must be in [0, 1]",
-            )
-        _require(
-            0.0 <= self.label_smoothing < 1.0,
-            f"data.label_smoothing={self.label_smoothing} must be in [0, 1)",
-        )
-        _require(self.z_loss >= 0, f"data.z_loss={self.z_loss} must be >= 0")
+        _bound(self, "data", "between 0 and 1", "val_fraction")
+        _bound(self, "data", ">= 0", "num_workers", "z_loss")
+        _bound(self, "data", ">= 0", "mixup_alpha", "cutmix_alpha", hint=" (0: off)")
+        _bound(self, "data", "in [0, 1]", "mixup_prob", "mixup_switch_prob", "hflip", "re_prob")
+        _bound(self, "data", "in [0, 1)", "label_smoothing")
         _require(
             len(self.scale) == 2 and 0.0 < self.scale[0] <= self.scale[1] <= 1.0,
             f"data.scale={self.scale} must be [min, max] area shares, 0 < min <= max <= 1",
@@ -232,7 +234,7 @@ class ScalerConfig:
                 0 < value < math.inf,
                 f"scaler.{name}={value} must be finite and > 0 (e.g. 65536 = 2**16)",
             )
-        _require(self.hysteresis >= 1, f"scaler.hysteresis={self.hysteresis} must be >= 1")
+        _bound(self, "scaler", ">= 1", "hysteresis", "growth_interval")
         _require(
             self.min_scale <= self.max_scale,
             f"scaler.min_scale={self.min_scale} must be <= scaler.max_scale={self.max_scale}",
@@ -246,13 +248,7 @@ class ScalerConfig:
             1 < self.growth_factor < math.inf,
             f"scaler.growth_factor={self.growth_factor} must be finite and > 1",
         )
-        _require(
-            0 < self.backoff_factor < 1,
-            f"scaler.backoff_factor={self.backoff_factor} must be between 0 and 1",
-        )
-        _require(
-            self.growth_interval >= 1, f"scaler.growth_interval={self.growth_interval} must be >= 1"
-        )
+        _bound(self, "scaler", "between 0 and 1", "backoff_factor")
 
 
 @dataclass
@@ -274,17 +270,12 @@ class LRConfig:
     step_gamma: float = 0.1  # step schedule: decay factor
 
     def __post_init__(self) -> None:
-        _require(self.base > 0, f"lr.base={self.base} must be > 0")
-        _require(self.scale > 0, f"lr.scale={self.scale} must be > 0")
-        _require(self.ref_batch >= 1, f"lr.ref_batch={self.ref_batch} must be >= 1")
-        _require(self.warmup_steps >= 0 and self.warmup_epochs >= 0, "lr warmup must be >= 0")
-        _require(0 <= self.warmup_init <= 1, f"lr.warmup_init={self.warmup_init} must be in [0, 1]")
-        _require(0 <= self.min_factor <= 1, f"lr.min_factor={self.min_factor} must be in [0, 1]")
-        _require(0 < self.step_gamma <= 1, f"lr.step_gamma={self.step_gamma} must be in (0, 1]")
-        _require(
-            self.step_every >= 0,
-            f"lr.step_every={self.step_every} must be >= 0 (0: a third of the run)",
-        )
+        _bound(self, "lr", "> 0", "base", "scale")
+        _bound(self, "lr", ">= 1", "ref_batch")
+        _bound(self, "lr", ">= 0", "warmup_steps", "warmup_epochs")
+        _bound(self, "lr", "in [0, 1]", "warmup_init", "min_factor")
+        _bound(self, "lr", "in (0, 1]", "step_gamma")
+        _bound(self, "lr", ">= 0", "step_every", hint=" (0: a third of the run)")
 
 
 @dataclass
@@ -304,7 +295,7 @@ class OptimConfig:
     block_size: int | None = None  # int8/int4/fp8: values per scale; None: torchao's (256/128)
 
     def __post_init__(self) -> None:
-        _require(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} must be >= 0")
+        _bound(self, "optim", ">= 0", "weight_decay")
         _require(
             self.state_dtype in STATE_DTYPES,
             f"optim.state_dtype={self.state_dtype!r} is unknown; use one of {STATE_DTYPES}",
@@ -328,10 +319,8 @@ class OptimConfig:
             f"optim.block_size applies to state_dtype int8, int4 or fp8, not "
             f"{self.state_dtype}; drop it",
         )
-        _require(
-            self.block_size is None or self.block_size >= 1,
-            f"optim.block_size={self.block_size} must be >= 1",
-        )
+        if self.block_size is not None:
+            _bound(self, "optim", ">= 1", "block_size")
         _require(
             self.state_dtype == "fp32" or not self.fused,
             f"optim.fused=true has no kernel for optim.state_dtype={self.state_dtype}; use "
@@ -361,7 +350,7 @@ class EmaConfig:
             0.0 <= self.decay < 1.0,
             f"trainer.ema.decay={self.decay} must be in (0, 1), e.g. 0.9999 (0: no EMA)",
         )
-        _require(self.every >= 1, f"trainer.ema.every={self.every} must be >= 1")
+        _bound(self, "trainer.ema", ">= 1", "every")
 
 
 @dataclass
@@ -403,23 +392,16 @@ class TrainerConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)  # a model EMA (off by default)
 
     def __post_init__(self) -> None:
-        _require(self.batch_size > 0, f"trainer.batch_size={self.batch_size} must be > 0")
-        _require(self.grad_accum >= 1, f"trainer.grad_accum={self.grad_accum} must be >= 1")
-        _require(
-            self.max_steps >= 0,
-            f"trainer.max_steps={self.max_steps} must be >= 0 (0: trainer.epochs decides)",
-        )
+        _bound(self, "trainer", "> 0", "batch_size")
+        _bound(self, "trainer", ">= 1", "grad_accum", "log_every")
+        _bound(self, "trainer", ">= 0", "max_steps", hint=" (0: trainer.epochs decides)")
         _require(
             self.epochs >= 1 or self.max_steps >= 1,
             "set trainer.epochs or trainer.max_steps to at least 1",
         )
-        _require(
-            0 <= self.target_acc <= 1, f"trainer.target_acc={self.target_acc} must be in [0, 1]"
-        )
-        _require(self.clip_grad >= 0, f"trainer.clip_grad={self.clip_grad} must be >= 0")
-        _require(self.log_every >= 1, f"trainer.log_every={self.log_every} must be >= 1")
-        _require(self.eval_every >= 0, f"trainer.eval_every={self.eval_every} must be >= 0")
-        _require(self.threads >= 0, f"trainer.threads={self.threads} must be >= 0 (0: auto)")
+        _bound(self, "trainer", "in [0, 1]", "target_acc")
+        _bound(self, "trainer", ">= 0", "clip_grad", "eval_every")
+        _bound(self, "trainer", ">= 0", "threads", hint=" (0: auto)")
         try:
             self.compile = CompileMode.parse(self.compile)
         except ValueError as err:
@@ -469,11 +451,8 @@ class CheckpointConfig:
     signals: list[str] = field(default_factory=lambda: ["SIGUSR2", "SIGTERM", "SIGINT"])
 
     def __post_init__(self) -> None:
-        _require(self.every_steps >= 0, f"checkpoint.every_steps={self.every_steps} must be >= 0")
-        _require(
-            self.every_minutes >= 0, f"checkpoint.every_minutes={self.every_minutes} must be >= 0"
-        )
-        _require(self.keep >= 1, f"checkpoint.keep={self.keep} must be >= 1")
+        _bound(self, "checkpoint", ">= 0", "every_steps", "every_minutes")
+        _bound(self, "checkpoint", ">= 1", "keep")
         for name in self.signals:
             _require(
                 name in signal.Signals.__members__,
@@ -500,7 +479,7 @@ class DiagnosticsConfig:
     top_layers: int = 5  # layers named per probe (least fp16 headroom, most underflow)
 
     def __post_init__(self) -> None:
-        _require(self.every >= 0, f"diagnostics.every={self.every} must be >= 0")
+        _bound(self, "diagnostics", ">= 0", "every")
 
 
 @dataclass
@@ -549,15 +528,8 @@ class HealthConfig:
     base_drop: float = 0.04  # see stall_share
 
     def __post_init__(self) -> None:
-        for name in (
-            "zero_grad_share",
-            "min_drop",
-            "skip_rate",
-            "window_skip_rate",
-            "erased_share",
-        ):
-            value = getattr(self, name)
-            _require(0 < value <= 1, f"health.{name}={value} must be in (0, 1]")
+        shares = ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate", "erased_share")
+        _bound(self, "health", "in (0, 1]", *shares)
         for name in (
             *("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop"),
             *("attn_logit", "kurtosis", "adam_rms"),
@@ -605,10 +577,8 @@ class FaultConfig:
     grad_spike_factor: float = 100.0  # a gradient spike Adam's second moment lags behind
 
     def __post_init__(self) -> None:
-        _require(self.inf_grad_at_step >= 0, "fault.inf_grad_at_step must be >= 0 (0: off)")
-        _require(self.grad_spike_at_step >= 0, "fault.grad_spike_at_step must be >= 0 (0: off)")
-        _require(self.overflow_factor > 0, "fault.overflow_factor must be > 0")
-        _require(self.loss_multiplier > 0, "fault.loss_multiplier must be > 0")
+        _bound(self, "fault", ">= 0", "inf_grad_at_step", "grad_spike_at_step", hint=" (0: off)")
+        _bound(self, "fault", "> 0", "overflow_factor", "loss_multiplier")
 
 
 @dataclass

@@ -7,16 +7,14 @@ state and the loss really had, against the mode's promise. Exit code 0 when ever
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from amp_lab.audit.audit import BrokenPromise
 from amp_lab.choices import AuditMode
+from amp_lab.command import error, parser, run_tool
 from amp_lab.compose import compose_settings
-from amp_lab.config import ConfigError
 from amp_lab.records import AUDIT_FILE
 
 # one step, nothing kept but the audit: no tracker, no checkpoint, no progress bar
@@ -24,14 +22,14 @@ ONE_STEP = ["trainer.max_steps=1", "logger.mode=disabled", "checkpoint.enabled=f
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="amp_lab audit",
+    cli = parser(
+        "amp_lab audit",
         description="Run one training step under the precision audit and print what it computed "
         "in; nothing is trained or kept but precision_audit.json.",
     )
-    parser.add_argument("overrides", nargs="*", help="the run's overrides, e.g. precision=bf16")
-    parser.add_argument("--out", type=Path, help=f"where {AUDIT_FILE} goes (default: a temp dir)")
-    return parser.parse_args(argv)
+    cli.add_argument("overrides", nargs="*", help="the run's overrides, e.g. precision=bf16")
+    cli.add_argument("--out", type=Path, help=f"where {AUDIT_FILE} goes (default: a temp dir)")
+    return cli.parse_args(argv)
 
 
 def audit_one_step(overrides: list[str], out: Path) -> dict:
@@ -58,17 +56,15 @@ def audit_one_step(overrides: list[str], out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    return run_tool(parse_args, _audit, argv)
+
+
+def _audit(args: argparse.Namespace) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="amp_lab_audit_"))
     try:
         result = audit_one_step(args.overrides, out)
     except BrokenPromise as err:
-        print(f"amp_lab: error: {err} ({out / AUDIT_FILE})", file=sys.stderr)
-        return 2
-    except ConfigError as err:
-        print(f"amp_lab: error: {err}", file=sys.stderr)
-        return 2
+        return error(f"{err} ({out / AUDIT_FILE})")
     print(result["headline"])
     promise = result["promise"]
     print("promise: " + ", ".join(f"{key} {value}" for key, value in promise.items()))

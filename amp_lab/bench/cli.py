@@ -19,7 +19,6 @@ import gc
 import itertools
 import sys
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from amp_lab.bench.record import environment, write_report
 from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
 from amp_lab.build import build
 from amp_lab.choices import CompileMode
+from amp_lab.command import dated, error, parser
 from amp_lab.components.distributed import resolve_device
 from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
@@ -82,12 +82,13 @@ def variant_label(variant: str, settings: AmpLabConfig) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.bench",
-        description=__doc__.split("\n\n")[0],
+    cli = parser(
+        "python -m amp_lab.bench",
+        __doc__.split("\n\n")[0],
+        tool="amp_lab.bench",
         epilog="docs/benchmarks.md describes each part and its figures.",
     )
-    add = parser.add_argument
+    add = cli.add_argument
     add(
         "--parts",
         nargs="+",
@@ -143,11 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--threads", type=int, help="torch CPU threads (default: the CPUs this process has)")
     add("--override", nargs="+", default=[], metavar="KEY=VALUE", help="for every run")
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
-    args = parser.parse_args(argv)
+    args = cli.parse_args(argv)
     if min(args.steps, args.rounds, args.repeats, args.jobs, args.epochs) < 1 or args.warmup < 0:
-        parser.error(
-            "--steps, --rounds, --repeats, --jobs and --epochs must be >= 1, --warmup >= 0"
-        )
+        cli.error("--steps, --rounds, --repeats, --jobs and --epochs must be >= 1, --warmup >= 0")
     return args
 
 
@@ -403,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
         args.precisions = args.precisions or runnable_precisions(device)
         args.variants = args.variants or default_variants()
-        args.out = args.out or Path("outputs/bench") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        args.out = dated(args.out, "outputs/bench", "%Y-%m-%d_%H-%M-%S")
         unknown = [p for p in args.precisions if p not in PRECISION_MODES]
         if unknown:
             raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
@@ -433,8 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         if "peer" in args.parts:
             run_peer(args, peer_precisions, report)
     except ConfigError as err:
-        print(f"amp_lab.bench: error: {err}", file=sys.stderr)
-        return 2
+        return error(str(err), "amp_lab.bench")
     print((args.out / "bench.md").read_text(encoding="utf-8"))
     print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}", file=sys.stderr)
     return 0

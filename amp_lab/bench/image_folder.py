@@ -6,11 +6,12 @@ own way so a model can learn them; amp_lab and timm's train.py then read the sam
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
 from torchvision.io import write_jpeg, write_png
+
+from amp_lab.command import parser
 
 JPEG_QUALITY = 90  # a typical photo's quality; the decode cost follows the compressed size
 
@@ -47,19 +48,16 @@ def write_image_folder(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.bench.image_folder",
-        description=__doc__.split("\n\n")[0],
-    )
-    parser.add_argument("root", type=Path, help="folder to write (train/ and val/ inside)")
-    parser.add_argument("--size", type=int, default=224, help="image side in pixels (224)")
-    parser.add_argument("--train", type=int, default=1024, help="training images (1024)")
-    parser.add_argument("--val", type=int, default=128, help="validation images (128)")
-    parser.add_argument("--classes", type=int, default=10, help="class folders (10)")
-    parser.add_argument("--format", choices=["jpeg", "png"], default="jpeg")
-    args = parser.parse_args(argv)
+    cli = parser("python -m amp_lab.bench.image_folder", __doc__.split("\n\n")[0])
+    cli.add_argument("root", type=Path, help="folder to write (train/ and val/ inside)")
+    cli.add_argument("--size", type=int, default=224, help="image side in pixels (224)")
+    cli.add_argument("--train", type=int, default=1024, help="training images (1024)")
+    cli.add_argument("--val", type=int, default=128, help="validation images (128)")
+    cli.add_argument("--classes", type=int, default=10, help="class folders (10)")
+    cli.add_argument("--format", choices=["jpeg", "png"], default="jpeg")
+    args = cli.parse_args(argv)
     if min(args.size, args.train, args.val, args.classes) < 1:
-        parser.error("--size, --train, --val and --classes must be >= 1")
+        cli.error("--size, --train, --val and --classes must be >= 1")
     write_image_folder(args.root, args.size, args.train, args.val, args.classes, args.format)
     print(f"wrote {args.train} + {args.val} {args.format} images to {args.root}")
     return 0

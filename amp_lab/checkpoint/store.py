@@ -87,13 +87,13 @@ class Checkpointer:
         state: Any,
         parts: Mapping[str, Any],
         dist: DistContext | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.cfg, self.settings = settings.checkpoint, settings
         # under DDP every rank restores, rank 0 alone writes, and all ranks stop together
         self.dist = dist or DistContext()
-        self.device = next(
-            (p.device for p in parts.values() if isinstance(p, torch.Tensor)), torch.device("cpu")
-        )
+        # the run's device: the ranks' stop flag is reduced there (NCCL reduces no CPU tensor)
+        self.device = device or torch.device("cpu")
         self.records, self.dir = RunDir(run_dir), Path(run_dir) / CHECKPOINT_DIR
         self.state, self.parts = state, parts  # state: the runner's LoopState dataclass
         self.signals = StopSignals(self.cfg.signals if self.cfg.enabled else [], self.dist.is_main)

@@ -5,19 +5,22 @@ or `--suite`: a diagnosis of the user's config (diagnose.py) or the doctor's ben
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
 from rich.console import Console
 
-from amp_lab.config import ConfigError
+from amp_lab.command import run_tool
 from amp_lab.doctor import suite
 from amp_lab.doctor.diagnose import parse_args, run
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    return run_tool(parse_args, _doctor, argv)
+
+
+def _doctor(args: argparse.Namespace) -> int:
     quiet = [
         logging.getLogger(name)
         for name in (
@@ -35,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.suite:
             return suite.main(args, console)
         run(args, console)
-    except ConfigError as err:
-        print(f"amp_lab: error: {err}", file=sys.stderr)
-        return 2
     finally:  # as they were: `amp_lab doctor` may run inside a longer-lived process
         for logger, level in zip(quiet, levels):
             logger.setLevel(level)

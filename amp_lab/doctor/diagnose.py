@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from amp_lab.command import dated, parser, strict_json
 from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend
@@ -24,17 +24,6 @@ from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor, command, key
 from amp_lab.doctor.verdict import Probe, first_event, verdict
 from amp_lab.numerics.finder import for_doctor
-
-
-def _strict_json(value: Any) -> Any:
-    """nan/inf (a diverged loss) as null: strict JSON readers (jq, JavaScript) reject NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
-    return value
 
 
 def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
@@ -142,62 +131,60 @@ def print_report(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.doctor",
+    cli = parser(
+        "python -m amp_lab.doctor",
         description="Probe your config in fp32, autocast without and with the loss scaler, and "
         "bf16; name what goes wrong numerically and the override to try.",
     )
-    parser.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
-    parser.add_argument(
+    cli.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
+    cli.add_argument(
         "--steps",
         type=int,
         default=None,
         help="optimizer steps per probe (40; with --suite each case's own, 12)",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--search-fp32",
         action="store_true",
         help="greedily find modules to keep in fp32 that remove non-finite values",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--budget",
         type=float,
         default=60.0,
         help="seconds for verifying fixes after the first (60)",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--out",
         type=Path,
         default=None,
         help="output folder (default outputs/doctor/DATE/TIME; with --suite outputs/doctor_suite)",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--suite",
         action="store_true",
         help="run the doctor benchmark (failure cases with a known cause) "
         "instead of your config; see amp_lab/doctor/suite.py",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--cases", nargs="+", default=None, metavar="NAME", help="with --suite: only these cases"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--draw",
         type=int,
         default=0,
         metavar="N",
         help="with --suite: draw N new cases, every failure class in turn (amp_lab/doctor/draw.py)",
     )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="with --suite --draw: the draw's seed (0)"
-    )
-    parser.add_argument(
+    cli.add_argument("--seed", type=int, default=0, help="with --suite --draw: the draw's seed (0)")
+    cli.add_argument(
         "--models",
         nargs="+",
         default=None,
         metavar="MODEL",
         help="with --suite --draw: draw among these models (test_vit test_convnext resnet18)",
     )
-    return parser.parse_args(argv)
+    return cli.parse_args(argv)
 
 
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -205,7 +192,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     args.steps = args.steps or 40
     if args.steps < 4:
         raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
-    out = args.out or Path("outputs/doctor") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    out = dated(args.out, "outputs/doctor")
     doctor = Doctor(args.overrides, args.steps, out)
     probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
@@ -283,7 +270,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(
-        json.dumps(_strict_json(report), indent=2, default=str, allow_nan=False)
+        # nan/inf (a diverged loss) as null
+        json.dumps(strict_json(report, lambda _: None), indent=2, default=str, allow_nan=False)
     )
     console.print(f"wrote {out / 'doctor.json'}")
     return report

@@ -13,8 +13,8 @@ import random
 from collections.abc import Callable
 
 from amp_lab.config import ConfigError
+from amp_lab.doctor.cases import Case
 from amp_lab.doctor.probes import key
-from amp_lab.doctor.suite import Case
 
 # per model: its overrides (CPU sizes) and the modules a forward overflow is injected into
 MODELS: dict[str, tuple[tuple[str, ...], Callable[[random.Random], str]]] = {

@@ -11,44 +11,23 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from amp_lab.config import ConfigError
+from amp_lab.doctor.cases import Case
 from amp_lab.doctor.diagnose import parse_args, run
+from amp_lab.doctor.draw import draw
 
-# tiny and quick on 2 CPU cores: a one-block ViT on 16 px digits, small batches
-SUITE_BASE = [
-    "model=test_vit",
-    "data.img_size=16",
-    "trainer.batch_size=16",
-    "+model.kwargs.depth=1",
-    "data.val_fraction=0.05",
-    "trainer.device=cpu",
-]
 HEALTHY = ("none", "transient")  # causes that mean "no precision problem found"
 TARGET_RIGHT_FIRST = 0.9
 # seconds for fixes after the top one's first probe: a moved overflow's grown set, the next
 # fix when the top one fails (the budget covers the whole verdict)
 BUDGET_S = 30.0
 CLASS_KEYS = ("cases", "right_first", "alarms", "fix_verified", "next_line")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One failure class: the overrides that produce it and the cause the doctor must name."""
-
-    name: str
-    overrides: tuple[str, ...]
-    cause: str  # the `cause` of the recommendation that must rank first
-    steps: int = 12
-    flags: tuple[str, ...] = ()  # extra doctor flags (e.g. --search-fp32)
-    base: tuple[str, ...] = tuple(SUITE_BASE)  # the model and data it runs on
-    kind: str = ""  # its failure class (draw.py); "": the case's own name
-
 
 FP16 = ("precision=fp16",)
 CASES = [
@@ -221,11 +200,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def chosen_cases(args: argparse.Namespace) -> list[Case]:
     """The fixed cases (all, or --cases), or --draw N of them drawn with --seed."""
-    from amp_lab.config import ConfigError
-
     if args.draw:
-        from amp_lab.doctor.draw import draw
-
         if args.cases:
             raise ConfigError("--cases picks fixed cases; --draw draws new ones: use one")
         return draw(args.draw, args.seed, args.models)

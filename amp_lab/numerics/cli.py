@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import math
-import sys
-from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from amp_lab.command import dated, parser, run_tool, strict_json
 from amp_lab.config import ConfigError
 from amp_lab.numerics.weight_drift import drift_lines
 
@@ -25,24 +22,24 @@ SHOWN = 8  # flagged rows printed per mode and phase (numerics.json keeps all)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="amp_lab numerics",
+    cli = parser(
+        "amp_lab numerics",
         description="Run one batch through the same weights in the precision under test and in "
         "its reference, and compare every module's output, input gradient and weight gradient "
         "against the error band its dtype explains (docs/diagnostics.md).",
     )
-    parser.add_argument("overrides", nargs="*", help="the run's overrides, e.g. precision=bf16")
-    parser.add_argument(
+    cli.add_argument("overrides", nargs="*", help="the run's overrides, e.g. precision=bf16")
+    cli.add_argument(
         "--vs",
         choices=["fp32", "compiled"],
         default="fp32",
         help="fp32: the same run in fp32; compiled: the mode eager against "
         "trainer.compile=model, each measured against fp32 (default fp32)",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--also", nargs="+", default=[], metavar="MODE", help="with --vs fp32: more modes to plot"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--steps",
         type=int,
         default=0,
@@ -50,25 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="with --vs fp32: also train both N steps from the same weights and data order, and "
         "report where their weights part ways faster than rounding explains",
     )
-    parser.add_argument("--out", type=Path, help="output folder (default outputs/numerics/DATE)")
-
-    def one_line(message: str) -> NoReturn:  # argparse's usage block would be a second line
-        print(f"amp_lab: error: {message} (amp_lab numerics --help)", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line  # type: ignore[method-assign]
-    return parser.parse_args(argv)
-
-
-def _strict(value: Any) -> Any:
-    """inf and nan as strings: an infinite error is the finding, and strict JSON has no inf."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
+    cli.add_argument("--out", type=Path, help="output folder (default outputs/numerics/DATE)")
+    return cli.parse_args(argv)
 
 
 def _where(row: dict[str, Any] | None) -> str:
@@ -119,29 +99,28 @@ def flagged(result: dict[str, Any]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    return run_tool(parse_args, _numerics, argv)
+
+
+def _numerics(args: argparse.Namespace) -> int:
     from amp_lab.numerics.error_plot import plot  # after parsing: --help stays fast
     from amp_lab.numerics.finder import find
     from amp_lab.precision.modes import PRECISION_MODES
 
-    out = args.out or Path("outputs/numerics") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    try:
-        if (args.also or args.steps) and args.vs != "fp32":
-            raise ConfigError("--also and --steps go with --vs fp32; drop them or --vs")
-        if unknown := [m for m in args.also if m not in PRECISION_MODES]:
-            raise ConfigError(
-                f"--also {unknown[0]}: not a precision mode (use {', '.join(PRECISION_MODES)}); "
-                "put the overrides before --also"
-            )
-        if args.steps < 0:
-            raise ConfigError(f"--steps={args.steps} must be >= 0")
-        out.mkdir(parents=True, exist_ok=True)
-        result = find(args.overrides, args.vs, args.also, out, args.steps)
-    except ConfigError as err:
-        print(f"amp_lab: error: {err}", file=sys.stderr)
-        return 2
-    (out / NUMERICS_FILE).write_text(json.dumps(_strict(result), indent=2))
+    out = dated(args.out, "outputs/numerics")
+    if (args.also or args.steps) and args.vs != "fp32":
+        raise ConfigError("--also and --steps go with --vs fp32; drop them or --vs")
+    if unknown := [m for m in args.also if m not in PRECISION_MODES]:
+        raise ConfigError(
+            f"--also {unknown[0]}: not a precision mode (use {', '.join(PRECISION_MODES)}); "
+            "put the overrides before --also"
+        )
+    if args.steps < 0:
+        raise ConfigError(f"--steps={args.steps} must be >= 0")
+    out.mkdir(parents=True, exist_ok=True)
+    result = find(args.overrides, args.vs, args.also, out, args.steps)
+    # inf and nan as strings: an infinite error is the finding, and strict JSON has no inf
+    (out / NUMERICS_FILE).write_text(json.dumps(strict_json(result), indent=2))
     plot(result, out / PLOT_FILE)
     print("\n".join(table(result)))
     print(f"details: {out / NUMERICS_FILE}, plot: {out / PLOT_FILE}")

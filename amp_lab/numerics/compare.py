@@ -153,15 +153,19 @@ def amplifiers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(grown, key=lambda a: -a["gain"])[:AMPLIFIERS]
 
 
+def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """Mean KL(p || q) of the logits' softmax over the batch, in fp64."""
+    log_p = torch.log_softmax(p_logits.double(), -1)
+    log_q = torch.log_softmax(q_logits.double(), -1)
+    return float(torch.sum(log_p.exp() * (log_p - log_q), -1).mean())
+
+
 def outputs(test: Capture, ref: Capture) -> dict[str, float]:
     """At the output: the logits' KL(ref || test), top-1 agreement and the loss difference."""
-    log_t = torch.log_softmax(test.logits.double(), -1)
-    log_r = torch.log_softmax(ref.logits.double(), -1)
-    kl = torch.sum(log_r.exp() * (log_r - log_t), -1).mean()
     agree = (test.logits.argmax(-1) == ref.logits.argmax(-1)).double().mean()
     logits = errors(test.logits, ref.logits)
     return {
-        "logit_kl": float(kl),
+        "logit_kl": kl(ref.logits, test.logits),
         "top1_agreement": float(agree),
         "loss_diff": test.loss - ref.loss,
         "logits_norm": logits["norm"],

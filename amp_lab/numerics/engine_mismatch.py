@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from amp_lab.numerics.capture import first_batch
+from amp_lab.numerics.compare import kl
 from amp_lab.numerics.finder import built
 from amp_lab.run import Run
 
@@ -55,13 +56,6 @@ def paths(run: Run, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         infer = torch.cat([model(chunk).float() for chunk in images.split(INFER_BATCH)])
     model.train()
     return train, infer
-
-
-def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    """Mean KL(p || q) over the batch, in fp64."""
-    log_p = torch.log_softmax(p_logits.double(), -1)
-    log_q = torch.log_softmax(q_logits.double(), -1)
-    return float(torch.sum(log_p.exp() * (log_p - log_q), -1).mean())
 
 
 def mismatch(overrides: list[str], modes: tuple[str, ...] = MODES) -> dict[str, float]:

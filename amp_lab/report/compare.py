@@ -9,7 +9,6 @@ tables and verdicts (rich), writes report.json, report.md and overview.png to DI
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from amp_lab.command import error, parser
 from amp_lab.report.document import build
 from amp_lab.report.groups import DEFAULT_AXIS
 from amp_lab.report.readme import update_readme
@@ -75,45 +75,46 @@ def make_report(
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; exit code 2 on bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.report",
+    cli = parser(
+        "python -m amp_lab.report",
+        tool="amp_lab.report",
         description="Compare amp_lab runs group by group along one axis: tables, verdicts, "
         "report.json, report.md and plots.",
     )
-    parser.add_argument(
+    cli.add_argument(
         "paths",
         nargs="+",
         type=Path,
         metavar="PATH",
         help="multirun directories or run directories",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--by",
         default=DEFAULT_AXIS,
         metavar="KEY",
         help="the axis compared: a settings group or key, e.g. "
         "scaler.init_scale (default: precision)",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--ref",
         metavar="RUN|VALUE",
         help="each group's reference: a value on the axis (e.g. 65536), or a "
         "run's label or directory (default: fp32, or the key's default)",
     )
-    parser.add_argument(
+    cli.add_argument(
         "--out", type=Path, metavar="DIR", help="output folder (default: <PATH>/report)"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--wandb", action="store_true", help="also build a W&B Report (offline: its spec as JSON)"
     )
-    parser.add_argument(
+    cli.add_argument(
         "--readme",
         type=Path,
         metavar="FILE",
         help="also write the verdicts, tables and overview into FILE, between "
         "its amp_lab.report markers (a study's README)",
     )
-    args = parser.parse_args(argv)
+    args = cli.parse_args(argv)
     try:
         make_report(
             args.paths,
@@ -125,6 +126,5 @@ def main(argv: list[str] | None = None) -> int:
             readme=args.readme,
         )
     except ReportError as err:
-        print(f"amp_lab.report: error: {err}", file=sys.stderr)
-        return 2
+        return error(str(err), "amp_lab.report")
     return 0

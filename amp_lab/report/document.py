@@ -3,10 +3,10 @@ runs and context. report.md, the terminal tables, the plots and the W&B Report a
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from typing import Any
 
+from amp_lab.command import strict_json
 from amp_lab.report.context import gather, run_device
 from amp_lab.report.figures import compare, figures
 from amp_lab.report.groups import DEFAULT_AXIS, Group, axis_keys, make_groups, set_references
@@ -18,17 +18,6 @@ from amp_lab.report.verdicts import (
     merged_health,
     rules_text,
 )
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN and inf as strings: report.json stays valid JSON for every reader."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _status(runs: list[RunData]) -> str:
@@ -104,7 +93,7 @@ def build(
         }
         for run in runs
     ]
-    return _json_safe(
+    return strict_json(
         {
             "axis": by,
             "axis_keys": axis_keys(runs, by),

@@ -1,0 +1,35 @@
+"""Every tool's argument errors are one line on stderr and exit code 2 (argparse's usage block
+would be a second line), naming the tool's --help."""
+
+from __future__ import annotations
+
+import pytest
+
+from amp_lab.audit.cli import main as audit
+from amp_lab.bench.cli import main as bench
+from amp_lab.doctor.cli import main as doctor
+from amp_lab.numerics.cli import main as numerics
+from amp_lab.report.compare import main as report
+
+
+@pytest.mark.parametrize(
+    "main, argv, start, end",
+    [
+        (
+            audit,
+            ["--nope"],
+            "amp_lab: error: unrecognized arguments: --nope",
+            "(amp_lab audit --help)",
+        ),
+        (numerics, ["--vs", "fp8"], "amp_lab: error: argument --vs: invalid choice", "--help)"),
+        (doctor, ["--steps", "x"], "amp_lab: error: argument --steps: invalid int", "--help)"),
+        (report, [], "amp_lab.report: error: the following arguments are required", "--help)"),
+        (bench, ["--rounds", "0"], "amp_lab.bench: error: --steps, --rounds", "--help)"),
+    ],
+)
+def test_an_argument_error_is_one_line_and_exit_2(capsys, main, argv, start, end):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2
+    assert len(lines) == 1 and lines[0].startswith(start) and lines[0].endswith(end), lines
