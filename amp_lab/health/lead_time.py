@@ -10,7 +10,6 @@ other rule does, is a false alarm. Writes lead_time.json.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import itertools
@@ -23,10 +22,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from amp_lab import command
 from amp_lab.compose import CONF_DIR, compose_settings
-from amp_lab.config import register
+from amp_lab.config import AmpLabConfig, ConfigError, flat_settings, register
 from amp_lab.health.rules import EARLY
-from amp_lab.records import METRICS_FILE, SUMMARY_FILE
+from amp_lab.records import METRICS_FILE, SETTINGS_FILE, SUMMARY_FILE
 
 # the CPU studies' ViT (4 tokens on 16 px digits, it learns within 60 steps), with a probe and a
 # judged window at every step
@@ -108,6 +108,13 @@ def divergence_step(losses: list[tuple[int, float]], smooth: int = SMOOTH) -> in
     return None
 
 
+def _finished(folder: Path, settings: AmpLabConfig) -> bool:
+    """The folder holds a finished run of exactly these settings."""
+    if not (folder / SUMMARY_FILE).exists():
+        return False
+    return json.loads((folder / SETTINGS_FILE).read_text()) == flat_settings(settings)
+
+
 def run_case(name: str, overrides: list[str], out: Path) -> CaseResult:
     """Train one case in-process (its own output folder) and read what it says of itself."""
     from amp_lab.build import build  # torch loads only when a case runs
@@ -116,10 +123,10 @@ def run_case(name: str, overrides: list[str], out: Path) -> CaseResult:
     # nothing to W&B: the bench measures the run's own judgement
     fixed = ["trainer.resume=false", "checkpoint.enabled=false"]
     folder = out / name
-    if (folder / SUMMARY_FILE).exists():  # a case a stopped bench finished is read, not rerun
+    settings = compose_settings(["logger=disabled", *overrides, *fixed])
+    if _finished(folder, settings):  # a case a stopped bench finished is read, not rerun
         summary = json.loads((folder / SUMMARY_FILE).read_text())
     else:
-        settings = compose_settings(["logger=disabled", *overrides, *fixed])
         trainer = Trainer(build(settings, folder))
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             summary = trainer.fit()
@@ -187,7 +194,7 @@ def table(diverging: list[CaseResult], healthy: list[CaseResult]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m amp_lab.health.lead_time", description=__doc__)
+    parser = command.parser("python -m amp_lab.health.lead_time", __doc__)
     parser.add_argument("--out", type=Path, default=Path("outputs/lead_time"))
     cases = {**DIVERGING, **QK_NORM}
     parser.add_argument("--cases", nargs="*", default=list(cases), choices=list(cases))
@@ -208,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         help="CPU studies whose seed-0 jobs are the healthy runs (default: all but PHENOMENA)",
     )
     args = parser.parse_args(argv)
+    try:  # a bad --set is one line before any case runs
+        compose_settings([*BASE, *args.set])
+    except ConfigError as err:
+        return command.error(str(err))
     logging.disable(logging.WARNING)  # the cases' own warnings are what is measured
     runs = [
         run_case(
@@ -240,11 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lead_time.json").write_text(
         json.dumps(
-            {
-                "diverging": [asdict(c) | {"lead": c.lead} for c in diverging],
-                "qk_norm": [asdict(f) for f in fixed],
-                "healthy": [asdict(h) for h in healthy],
-            },
+            command.strict_json(
+                {
+                    "diverging": [asdict(c) | {"lead": c.lead} for c in diverging],
+                    "qk_norm": [asdict(f) for f in fixed],
+                    "healthy": [asdict(h) for h in healthy],
+                }
+            ),
             indent=2,
         )
     )

@@ -13,6 +13,7 @@ from amp_lab.health.lead_time import (
     CaseResult,
     divergence_step,
     healthy_studies,
+    main,
     run_case,
     study_jobs,
     table,
@@ -56,3 +57,10 @@ def test_the_healthy_runs_are_each_studys_seed_0_jobs_probed_at_every_log_step()
     jobs = study_jobs("scaler_grid")
     assert len(jobs) == 6  # 3 init_scale x 2 growth_interval
     assert all("trainer.seed=0" in job and "diagnostics.every=10" in job for job in jobs)
+
+
+def test_a_bad_override_is_one_line_before_any_case_runs(tmp_path, capsys):
+    assert main(["--set", "health.attn_logit=x", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "health.attn_logit=x is not a valid float" in err[0]
+    assert not (tmp_path / "out").exists()
