@@ -504,8 +504,8 @@ class HealthConfig:
     max_bad_steps: int = 50
     # -- early warnings, judged at probe steps (diagnostics.every; docs/diagnostics.md)
     # attention logits growing: a block's max q.k/sqrt(d) this high (e^-30 ~ 1e-13: the softmax is
-    # one-hot in every float format); the highest value that warned >= 10 steps ahead of 80% of
-    # the lead-time bench's seed-0 divergences (docs/diagnostics.md)
+    # one-hot in every float format); of 20, 30, 40, 50 and 100 the highest that warned >= 10
+    # steps ahead of 80% of the lead-time bench's seed-0 divergences (docs/diagnostics.md)
     attn_logit: float = 30.0
     # outlier features: a block's output feature kurtosis this high (1: every feature alike)
     kurtosis: float = 20.0
