@@ -503,7 +503,10 @@ class HealthConfig:
     # any scale) after which the run can no longer train: it stops, diverged
     max_bad_steps: int = 50
     # -- early warnings, judged at probe steps (diagnostics.every; docs/diagnostics.md)
-    attn_logit: float = 100.0  # attention logits growing: a block's max q.k/sqrt(d) this high
+    # attention logits growing: a block's max q.k/sqrt(d) this high (e^-30 ~ 1e-13: the softmax is
+    # one-hot in every float format); of 20, 30, 40, 50 and 100 the highest that warned >= 10
+    # steps ahead of 80% of the lead-time bench's seed-0 divergences (docs/diagnostics.md)
+    attn_logit: float = 30.0
     # outlier features: a block's output feature kurtosis this high (1: every feature alike)
     kurtosis: float = 20.0
     adam_rms: float = 5.0  # second moment lags: a weight matrix's RMS of g^2/v-hat this high

@@ -13,22 +13,28 @@ from amp_lab.health.lead_time import (
     CaseResult,
     divergence_step,
     healthy_studies,
+    main,
     run_case,
     study_jobs,
     table,
 )
 
 
-def test_divergence_is_the_first_non_finite_loss_or_twice_the_lowest_before_it():
-    assert divergence_step([(1, 2.3), (2, 2.0), (3, 3.9), (4, 4.1)]) == 4  # 4.1 > 2 x 2.0
-    assert divergence_step([(1, 2.3), (2, math.nan)]) == 2
-    assert divergence_step([(1, 2.3), (2, 2.2), (3, 2.1)]) is None
+def test_divergence_is_a_non_finite_loss_or_a_mean_above_twice_the_lowest_and_half_the_first():
+    losses = [(1, 2.3), (2, 2.0), (3, 1.0), (4, 1.0), (5, 2.5), (6, 1.0)]
+    assert divergence_step(losses, smooth=1) == 5  # 2.5 > 2 x 1.0
+    assert divergence_step(losses, smooth=2) is None  # one batch: (1.0 + 2.5) / 2 < 2 x 1.0
+    rising = [*losses, (7, 4.0), (8, 4.0)]
+    assert divergence_step(rising, smooth=2) == 7  # (1.0 + 4.0) / 2 > 2 x 1.0 (steps 3-4)
+    assert divergence_step([(1, 2.3), (2, math.nan)], smooth=5) == 2  # at once, unsmoothed
+    trained = [(1, 2.3), (2, 0.05), (3, 0.12)]  # twice the lowest, far below half the first
+    assert divergence_step(trained, smooth=1) is None
 
 
 @pytest.mark.slow
 def test_a_diverging_case_gives_each_warning_its_lead(tmp_path):
     """fp16 Adam moments: eps 1e-8 is 0 in fp16; the warning is judged at the first step, the
-    run diverges a few steps later (docs/diagnostics.md's table)."""
+    run's loss turns non-finite a few steps later (docs/diagnostics.md's table)."""
     case = run_case(
         "fp16_state_eps",
         [*BASE, *EVERY_STEP, "trainer.max_steps=8", "optim.state_dtype=fp16", "lr.base=3e-3"],
@@ -38,9 +44,12 @@ def test_a_diverging_case_gives_each_warning_its_lead(tmp_path):
     assert case.lead == case.diverged_at - 1 > 0
     healthy = CaseResult("quiet", [], None)
     grid = table([case], [healthy])
-    rows = dict(zip(grid.columns[0]._cells, grid.columns[1]._cells))
-    assert rows["eps_lost"] == str(case.lead) and rows["decay_lost"] == "-"  # fp32 weights
-    assert grid.columns[-1]._cells == ["0"] * len(rows)
+    columns = [column.header for column in grid.columns]
+    row = dict(zip(columns, [column._cells[0] for column in grid.columns]))
+    assert row["case"] == "fp16_state_eps" and row["diverged at"] == str(case.diverged_at)
+    assert row["eps_lost"] == str(case.lead) and row["decay_lost"] == "-"  # fp32 weights
+    alarms = dict(zip(columns, [column._cells[-1] for column in grid.columns]))
+    assert alarms["case"] == "false alarms (of 1 healthy)" and alarms["any"] == "0"
 
 
 def test_the_healthy_runs_are_each_studys_seed_0_jobs_probed_at_every_log_step():
@@ -48,3 +57,10 @@ def test_the_healthy_runs_are_each_studys_seed_0_jobs_probed_at_every_log_step()
     jobs = study_jobs("scaler_grid")
     assert len(jobs) == 6  # 3 init_scale x 2 growth_interval
     assert all("trainer.seed=0" in job and "diagnostics.every=10" in job for job in jobs)
+
+
+def test_a_bad_override_is_one_line_before_any_case_runs(tmp_path, capsys):
+    assert main(["--set", "health.attn_logit=x", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "health.attn_logit=x is not a valid float" in err[0]
+    assert not (tmp_path / "out").exists()
