@@ -40,6 +40,8 @@
 #               carry the file to the GPU machine and name it here) [unset: peer skipped]
 #   PEER_EPOCHS [2]
 #   STEPS, WARMUP   timed and warm-up steps of the throughput, compile and feed parts [20, 5]
+#   OVERRIDES   amp_lab overrides added to every part's runs (not to the peer's train.py), e.g.
+#               +model.kwargs.depth=1: a one-block model compiles in a fraction of the time [unset]
 #   OVERHEAD_STEPS  steps per overhead round, also the runs' log interval [10]
 #   FEED_WORKERS  loader workers of the feed and peer parts [the CPUs, at most 16]
 #   IMAGES_DIR  where the synthetic JPEG folder is written [a temporary folder, removed at the end]
@@ -48,7 +50,7 @@
 #   DEVICE      [cuda]; cpu runs the same parts on the CPU, to try the flow before GPU time is
 #               spent (fp8 emulated and eager there), e.g. DEVICE=cpu MODELS=test_vit
 #               MODES="fp32 bf16" STEP_MODEL=test_vit FP8_MODELS=test_vit FP8_BATCH_SIZE=4 BATCH_SIZE=4 IMG_SIZE=16
-#               STEPS=4 WARMUP=1 OVERHEAD_STEPS=2
+#               STEPS=4 WARMUP=1 OVERHEAD_STEPS=2 OVERRIDES=+model.kwargs.depth=1
 #               BUDGET_S=1200
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +114,8 @@ rm -f "$OUT_DIR/status.txt"
 BENCH=("$PYTHON" -m amp_lab.bench --device "$DEVICE" --batch-size "$BATCH_SIZE"
   --img-size "$IMG_SIZE")
 OVR=(trainer.progress=false)  # every part's --override list starts with these
+read -ra EXTRA <<< "${OVERRIDES:-}"
+OVR+=("${EXTRA[@]}")
 NOTE=""
 if ! "$PYTHON" -c "import wandb" 2> /dev/null; then  # the default telemetry logs to W&B offline
   OVR+=(logger.mode=disabled)
@@ -205,7 +209,8 @@ print(torch.cuda.get_device_name() if '$DEVICE' == 'cuda' else f'CPU ({platform.
   echo "- command: \`scripts/gpu_check.sh $*\` ($((SECONDS - START))s)"
   echo "- settings: DEVICE=$DEVICE MODELS=\"${MODELS[*]}\" MODES=\"${MODES[*]}\"" \
     "FP8_MODELS=\"${FP8_MODELS[*]}\" BATCH_SIZE=$BATCH_SIZE IMG_SIZE=$IMG_SIZE" \
-    "BUDGET_S=$BUDGET FEED_WORKERS=$FEED_WORKERS PEER_SCRIPT=${PEER_SCRIPT:-unset}," \
+    "BUDGET_S=$BUDGET FEED_WORKERS=$FEED_WORKERS PEER_SCRIPT=${PEER_SCRIPT:-unset}" \
+    "OVERRIDES=\"${EXTRA[*]}\"," \
     "$JOBS compile jobs"
   [ -n "$NOTE" ] && echo "- note: $NOTE"
   echo

@@ -12,12 +12,14 @@ import torch.multiprocessing as mp
 from helpers import CONF_DIR, ROOT, compose_cfg, leaves, run_cli
 from helpers.distributed import as_rank, free_port, torchrun
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from amp_lab.build import build
 from amp_lab.compose import validate
 from amp_lab.trainer import Trainer
 
+_OVERRIDES = OverridesParser.create()
 STUDIES = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
@@ -99,11 +101,23 @@ def test_the_index_gives_each_study_its_job_counts_and_the_cpu_variants_three_se
 def test_every_job_of_every_study_composes(experiment):
     jobs = _sweep_jobs(experiment)
     assert len(jobs) >= 4  # a grid, not a single run
+    seeds: dict[tuple[str, ...], list[str]] = {}  # the jobs by what they build: their seeds
     for job in jobs:
-        settings = validate(compose_cfg(experiment, *job, fast=False))
-        assert settings.tags[0] in experiment
-        if "cpu" in experiment:
-            assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
+        key = tuple(o for o in job if not o.startswith("trainer.seed="))
+        seeds.setdefault(key, []).extend(o for o in job if o.startswith("trainer.seed="))
+    for key, seed_overrides in seeds.items():
+        # composed once per build; each job's seed (a leaf nothing is derived from) then set as
+        # Hydra's override parser types it, and the job validated whole
+        cfg = compose_cfg(experiment, *key, fast=False)
+        for seed in seed_overrides or [None]:
+            if seed:
+                OmegaConf.update(cfg, "trainer.seed", _OVERRIDES.parse_overrides([seed])[0].value())
+            settings = validate(cfg)
+            assert settings.tags[0] in experiment
+            if seed:
+                assert f"trainer.seed={settings.trainer.seed}" == seed
+            if "cpu" in experiment:
+                assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
 
 
 def _build_on_two_ranks(rank: int, port: int, experiment: str, out: str) -> None:

@@ -147,6 +147,7 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         "STEPS": "4",  # timed steps: enough to show each part runs, not to measure
         "WARMUP": "1",
         "OVERHEAD_STEPS": "2",
+        "OVERRIDES": "+model.kwargs.depth=1",  # one block: the compiled parts compile faster
         "BUDGET_S": "1200",  # a busy 2-core CPU needs more than a GPU's 8 minutes
         "FEED_WORKERS": "0",
         "PEER_EPOCHS": "1",
@@ -218,6 +219,10 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     assert [r["program"] for r in peer["runs"]] == ["peer", "amp_lab"] and peer["ratio"] > 0
     md = (out / "gpu_check.md").read_text()
     assert "- device: CPU" in md and 'MODES="fp32 bf16"' in md
+    assert 'OVERRIDES="+model.kwargs.depth=1"' in md
+    run = out / "overhead" / "runs" / "overhead_test_vit_default_fp32"
+    kwargs = json.loads(json.loads((run / "settings.json").read_text())["model.kwargs"])
+    assert kwargs == {"patch_size": 4, "depth": 1}  # OVERRIDES reached the runs
     assert "no-sync check: 4 skipped" in md  # the CUDA-only tests, on this CPU
     benchmarks = [part for part in parts if part not in ("no_sync", "images")]
     positions = [md.index(f"--out {out / part}`") for part in benchmarks]

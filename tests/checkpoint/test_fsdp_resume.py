@@ -29,9 +29,15 @@ FSDP_FP16 = [
 STOP_AT = 5
 
 
-def _run(rank: int, port: int, run_dir: str, stop_at: int | None) -> None:
+def _runs(rank: int, port: int, runs: list[tuple[str, int | None]]) -> None:
+    """mp.spawn worker: the runs one after the other, each in a process group of its own."""
     as_rank(rank, port)
     torch.set_num_threads(1)
+    for run_dir, stop_at in runs:
+        _run(rank, run_dir, stop_at)
+
+
+def _run(rank: int, run_dir: str, stop_at: int | None) -> None:
     # the signal reaches rank 0 alone; the ranks agree on it at that (log) step
     sinks = [SignalAt(stop_at)] if stop_at is not None and rank == 0 else []
     trainer = Trainer(build(settings(*FSDP_FP16), run_dir), sinks)
@@ -48,15 +54,16 @@ def _run(rank: int, port: int, run_dir: str, stop_at: int | None) -> None:
     )
 
 
-def _spawn(run_dir: Path, stop_at: int | None = None) -> None:
-    mp.spawn(_run, args=(free_port(), str(run_dir), stop_at), nprocs=2, join=True)
+def _spawn(*runs: tuple[Path, int | None]) -> None:
+    """Two ranks that run each (run folder, step to stop at) in turn."""
+    jobs = [(str(run_dir), stop_at) for run_dir, stop_at in runs]
+    mp.spawn(_runs, args=(free_port(), jobs), nprocs=2, join=True)
 
 
 @pytest.mark.slow
 def test_fsdp_run_stopped_by_a_signal_resumes_exactly_on_two_ranks(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    _spawn(whole)
-    _spawn(split, stop_at=STOP_AT)
+    _spawn((whole, None), (split, STOP_AT))  # the uninterrupted run, then the stopped one
     for rank in (0, 1):  # both ranks stopped after the checkpoint of step 5
         assert f"at step {STOP_AT}" in (split / f"stopped_rank{rank}.txt").read_text()
     assert [p.name for p in (split / "checkpoints").iterdir()] == [f"step_{STOP_AT:09d}.dcp"]
@@ -64,7 +71,7 @@ def test_fsdp_run_stopped_by_a_signal_resumes_exactly_on_two_ranks(tmp_path):
     interrupted = json.loads((split / "summary.json").read_text())
     assert interrupted["status"].startswith(f"interrupted: SIGUSR2 at step {STOP_AT}")
 
-    _spawn(split)  # the rerun in the same directory
+    _spawn((split, None))  # the rerun in the same directory, by fresh processes
     for rank in (0, 1):
         resumed = torch.load(split / f"rank{rank}_{STOP_AT}.pt")
         scale_at_stop = torch.load(split / f"rank{rank}_0.pt")["scale"]

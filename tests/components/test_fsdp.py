@@ -127,6 +127,16 @@ def _torchrun(tmp_path: Path, name: str, *overrides: str) -> Path:
     return tmp_path / name
 
 
+def _torchrun_sweep(tmp_path: Path, parallels: list[str], *overrides: str) -> dict[str, Path]:
+    """One torchrun launch whose ranks run a job per conf/parallel preset (as the fsdp_precision
+    study runs), each in its own process group: the run folder per preset."""
+    sweep = f"+parallel={','.join(parallels)}"
+    folders = ["hydra.sweep.dir=sweep", "hydra.sweep.subdir=${hydra.job.num}"]  # short names
+    result = torchrun("-m", sweep, *RUN, *overrides, *folders, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {name: tmp_path / "sweep" / str(i) for i, name in enumerate(parallels)}
+
+
 def _train_rows(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["kind"] == "train"]
@@ -140,9 +150,8 @@ def _column(rows: list[dict], key: str) -> list[float]:
 def test_fsdp_fp32_matches_ddp_fp32_step_by_step_on_a_sharded_memory_budget(tmp_path):
     """Losses, clipped gradient norms and probes over the shards equal DDP's; rank 0 alone
     writes; each rank holds about half the parameters, gradients and optimizer state."""
-    clip = ["trainer.clip_grad=0.5"]
-    ddp = _torchrun(tmp_path, "ddp", "trainer.strategy=ddp", *clip)
-    fsdp = _torchrun(tmp_path, "fsdp", "trainer.strategy=fsdp", *clip)
+    runs = _torchrun_sweep(tmp_path, ["ddp", "fsdp"], "trainer.clip_grad=0.5")
+    ddp, fsdp = runs["ddp"], runs["fsdp"]
     ddp_rows, fsdp_rows = _train_rows(ddp), _train_rows(fsdp)
     assert [r["step"] for r in fsdp_rows] == list(range(1, 21))  # one row per step: rank 0 only
     assert _column(fsdp_rows, "train/loss") == pytest.approx(
@@ -260,12 +269,15 @@ def test_bf16_policy_tracks_bf16_autocast_ddp_with_accumulation(tmp_path):
     DDP's bf16 autocast to 1e-6; the default bf16 gather tracks it within 5e-3 relative over
     20 steps (measured: 4.5e-4, CPU, 2 gloo ranks): autocast's fp32 ops then start from weights
     already rounded to bf16 (docs/fsdp.md)."""
-    common = ["precision=bf16", "trainer.batch_size=4", "trainer.grad_accum=2"]
-    ddp = _column(
-        _train_rows(_torchrun(tmp_path, "ddp", *common, "trainer.strategy=ddp")), "train/loss"
+    runs = _torchrun_sweep(
+        tmp_path,
+        ["ddp", "fsdp", "fsdp_param_fp32"],
+        "precision=bf16",
+        "trainer.batch_size=4",
+        "trainer.grad_accum=2",
     )
-    bf16 = _torchrun(tmp_path, "bf16", *common, "trainer.strategy=fsdp")
-    fp32 = _torchrun(tmp_path, "fp32", *common, "trainer.strategy=fsdp", "fsdp.param_dtype=fp32")
+    ddp = _column(_train_rows(runs["ddp"]), "train/loss")
+    bf16, fp32 = runs["fsdp"], runs["fsdp_param_fp32"]
     assert _column(_train_rows(fp32), "train/loss") == pytest.approx(ddp, rel=1e-6)
     gathered_bf16 = _column(_train_rows(bf16), "train/loss")
     assert gathered_bf16 == pytest.approx(ddp, rel=5e-3)
