@@ -45,14 +45,15 @@ TOOLS = {
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Train one run; returns its best val accuracy (for Hydra sweepers)."""
-    from amp_lab.build import build  # after Hydra parsed the command line: --help stays fast
-    from amp_lab.trainer import Trainer
-
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         sweeps.clear_mark(out_dir)
-        return Trainer(build(validate(cfg), out_dir)).fit()["best_val_acc"]
+        settings = validate(cfg)  # a bad setting is refused before torch loads (seconds)
+        from amp_lab.build import build
+        from amp_lab.trainer import Trainer
+
+        return Trainer(build(settings, out_dir)).fit()["best_val_acc"]
     except ConfigError as err:
         # One line, no traceback. A bad setting stops before anything but Hydra's .hydra/
         # folder is written; a broken precision promise after the audited first step.

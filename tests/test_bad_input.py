@@ -66,14 +66,9 @@ def _one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-# amp_lab's own start-up checks build the run, so they import torch: seconds each, slow tier
-TORCH_CHECKS = {
-    "trainer.max_steps=-1",
-    "logger.mode=onlin",
-    "model.name=resnet5",
-    "+scaler.init_scal=1",
-    "trainer.compile=fast",
-}
+# the settings are checked before torch loads (about a second each); a model name is checked
+# against timm's registry, which imports torch: seconds, slow tier
+TORCH_CHECKS = {"model.name=resnet5"}
 
 
 @pytest.mark.parametrize(
