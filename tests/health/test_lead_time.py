@@ -64,3 +64,14 @@ def test_a_bad_override_is_one_line_before_any_case_runs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "health.attn_logit=x is not a valid float" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_finished_case_is_read_back_and_one_with_other_settings_runs_again(tmp_path):
+    tiny = [*BASE, "trainer.max_steps=2", "trainer.log_every=1", "trainer.eval_every=0"]
+    first = run_case("case", tiny, tmp_path)
+    metrics = tmp_path / "case" / "metrics.jsonl"
+    written = metrics.stat().st_mtime_ns
+    assert run_case("case", tiny, tmp_path) == first and metrics.stat().st_mtime_ns == written
+    run_case("case", [*tiny, "health.attn_logit=50"], tmp_path)
+    assert metrics.stat().st_mtime_ns != written
