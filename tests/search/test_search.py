@@ -166,7 +166,8 @@ def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while len(list(sweep.glob("1_*/metrics.jsonl"))) == 0:  # the second trial is training
+        # the second trial has logged a step: its loop, and its Ctrl-C handler, are running
+        while not any(f.read_text().strip() for f in sweep.glob("1_*/metrics.jsonl")):
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()[-2000:]
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
