@@ -98,11 +98,14 @@ class Trainer:
             )
             self.tracking = sinks.describe() or self.tracking
             self.write_summary(self.summary(time.perf_counter() - started, status=status))
+            if isinstance(err, Exception):  # a Ctrl-C pending as a trial is pruned stops a sweep
+                run.checkpointer.signals.after_run(run.state.step)
             raise
         finally:
             sinks.close()
             run.dist.close()
         self.write_summary(summary)
+        run.checkpointer.signals.after_run(run.state.step)
         return summary
 
     def _loop(self, sinks: Sink, started: float) -> None:

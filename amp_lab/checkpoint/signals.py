@@ -5,6 +5,8 @@ sets a flag; the loop saves a checkpoint at the next step boundary and then hand
 to the handler that was there before (submitit's, which requeues the job), so a requeued job
 resumes where it stopped. Where that handler is the default (or Python's KeyboardInterrupt),
 the run stops with exit code 128 + the signal and one line; a second Ctrl-C stops at once.
+A SIGINT or SIGTERM the loop did not act on (it came at the last step, or as the loop ended)
+stops the process once the run's results are written, so a local sweep stops too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class Interrupted(SystemExit):
-    """The run stopped on a signal after its checkpoint; the exit code is the signal's."""
+    """The run stopped on a signal, after its checkpoint or at its end; exit code: the signal's."""
 
     def __init__(self, code: int | str | None, message: str) -> None:
         super().__init__(code)
@@ -83,6 +85,14 @@ class StopSignals:
         else:  # SIG_DFL (or a handler set outside Python): the default action ends the process
             say("%s; stopping", message)
             raise Interrupted(128 + signum, f"{message}; stopping")
+
+    def after_run(self, step: int) -> None:
+        """The run ended (finished, pruned, failed) with a stop signal pending: SIGINT and SIGTERM
+        stop the process now, its results written; another (a pre-timeout warning) is dropped."""
+        signum, self.stop_signal = self.stop_signal, None
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            name = signal.Signals(signum).name
+            raise Interrupted(128 + signum, f"{name} at step {step}, as the run ended; stopping")
 
     @contextlib.contextmanager
     def caught(self) -> Iterator[None]:

@@ -18,8 +18,10 @@ from helpers.resume import rows as _rows
 
 from amp_lab import records
 from amp_lab.build import build
+from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.config import ConfigError, changed_settings, free_on_resume
 from amp_lab.records import SETTINGS_FILE, SUMMARY_FILE
+from amp_lab.search.trial import TrialPruned
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
@@ -206,6 +208,32 @@ def test_ctrl_c_checkpoints_and_stops_cleanly_and_twice_stops_at_once(tmp_path, 
             build(settings(*RUN), tmp_path / "twice"), [SignalAt(5, signal.SIGINT, times=2)]
         ).fit()
     assert not (tmp_path / "twice" / "checkpoints").exists()
+
+
+def test_ctrl_c_at_the_last_step_finishes_the_run_then_stops(tmp_path, ctrl_c):
+    """A sweep's next job must not start: the signal is not swallowed by the run's end."""
+    stopped = _interrupt(tmp_path, RUN, at_step=12, signum=signal.SIGINT)
+    assert stopped.code == 130 and str(stopped) == "SIGINT at step 12, as the run ended; stopping"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 12
+    assert not (tmp_path / "checkpoints").exists()
+
+
+class PrunedAt(SignalAt):
+    """Ctrl-C, then the trial is pruned at the same step (before the step's checkpoint)."""
+
+    def log(self, record: dict) -> None:
+        super().log(record)
+        if record["kind"] == "train" and record["step"] == self.step:
+            raise TrialPruned(f"pruned at step {self.step}")
+
+
+def test_ctrl_c_as_a_trial_is_pruned_stops_instead_of_the_next_trial(tmp_path, ctrl_c):
+    with pytest.raises(Interrupted, match="SIGINT at step 3, as the run ended") as stopped:
+        Trainer(build(settings(*RUN), tmp_path), [PrunedAt(3, signal.SIGINT)]).fit()
+    assert stopped.value.code == 130
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "stopped: pruned at step 3"
 
 
 def test_a_signal_ignored_before_stays_ignored(tmp_path):
