@@ -14,8 +14,6 @@ keeps what it measured. docs/benchmarks.md describes each part and its figures.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import itertools
 import sys
 from collections.abc import Callable
@@ -26,7 +24,7 @@ import torch
 
 from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
 from amp_lab.bench.feed import measure_feed
-from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
+from amp_lab.bench.overhead import WARMUP_ROUNDS, OverheadResult, measure_overhead
 from amp_lab.bench.peer import (
     PeerComparison,
     check_data_dir,
@@ -35,35 +33,22 @@ from amp_lab.bench.peer import (
     peer_data,
 )
 from amp_lab.bench.record import environment, write_report
-from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
+from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput, release
 from amp_lab.build import build
-from amp_lab.choices import CompileMode
 from amp_lab.command import dated, error, parser
 from amp_lab.components.distributed import resolve_device
 from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
-from amp_lab.trainer import Trainer
 
-PARTS = ("compile_cache", "overhead", "throughput", "feed", "peer")  # the order they run in
-# Per device kind: models, batch size, image size, compile settings when not given.
+# What an option not given means: (on a CPU, on a CUDA GPU)
 DEFAULTS = {
-    "cpu": {
-        "models": ["test_vit", "test_convnext"],
-        "batch_size": 32,
-        "img_size": 32,
-        "compile": "off",
-        "workers": 0,
-    },  # torch.compile on a small CPU costs minutes per model
-    "cuda": {
-        "models": ["resnet50", "vit_base_patch16_224"],
-        "batch_size": 128,
-        "img_size": 224,
-        "compile": "both",
-        "workers": 8,
-    },
+    "models": (["test_vit", "test_convnext"], ["resnet50", "vit_base_patch16_224"]),
+    "batch_size": (32, 128),
+    "img_size": (32, 224),
+    "compile": ("off", "both"),  # torch.compile on a small CPU costs minutes per model
+    "workers": (0, 8),
 }
-WARMUP_ROUNDS = 1  # overhead rounds left out: allocator growth, autotuning, compilation
 Report = Callable[..., None]  # rewrites bench.json/bench.md with the results so far
 
 
@@ -92,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--parts",
         nargs="+",
-        choices=PARTS,
+        choices=list(PARTS),
         default=["overhead", "throughput"],
         help="what to run, always in this order: compile_cache (fill torch.compile's caches "
         "for the compiled rows, --jobs processes at a time), overhead (amp_lab vs a bare loop), "
@@ -100,7 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "peer (timm's train.py vs amp_lab); default: overhead throughput",
     )
     add("--models", nargs="+", help="conf/model presets (default: per device kind)")
-    add("--precisions", nargs="+", help="modes of PRECISION_MODES (default: all this device runs)")
+    add(
+        "--precisions",
+        nargs="+",
+        choices=list(PRECISION_MODES),
+        help="precision modes (default: all this device runs)",
+    )
     add(
         "--variants",
         nargs="+",
@@ -192,20 +182,17 @@ def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str
     )
 
 
-def _release(device: torch.device, compiled: bool) -> None:
-    gc.collect()
-    if compiled:
-        torch._dynamo.reset()  # the next configuration compiles afresh, within dynamo's limits
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def run_overhead(
-    args: argparse.Namespace, device: torch.device, report: Report
-) -> list[OverheadResult]:
+def run_overhead(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """The amp_lab loop against the bare loop, per model, variant and precision."""
     results: list[OverheadResult] = []
     total = (WARMUP_ROUNDS + args.rounds) * args.steps
+    # evaluation only after the end; a constant LR, as the bare loop has (the schedule still
+    # steps every step), so both loops take the same optimizer steps
+    timing = [
+        f"trainer.max_steps={total}",
+        f"trainer.eval_every={total + 1}",
+        "lr.schedule=constant",
+    ]
     for model, variant, precision in itertools.product(args.models, args.variants, args.precisions):
         if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
             print(
@@ -215,19 +202,7 @@ def run_overhead(
             )
             continue
         extra = [] if variant == "default" else variant.split()
-        # evaluation only after the end; a constant LR, as the bare loop has (the schedule
-        # still steps every step), so both loops take the same optimizer steps
-        settings = compose_settings(
-            _overrides(
-                args,
-                model,
-                precision,
-                f"trainer.max_steps={total}",
-                f"trainer.eval_every={total + 1}",
-                "lr.schedule=constant",
-                *extra,
-            )
-        )
+        settings = compose_settings(_overrides(args, model, precision, *timing, *extra))
         if args.steps % settings.trainer.log_every:
             every = settings.trainer.log_every
             raise ConfigError(
@@ -235,24 +210,10 @@ def run_overhead(
                 f"trainer.log_every={every}; use --steps {every} (or a "
                 f"multiple), or add --override trainer.log_every={args.steps}"
             )
-        row = f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
-        result = None
-        for repeat in range(1, args.repeats + 1):
-            run_dir = args.out / "runs" / (row if repeat == 1 else f"{row}_run{repeat}")
-            run = build(settings, run_dir)  # a freshly built model, and its bare copy
-            sink = AlternatingSink(BareLoop(run), args.steps, device)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-                result = measure_overhead(
-                    Trainer(run, [sink]),
-                    sink,
-                    variant_label(variant, settings),
-                    WARMUP_ROUNDS,
-                    into=result,
-                )
-            del run, sink
-            _release(device, settings.trainer.compile != CompileMode.off)
-        assert result is not None
+        row = args.out / "runs" / f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
+        run_dirs = [row.with_name(f"{row.name}_run{i}") for i in range(2, args.repeats + 1)]
+        label = variant_label(variant, settings)
+        result = measure_overhead(settings, [row, *run_dirs], args.steps, label)
         results.append(result)
         runs = ", ".join(f"{m:.3f}" for m in result.run_medians)
         print(
@@ -261,7 +222,6 @@ def run_overhead(
             file=sys.stderr,
         )
         report(overhead=results)
-    return results
 
 
 def throughput_overrides(
@@ -277,7 +237,7 @@ def throughput_overrides(
     )
 
 
-def run_compile_cache(args: argparse.Namespace, report: Report) -> None:
+def run_compile_cache(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """Every compiled throughput row's configuration built once, --jobs processes at a time,
     precision by precision: a mode whose kernels an earlier one shares (tf32 compiles the same
     graph as fp32) starts after it, and loads what it finds built."""
@@ -302,32 +262,21 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
     errors: list[dict[str, Any]] = []
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     flops: dict[str, int] = {}  # per model: counted once, the same in every precision
-    for model in args.models:
-        for compiled in compiles:
-            for precision in args.precisions:
-                settings = compose_settings(throughput_overrides(args, model, precision, compiled))
-                run = build(settings, args.out / "runs" / "throughput")
-                try:
-                    rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
-                    flops[model] = rows[-1].flops_per_step
-                    outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
-                except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
-                    outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                    errors.append(
-                        {
-                            "model": model,
-                            "precision": precision,
-                            "compile": compiled,
-                            "error": outcome,
-                        }
-                    )
-                del run
-                _release(device, compiled)
-                fill_speedups(rows)
-                report(rows=rows, errors=errors)
-                print(
-                    f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr
-                )
+    for model, compiled, precision in itertools.product(args.models, compiles, args.precisions):
+        settings = compose_settings(throughput_overrides(args, model, precision, compiled))
+        run = build(settings, args.out / "runs" / "throughput")
+        try:
+            rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
+            flops[model] = rows[-1].flops_per_step
+            outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
+        except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
+            outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            errors.append(dict(model=model, precision=precision, compile=compiled, error=outcome))
+        del run
+        release(device, compiled)
+        fill_speedups(rows)
+        report(throughput=rows, throughput_errors=errors)
+        print(f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr)
 
 
 def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> None:
@@ -355,12 +304,12 @@ def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> 
         )
 
 
-def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) -> None:
+def run_peer(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
     root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
     done: list[PeerComparison] = []
     for model in args.models:
-        for precision in precisions:
+        for precision in args.peer_precisions:
             # whole runs, as a user runs them
             overrides = _common(
                 args,
@@ -381,11 +330,21 @@ def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) ->
                 lambda current: report(peer=[*done, current]),
             )
             done.append(comparison)
+            amp_lab, peer = (comparison.median(p, "samples_per_s") for p in ("amp_lab", "peer"))
             print(
-                f"peer {model} {precision}: amp_lab {comparison.amp_lab_samples_per_s:.1f} vs "
-                f"peer {comparison.peer_samples_per_s:.1f} samples/s ({comparison.ratio:.3f}x)",
+                f"peer {model} {precision}: amp_lab {amp_lab:.1f} vs peer {peer:.1f} samples/s "
+                f"({comparison.ratio:.3f}x)",
                 file=sys.stderr,
             )
+
+
+PARTS = {  # the order they run in
+    "compile_cache": run_compile_cache,
+    "overhead": run_overhead,
+    "throughput": run_throughput,
+    "feed": run_feed,
+    "peer": run_peer,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,16 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda but no CUDA GPU is visible; use --device cpu")
         device = resolve_device(args.device)
-        for key, value in DEFAULTS[device.type].items():
+        for key, (cpu, cuda) in DEFAULTS.items():
             if getattr(args, key) is None:
-                setattr(args, key, value)
-        peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
+                setattr(args, key, cuda if device.type == "cuda" else cpu)
+        args.peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
         args.precisions = args.precisions or runnable_precisions(device)
         args.variants = args.variants or default_variants()
         args.out = dated(args.out, "outputs/bench", "%Y-%m-%d_%H-%M-%S")
-        unknown = [p for p in args.precisions if p not in PRECISION_MODES]
-        if unknown:
-            raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
         for model in args.models:  # a bad model or mode fails now, not after minutes of rows
             for precision in args.precisions:
                 compose_settings(_overrides(args, model, precision))
@@ -414,23 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.data_dir is not None and {"feed", "peer"} & set(args.parts):
             args.data_dir = check_data_dir(args.data_dir)
         env = environment(device, sys.argv[1:] if argv is None else argv)
-        results = ("compile_cache", "overhead", "rows", "errors", "feed", "peer")
-        state: dict[str, Any] = {name: [] for name in results}  # write_report's, so far
+        results: dict[str, list[Any]] = {}  # each part's, so far
 
-        def report(**update: Any) -> None:
-            state.update(update)
-            write_report(args.out, env, **state)
+        def report(**update: list[Any]) -> None:
+            results.update(update)
+            write_report(args.out, env, results)
 
-        if "compile_cache" in args.parts:
-            run_compile_cache(args, report)
-        if "overhead" in args.parts:
-            run_overhead(args, device, report)
-        if "throughput" in args.parts:
-            run_throughput(args, device, report)
-        if "feed" in args.parts:
-            run_feed(args, device, report)
-        if "peer" in args.parts:
-            run_peer(args, peer_precisions, report)
+        for name, run_part in PARTS.items():
+            if name in args.parts:
+                run_part(args, device, report)
     except ConfigError as err:
         return error(str(err), "amp_lab.bench")
     print((args.out / "bench.md").read_text(encoding="utf-8"))

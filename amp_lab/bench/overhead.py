@@ -8,10 +8,13 @@ step (meters, records, sinks, diagnostics) is inside the amp_lab rounds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,13 +22,17 @@ import torch.nn.functional as F
 from torch.amp import GradScaler
 from torch.utils.data import TensorDataset
 
+from amp_lab.bench.throughput import release
+from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.compile import compile_model, compile_optimizer_step
 from amp_lab.components.metrics import synchronize
-from amp_lab.config import ConfigError
+from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.run import Run
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
+
+WARMUP_ROUNDS = 1  # rounds of each run left out: allocator growth, autotuning, compilation
 
 
 class BareLoop:
@@ -122,21 +129,22 @@ class AlternatingSink(Sink):
         self.bare_rounds: list[tuple[float, float]] = []
         self.mark = (0.0, 0.0)
 
+    def _bare_round(self, start: tuple[float, float]) -> None:
+        """One timed bare round from `start`; the next amp_lab round starts as it ends."""
+        self.bare.run(self.steps)
+        self.mark = _clocks(self.device)
+        self.bare_rounds.append((self.mark[0] - start[0], self.mark[1] - start[1]))
+
     def start(self, info: dict[str, Any]) -> None:
         self.bare.run(self.steps)  # the bare loop's own warm-up (allocator, autotuning, compile)
-        before = _clocks(self.device)
-        self.bare.run(self.steps)  # the bare round before the first amp_lab round
-        self.mark = _clocks(self.device)
-        self.bare_rounds.append((self.mark[0] - before[0], self.mark[1] - before[1]))
+        self._bare_round(_clocks(self.device))  # the bare round before the first amp_lab round
 
     def log(self, record: dict[str, Any]) -> None:
         if record.get("kind") != "train" or record["step"] % self.steps:
             return
         now = _clocks(self.device)
         self.amp.append((now[0] - self.mark[0], now[1] - self.mark[1]))
-        self.bare.run(self.steps)
-        self.mark = _clocks(self.device)
-        self.bare_rounds.append((self.mark[0] - now[0], self.mark[1] - now[1]))
+        self._bare_round(now)
 
 
 @dataclass
@@ -152,40 +160,38 @@ class OverheadResult:
     ratios: list[float] = field(default_factory=list)  # amp_lab / bare wall time, per round
     cpu_ratios: list[float] = field(default_factory=list)  # the same in process CPU time
     run_medians: list[float] = field(default_factory=list)  # each run's median ratio
-
-    @property
-    def median_ratio(self) -> float:
-        return statistics.median(self.ratios)
-
-    @property
-    def median_cpu_ratio(self) -> float:
-        return statistics.median(self.cpu_ratios)
+    median_ratio: float = math.nan  # of all runs' rounds
+    median_cpu_ratio: float = math.nan
 
 
 def measure_overhead(
-    trainer: Trainer,
-    sink: AlternatingSink,
-    variant: str,
-    warmup_rounds: int,
-    into: OverheadResult | None = None,
+    settings: AmpLabConfig, run_dirs: list[Path], steps: int, variant: str
 ) -> OverheadResult:
-    """Run the trainer (with `sink` among its sinks); the first rounds are warm-up, left out.
-    `into`: a result of earlier runs of the same row, to which this run's rounds are added."""
-    trainer.fit()
-    result = into or OverheadResult(
-        trainer.run.settings.model.name, variant, trainer.run.policy.mode.name, sink.steps
-    )
-    around = [
-        ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
-        for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])
-    ]
-    timed = list(zip(sink.amp, around))[warmup_rounds:]
-    if not timed:
-        raise RuntimeError(f"overhead run {variant}/{result.precision} timed no round")
-    for (amp_s, amp_cpu), (bare_s, bare_cpu) in timed:
-        result.amp_lab_ms.append(1000 * amp_s / sink.steps)
-        result.bare_ms.append(1000 * bare_s / sink.steps)
-        result.ratios.append(amp_s / bare_s)
-        result.cpu_ratios.append(amp_cpu / bare_cpu)
-    result.run_medians.append(statistics.median(result.ratios[-len(timed) :]))
+    """One row: a run freshly built (model and bare copy) in each of `run_dirs`, its trainer
+    with an AlternatingSink of `steps`-step rounds; all runs' timed rounds pooled."""
+    result = OverheadResult(settings.model.name, variant, str(settings.precision.name), steps)
+    for run_dir in run_dirs:
+        run = build(settings, run_dir)
+        sink = AlternatingSink(BareLoop(run), steps, run.device)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
+            Trainer(run, [sink]).fit()
+        around = [
+            ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
+            for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])
+        ]
+        timed = list(zip(sink.amp, around))[WARMUP_ROUNDS:]
+        if not timed:
+            raise RuntimeError(f"overhead run {variant}/{result.precision} timed no round")
+        for (amp_s, amp_cpu), (bare_s, bare_cpu) in timed:
+            result.amp_lab_ms.append(1000 * amp_s / steps)
+            result.bare_ms.append(1000 * bare_s / steps)
+            result.ratios.append(amp_s / bare_s)
+            result.cpu_ratios.append(amp_cpu / bare_cpu)
+        result.run_medians.append(statistics.median(result.ratios[-len(timed) :]))
+        device = run.device
+        del run, sink
+        release(device, settings.trainer.compile != CompileMode.off)
+    result.median_ratio = statistics.median(result.ratios)
+    result.median_cpu_ratio = statistics.median(result.cpu_ratios)
     return result

@@ -7,9 +7,12 @@ extra steps synchronised as those stages return (`TrainStep.watching_stages`).
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import torch
 
 from amp_lab.bench.flops import mfu, peak_flops, train_step_flops
 from amp_lab.choices import CompileMode
@@ -150,6 +153,15 @@ def measure_throughput(
         fp8_linears=sum(type(m).__name__ == "Float8Linear" for m in run.model.modules()),
         fp8_recipe=str(s.precision.fp8_recipe) if getattr(mode, "fp8", False) else None,
     )
+
+
+def release(device: torch.device, compiled: bool) -> None:
+    """Free a measured run's memory before the next is built."""
+    gc.collect()
+    if compiled:
+        torch._dynamo.reset()  # the next configuration compiles afresh, within dynamo's limits
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def fill_speedups(rows: list[ThroughputRow]) -> None:

@@ -347,7 +347,6 @@ def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tm
             "multiple of trainer.log_every=2; use --steps 2 (or a multiple), or add "
             "--override trainer.log_every=3",
         ),
-        (["--precisions", "fp64"], "fp64"),
         (["--models", "test_vit", "nosuch"], "nosuch"),  # before test_vit is measured
         (["--device", "cuda"], "--device cuda but no CUDA GPU is visible; use --device cpu"),
     ],
@@ -359,12 +358,19 @@ def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
     assert not (tmp_path / "bench.json").exists()  # failed before measuring anything
 
 
-@pytest.mark.parametrize("flag", ["--rounds", "--repeats"])
-def test_a_count_below_one_is_refused_in_one_line(tmp_path, capsys, flag):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rounds", "0"], "--rounds"),
+        (["--repeats", "0"], "--repeats"),
+        (["--precisions", "fp64"], "--precisions: invalid choice: 'fp64'"),
+    ],
+)
+def test_a_bad_argument_is_refused_in_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as stopped:
-        bench.main([*TINY, "--parts", "overhead", flag, "0", "--out", str(tmp_path)])
+        bench.main([*TINY, "--parts", "overhead", *args, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert stopped.value.code == 2 and "error:" in err[-1] and flag in err[-1]
+    assert stopped.value.code == 2 and "error:" in err[-1] and message in err[-1]
     assert not (tmp_path / "bench.json").exists()
 
 
