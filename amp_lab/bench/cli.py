@@ -247,9 +247,7 @@ def run_compile_cache(args: argparse.Namespace, device: torch.device, report: Re
         for model in args.models
     ]
     records: list[CompileRecord] = []
-    for record in fill_compile_caches(
-        configs, args.out / "runs", max(1, args.warmup), args.jobs, args.threads
-    ):
+    for record in fill_compile_caches(args, configs):
         records.append(record)
         report(compile_cache=records)
         outcome = record.error or f"first step {record.first_step_s:.1f} s"
@@ -282,7 +280,7 @@ def run_throughput(args: argparse.Namespace, device: torch.device, report: Repor
 def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """Synthetic vs JPEG files decoded on the host vs on the device: --models[0] x
     --precisions[0], --warmup + --steps steps each."""
-    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
+    root = peer_data(args)
     steps = args.warmup + args.steps
     base = _common(
         args,
@@ -306,36 +304,27 @@ def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> 
 
 def run_peer(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
-    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
+    root = peer_data(args)
     done: list[PeerComparison] = []
-    for model in args.models:
-        for precision in args.peer_precisions:
-            # whole runs, as a user runs them
-            overrides = _common(
-                args,
-                model,
-                precision,
-                "data=imagefolder",
-                f"data.root={root}",
-                f"data.num_workers={args.workers}",
-                f"trainer.epochs={args.epochs}",
-            )
-            comparison = compare(
-                overrides,
-                args.peer_script,
-                root,
-                args.out,
-                args.rounds,
-                args.threads,
-                lambda current: report(peer=[*done, current]),
-            )
-            done.append(comparison)
-            amp_lab, peer = (comparison.median(p, "samples_per_s") for p in ("amp_lab", "peer"))
-            print(
-                f"peer {model} {precision}: amp_lab {amp_lab:.1f} vs peer {peer:.1f} samples/s "
-                f"({comparison.ratio:.3f}x)",
-                file=sys.stderr,
-            )
+    for model, precision in itertools.product(args.models, args.peer_precisions):
+        overrides = _common(  # whole runs, as a user runs them
+            args,
+            model,
+            precision,
+            "data=imagefolder",
+            f"data.root={root}",
+            f"data.num_workers={args.workers}",
+            f"trainer.epochs={args.epochs}",
+        )
+        for comparison in compare(args, overrides, root):
+            report(peer=[*done, comparison])
+        done.append(comparison)
+        amp_lab, peer = (comparison.median(p, "samples_per_s") for p in ("amp_lab", "peer"))
+        print(
+            f"peer {model} {precision}: amp_lab {amp_lab:.1f} vs peer {peer:.1f} samples/s "
+            f"({comparison.ratio:.3f}x)",
+            file=sys.stderr,
+        )
 
 
 PARTS = {  # the order they run in

@@ -26,7 +26,6 @@ import torch
 
 from amp_lab.bench.throughput import batch_stream, warm_up
 from amp_lab.build import build
-from amp_lab.components.metrics import synchronize
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
 
@@ -71,27 +70,24 @@ def _compile_one(
 
 
 def fill_compile_caches(
-    configs: list[tuple[str, str, list[str]]],
-    run_root: Path,
-    steps: int,
-    jobs: int,
-    torch_threads: int | None,
+    args: argparse.Namespace, configs: list[tuple[str, str, list[str]]]
 ) -> Iterator[CompileRecord]:
-    """Compile each (model, precision, overrides) in `jobs` processes at a time; yields each
-    record as its process ends. `torch_threads` must be the timed process's: on a CPU, inductor
-    writes the thread count into its kernels, so it is part of the cache key."""
-    threads = ["--threads", str(torch_threads)] if torch_threads else []
+    """Compile each (model, precision, overrides) in --jobs processes at a time, --warmup steps
+    (at least one) each; yields each record as its process ends. --threads is passed on: on a
+    CPU, inductor writes the thread count into its kernels, so it is part of the cache key."""
+    steps = ["--steps", str(max(1, args.warmup))]
+    threads = ["--threads", str(args.threads)] if args.threads else []
     # an equal share of the cores for each process's kernel builds, not all of them each
-    compile_threads = max(1, (os.cpu_count() or 1) // jobs)
+    compile_threads = max(1, (os.cpu_count() or 1) // args.jobs)
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
-    with ThreadPoolExecutor(jobs) as pool:  # each thread waits on one process
+    with ThreadPoolExecutor(args.jobs) as pool:  # each thread waits on one process
         futures = [
             pool.submit(
                 _compile_one,
                 model,
                 precision,
-                run_root / f"compile_{model}_{precision}",
-                ["--steps", str(steps), *threads, "--", *overrides],
+                args.out / "runs" / f"compile_{model}_{precision}",
+                [*steps, *threads, "--", *overrides],
                 env,
             )
             for model, precision, overrides in configs
@@ -115,7 +111,6 @@ def main() -> None:
     try:  # the steps as the timed row's warm-up runs them, so every graph it needs gets built
         run = build(compose_settings(args.overrides), args.run_dir)
         seconds = warm_up(run, batch_stream(run), args.steps)
-        synchronize(run.device)
     except ConfigError as err:  # e.g. a device this machine lacks
         sys.exit(f"amp_lab.bench.compile_cache: error: {err}")
     (args.run_dir / RECORD).write_text(json.dumps({"first_step_s": seconds}))

@@ -32,11 +32,6 @@ class FeedRow:
     vs_synthetic: float | None = None  # samples/s over the synthetic row's
 
 
-def feed_sources(device: torch.device) -> list[str]:
-    """synthetic, then the host decode, then the device decode this device has."""
-    return ["synthetic", "cpu", "gpu" if device.type == "cuda" else "device"]
-
-
 def _overrides(base: list[str], source: str, root: Path, batch_size: int) -> list[str]:
     if source == "synthetic":  # 10 batches in device memory, the folder's 10 classes
         return [
@@ -53,7 +48,8 @@ def measure_feed(
 ) -> list[FeedRow]:
     """One run per source of `base` (the model, precision, batch, steps, ... overrides)."""
     rows: list[FeedRow] = []
-    for source in feed_sources(device):
+    # synthetic, then the host decode, then the device decode this device has
+    for source in ["synthetic", "cpu", "gpu" if device.type == "cuda" else "device"]:
         settings = compose_settings(_overrides(base, source, root, batch_size))
         run_dir = out / "runs" / f"feed_{settings.model.name}_{source}"
         summary = Trainer(build(settings, run_dir)).fit()

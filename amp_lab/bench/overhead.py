@@ -43,12 +43,23 @@ class BareLoop:
             raise ConfigError("the overhead bench needs in-memory data (data=synthetic or digits)")
         t, mode = run.settings.trainer, run.policy.mode
         self.device = run.device
-        self.model = copy.deepcopy(run.model)  # same architecture and initial weights
+        copies: dict[int, Any] = {}  # deepcopy's memo: id of each original -> its copy
+        self.model = copy.deepcopy(run.model, copies)  # same architecture and initial weights
+        # the runner's parameter groups and their weight decay, over the copy's parameters
+        groups = [
+            {
+                "params": [copies.get(id(p)) for p in group["params"]],
+                "weight_decay": group["weight_decay"],
+            }
+            for group in run.optimizer.param_groups
+        ]
+        if any(p is None for group in groups for p in group["params"]):
+            raise ConfigError("the overhead bench needs an optimizer over the model's own weights")
         compiled = t.compile != CompileMode.off  # compiled as the runner's model and step are
         self.forward = compile_model(self.model, t.compile_backend) if compiled else self.model
         fused = bool(run.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
         self.optimizer = torch.optim.AdamW(
-            _same_groups(run, self.model),
+            groups,
             lr=run.peak_lr,
             fused=fused or None,
             foreach=False if t.compile == CompileMode.step else None,  # as the runner's is built
@@ -90,23 +101,6 @@ class BareLoop:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-
-
-def _same_groups(run: Run, copy_of_model: torch.nn.Module) -> list[dict[str, Any]]:
-    """The runner's optimizer parameter groups and their weight decay, over the copy's params."""
-    position = {id(p): i for i, p in enumerate(run.model.parameters())}
-    copies = list(copy_of_model.parameters())
-    groups = []
-    for group in run.optimizer.param_groups:
-        if any(id(p) not in position for p in group["params"]):
-            raise ConfigError("the overhead bench needs an optimizer over the model's own weights")
-        groups.append(
-            {
-                "params": [copies[position[id(p)]] for p in group["params"]],
-                "weight_decay": group["weight_decay"],
-            }
-        )
-    return groups
 
 
 def _clocks(device: torch.device) -> tuple[float, float]:

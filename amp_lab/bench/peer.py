@@ -9,12 +9,13 @@ medians over rounds, of each program's figures and of each round's ratio.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,13 +90,14 @@ def check_data_dir(data_dir: Path) -> Path:
     return data_dir.resolve()
 
 
-def peer_data(data_dir: Path | None, out: Path, batch_size: int, steps: int, size: int) -> Path:
-    """The ImageFolder both programs read: the user's (checked), or synthetic JPEGs written once."""
-    if data_dir is not None:
-        return data_dir
-    root = out / "peer_images"
+def peer_data(args: argparse.Namespace) -> Path:
+    """The ImageFolder both programs read: --data-dir (checked), or synthetic JPEGs written once
+    to OUT/peer_images: --steps batches of --img-size px for training, one for validation."""
+    if args.data_dir is not None:
+        return args.data_dir
+    root = args.out / "peer_images"
     if not (root / "val").is_dir():  # train/ is written first: val/ means complete
-        write_image_folder(root, size, train=steps * batch_size, val=batch_size)
+        write_image_folder(root, args.img_size, args.steps * args.batch_size, args.batch_size)
     return root.resolve()
 
 
@@ -123,20 +125,14 @@ def _amp_lab_rate(run_dir: Path, warmup: int) -> tuple[float, int]:
 
 
 def compare(
-    overrides: list[str],
-    peer_script: Path,
-    data_dir: Path,
-    out: Path,
-    rounds: int,
-    threads: int | None,
-    on_run: Callable[[PeerComparison], None],
-) -> PeerComparison:
-    """`rounds` x (the peer, then amp_lab), each a whole run of `overrides`' settings;
-    `on_run` sees the comparison after every run."""
+    args: argparse.Namespace, overrides: list[str], data_dir: Path
+) -> Iterator[PeerComparison]:
+    """--rounds x (--peer-script, then amp_lab), each a whole run of `overrides`' settings on
+    `data_dir`; yields the comparison after every run."""
     settings = compose_settings(overrides)
     device = resolve_device(str(settings.trainer.device))
     classes = len([p for p in (data_dir / "train").iterdir() if p.is_dir()])
-    folder = out / "peer" / f"{settings.model.name}_{settings.precision.name}"
+    folder = args.out / "peer" / f"{settings.model.name}_{settings.precision.name}"
     folder.mkdir(parents=True, exist_ok=True)
     comparison = PeerComparison(
         settings.model.name,
@@ -149,22 +145,21 @@ def compare(
         [sys.executable, "-m", "amp_lab", *overrides, f"hydra.run.dir={folder / 'amp_lab_R'}"],
         [
             sys.executable,
-            str(peer_script),
+            str(args.peer_script),
             *timm_args(settings, data_dir, classes, device, folder / "peer_R"),
         ],
     )
     warmup = settings.trainer.timing_warmup
-    for r in range(rounds):
+    for r in range(args.rounds):
         started, peer_out = time.time(), folder / f"peer_{r}"
         peer_out.mkdir(exist_ok=True)
         command = comparison.peer_command[:-1] + [str(peer_out)]  # --output: its own folder
-        wall = _run(str(peer_script), command, folder / f"peer_{r}.log", folder, threads)
+        wall = _run(str(args.peer_script), command, folder / f"peer_{r}.log", folder, args.threads)
         rate, counted = timm_rate((folder / f"peer_{r}.log").read_text(errors="replace"), warmup)
         comparison.add(PeerRun("peer", r, rate, counted, wall, started))
-        on_run(comparison)
+        yield comparison
         started, run_dir = time.time(), folder / f"amp_lab_{r}"
         command = comparison.amp_lab_command[:-1] + [f"hydra.run.dir={run_dir}"]
-        wall = _run("amp_lab", command, folder / f"amp_lab_{r}.log", folder, threads)
+        wall = _run("amp_lab", command, folder / f"amp_lab_{r}.log", folder, args.threads)
         comparison.add(PeerRun("amp_lab", r, *_amp_lab_rate(run_dir, warmup), wall, started))
-        on_run(comparison)
-    return comparison
+        yield comparison

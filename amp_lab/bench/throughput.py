@@ -91,17 +91,24 @@ def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[flo
     return [total / steps for total in totals]
 
 
+def timed_steps(run: Run, stream: Iterator[list[Batch]], steps: int) -> float:
+    """Seconds of `steps` real steps, the device synchronised only before and after them; as
+    the loop runs steps between log steps (no gradient norm unless clipping by norm)."""
+    synchronize(run.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run.train_step(next(stream), measure_norm=False)
+    synchronize(run.device)
+    return time.perf_counter() - start
+
+
 def warm_up(run: Run, stream: Iterator[list[Batch]], steps: int) -> float | None:
     """`steps` steps as the timed ones run them; the seconds of the first (compilation,
     autotuning, allocator growth), or None without warm-up."""
     if steps < 1:
         return None
-    start = time.perf_counter()
-    run.train_step(next(stream), measure_norm=False)
-    synchronize(run.device)
-    first_step_s = time.perf_counter() - start
-    for _ in range(steps - 1):
-        run.train_step(next(stream), measure_norm=False)
+    first_step_s = timed_steps(run, stream, 1)
+    timed_steps(run, stream, steps - 1)
     return first_step_s
 
 
@@ -113,12 +120,7 @@ def measure_throughput(
     stream = batch_stream(run)
     first_step_s = warm_up(run, stream, warmup)
     reset_peak_memory(run.device)
-    synchronize(run.device)
-    start = time.perf_counter()
-    for _ in range(steps):  # steps between log steps: no gradient norm unless clipping
-        run.train_step(next(stream), measure_norm=False)
-    synchronize(run.device)
-    step_s = (time.perf_counter() - start) / steps
+    step_s = timed_steps(run, stream, steps) / steps
     forward_s, backward_s, optimizer_s = phase_times(run, stream, max(2, steps // 4))
     memory = peak_memory_mb(run.device)
     if flops is None:
