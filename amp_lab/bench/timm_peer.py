@@ -65,13 +65,8 @@ def _schedule_args(settings: AmpLabConfig) -> list[str]:
     peak = peak_lr(lr, trainer.batch_size * trainer.grad_accum)
     args = ["--opt", optim.name, "--lr", repr(peak), "--min-lr", repr(lr.min_factor * peak)]
     args += ["--weight-decay", str(optim.weight_decay), "--momentum", str(optim.momentum)]
-    args += [
-        "--sched",
-        "cosine",
-        "--sched-on-updates",
-        "--warmup-epochs",
-        str(int(lr.warmup_epochs)),
-    ]
+    args += ["--sched", "cosine", "--sched-on-updates"]
+    args += ["--warmup-epochs", str(int(lr.warmup_epochs))]
     args += ["--grad-accum-steps", str(trainer.grad_accum), "--seed", str(trainer.seed)]
     return args + (["--clip-grad", str(trainer.clip_grad)] if trainer.clip_grad > 0 else [])
 
