@@ -1,4 +1,4 @@
-"""Fill torch.compile's on-disk caches for the throughput table's compiled rows, in parallel.
+"""`--parts compile_cache`: fill torch.compile's on-disk caches for the compiled rows, in parallel.
 
 A cold compile of a training step takes minutes (resnet50: about 100 s per precision on an H200);
 inductor keeps what it builds on disk, keyed by graph, shapes, dtypes and settings. Compiling
@@ -17,13 +17,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from amp_lab.bench.runs import Report, throughput_overrides
 from amp_lab.bench.throughput import batch_stream, warm_up
 from amp_lab.build import build
 from amp_lab.compose import compose_settings
@@ -69,17 +69,18 @@ def _compile_one(
     )
 
 
-def fill_compile_caches(
-    args: argparse.Namespace, configs: list[tuple[str, str, list[str]]]
-) -> Iterator[CompileRecord]:
-    """Compile each (model, precision, overrides) in --jobs processes at a time, --warmup steps
-    (at least one) each; yields each record as its process ends. --threads is passed on: on a
-    CPU, inductor writes the thread count into its kernels, so it is part of the cache key."""
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """Every compiled throughput row's configuration built once, --jobs processes at a time,
+    --warmup steps (at least one) each, precision by precision: a mode whose kernels an earlier
+    one shares (tf32 compiles the same graph as fp32) starts after it, and loads what it finds
+    built. --threads is passed on: on a CPU, inductor writes the thread count into its kernels,
+    so it is part of the cache key."""
     steps = ["--steps", str(max(1, args.warmup))]
     threads = ["--threads", str(args.threads)] if args.threads else []
     # an equal share of the cores for each process's kernel builds, not all of them each
     compile_threads = max(1, (os.cpu_count() or 1) // args.jobs)
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
+    records: list[CompileRecord] = []
     with ThreadPoolExecutor(args.jobs) as pool:  # each thread waits on one process
         futures = [
             pool.submit(
@@ -87,13 +88,17 @@ def fill_compile_caches(
                 model,
                 precision,
                 args.out / "runs" / f"compile_{model}_{precision}",
-                [*steps, *threads, "--", *overrides],
+                [*steps, *threads, "--", *throughput_overrides(args, model, precision, True)],
                 env,
             )
-            for model, precision, overrides in configs
+            for precision in args.precisions
+            for model in args.models
         ]
         for future in as_completed(futures):
-            yield future.result()
+            records.append(record := future.result())
+            report(compile_cache=records)
+            outcome = record.error or f"first step {record.first_step_s:.1f} s"
+            print(f"compile_cache {record.model} {record.precision}: {outcome}", file=sys.stderr)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The runner's overhead: `Trainer(run).fit()` against a bare hand-written loop, alternating.
+"""`--parts overhead`: `Trainer(run).fit()` against a bare hand-written loop, alternating.
 
 A sink closes each round of amp_lab steps and runs one round of the bare loop (autocast,
 GradScaler, AdamW over the runner's parameter groups, nothing else) on a copy of the same model,
@@ -8,10 +8,13 @@ step (meters, records, sinks, diagnostics) is inside the amp_lab rounds.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
+import itertools
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +25,15 @@ import torch.nn.functional as F
 from torch.amp import GradScaler
 from torch.utils.data import TensorDataset
 
+from amp_lab.bench.runs import Report, synthetic_overrides
 from amp_lab.bench.throughput import release
 from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.compile import compile_model, compile_optimizer_step
 from amp_lab.components.metrics import synchronize
+from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.run import Run
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
@@ -189,3 +195,53 @@ def measure_overhead(
     result.median_ratio = statistics.median(result.ratios)
     result.median_cpu_ratio = statistics.median(result.cpu_ratios)
     return result
+
+
+def variant_label(variant: str, settings: AmpLabConfig) -> str:
+    """'default' names what the default telemetry is, e.g. 'default (diagnostics=light, W&B
+    offline)', so a table read later says what was measured."""
+    if variant != "default":
+        return variant
+    return f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})"
+
+
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """The amp_lab loop against the bare loop, per model, variant and precision."""
+    results: list[OverheadResult] = []
+    total = (WARMUP_ROUNDS + args.rounds) * args.steps
+    # evaluation only after the end; a constant LR, as the bare loop has (the schedule still
+    # steps every step), so both loops take the same optimizer steps
+    timing = [
+        f"trainer.max_steps={total}",
+        f"trainer.eval_every={total + 1}",
+        "lr.schedule=constant",
+    ]
+    for model, variant, precision in itertools.product(args.models, args.variants, args.precisions):
+        if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
+            print(
+                f"overhead {model} {variant} {precision}: skipped, the bare recipe (autocast over "
+                "fp32 weights) has no pure 16-bit weights",
+                file=sys.stderr,
+            )
+            continue
+        extra = [] if variant == "default" else variant.split()
+        settings = compose_settings(synthetic_overrides(args, model, precision, *timing, *extra))
+        if args.steps % settings.trainer.log_every:
+            every = settings.trainer.log_every
+            raise ConfigError(
+                f"--steps {args.steps} must be a multiple of "
+                f"trainer.log_every={every}; use --steps {every} (or a "
+                f"multiple), or add --override trainer.log_every={args.steps}"
+            )
+        row = args.out / "runs" / f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
+        run_dirs = [row.with_name(f"{row.name}_run{i}") for i in range(2, args.repeats + 1)]
+        label = variant_label(variant, settings)
+        result = measure_overhead(settings, [row, *run_dirs], args.steps, label)
+        results.append(result)
+        runs = ", ".join(f"{m:.3f}" for m in result.run_medians)
+        print(
+            f"overhead {model} {result.variant} {precision}: median ratio "
+            f"{result.median_ratio:.3f}" + (f" (runs: {runs})" if args.repeats > 1 else ""),
+            file=sys.stderr,
+        )
+        report(overhead=results)

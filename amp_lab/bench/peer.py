@@ -10,6 +10,7 @@ medians over rounds, of each program's figures and of each round's ratio.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -19,8 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from amp_lab.bench.compile_cache import last_line, run_logged
 from amp_lab.bench.image_folder import write_image_folder
+from amp_lab.bench.runs import Report, run_overrides
 from amp_lab.bench.timm_peer import timm_args, timm_rate
 from amp_lab.components.distributed import resolve_device
 from amp_lab.compose import compose_settings
@@ -163,3 +167,28 @@ def compare(
         wall = _run("amp_lab", command, folder / f"amp_lab_{r}.log", folder, args.threads)
         comparison.add(PeerRun("amp_lab", r, *_amp_lab_rate(run_dir, warmup), wall, started))
         yield comparison
+
+
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
+    root = peer_data(args)
+    done: list[PeerComparison] = []
+    for model, precision in itertools.product(args.models, args.peer_precisions):
+        overrides = run_overrides(  # whole runs, as a user runs them
+            args,
+            model,
+            precision,
+            "data=imagefolder",
+            f"data.root={root}",
+            f"data.num_workers={args.workers}",
+            f"trainer.epochs={args.epochs}",
+        )
+        for comparison in compare(args, overrides, root):
+            report(peer=[*done, comparison])
+        done.append(comparison)
+        amp_lab, peer = (comparison.median(p, "samples_per_s") for p in ("amp_lab", "peer"))
+        print(
+            f"peer {model} {precision}: amp_lab {amp_lab:.1f} vs peer {peer:.1f} samples/s "
+            f"({comparison.ratio:.3f}x)",
+            file=sys.stderr,
+        )

@@ -1,4 +1,4 @@
-"""Throughput of one configuration: samples/s, the step split into phases, memory and MFU.
+"""`--parts throughput`: per configuration, samples/s, the step split into phases, memory, MFU.
 
 Measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
 timing boundaries of real `TrainStep` calls. The forward / backward / optimizer split comes from
@@ -7,16 +7,23 @@ extra steps synchronised as those stages return (`TrainStep.watching_stages`).
 
 from __future__ import annotations
 
+import argparse
 import gc
+import itertools
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from amp_lab.bench.flops import mfu, peak_flops, train_step_flops
+from amp_lab.bench.runs import Report, throughput_overrides
+from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
+from amp_lab.compose import compose_settings
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
 from amp_lab.run import Run
 from amp_lab.step import Batch, take
@@ -174,3 +181,26 @@ def fill_speedups(rows: list[ThroughputRow]) -> None:
     for row in rows:
         fp32 = baseline.get((row.model, row.compile, row.batch_size))
         row.speedup_vs_fp32 = row.samples_per_s / fp32 if fp32 else None
+
+
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """One row per model x compile setting x precision; a failing row is recorded, not fatal."""
+    rows: list[ThroughputRow] = []
+    errors: list[dict[str, Any]] = []
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    flops: dict[str, int] = {}  # per model: counted once, the same in every precision
+    for model, compiled, precision in itertools.product(args.models, compiles, args.precisions):
+        settings = compose_settings(throughput_overrides(args, model, precision, compiled))
+        run = build(settings, args.out / "runs" / "throughput")
+        try:
+            rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
+            flops[model] = rows[-1].flops_per_step
+            outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
+        except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
+            outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            errors.append(dict(model=model, precision=precision, compile=compiled, error=outcome))
+        del run
+        release(device, compiled)
+        fill_speedups(rows)
+        report(throughput=rows, throughput_errors=errors)
+        print(f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr)
