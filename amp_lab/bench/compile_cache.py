@@ -55,20 +55,6 @@ def last_line(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _compile_one(
-    model: str, precision: str, run_dir: Path, process_args: list[str], env: dict[str, str]
-) -> CompileRecord:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir / "console.log"
-    command = [sys.executable, "-m", "amp_lab.bench.compile_cache", "--run-dir", str(run_dir)]
-    code = run_logged(command + process_args, log, env)
-    if code:
-        return CompileRecord(model, precision, None, f"exit {code}: {last_line(log)} ({log})")
-    return CompileRecord(
-        model, precision, json.loads((run_dir / RECORD).read_text())["first_step_s"]
-    )
-
-
 def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """Every compiled throughput row's configuration built once, --jobs processes at a time,
     --warmup steps (at least one) each, precision by precision: a mode whose kernels an earlier
@@ -80,20 +66,21 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
     # an equal share of the cores for each process's kernel builds, not all of them each
     compile_threads = max(1, (os.cpu_count() or 1) // args.jobs)
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
+
+    def compile_one(model: str, precision: str) -> CompileRecord:
+        run_dir = args.out / "runs" / f"compile_{model}_{precision}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log, overrides = run_dir / "console.log", throughput_overrides(args, model, precision, True)
+        command = [sys.executable, "-m", "amp_lab.bench.compile_cache", "--run-dir", str(run_dir)]
+        code = run_logged([*command, *steps, *threads, "--", *overrides], log, env)
+        if code:
+            return CompileRecord(model, precision, None, f"exit {code}: {last_line(log)} ({log})")
+        seconds = json.loads((run_dir / RECORD).read_text())["first_step_s"]
+        return CompileRecord(model, precision, seconds)
+
     records: list[CompileRecord] = []
     with ThreadPoolExecutor(args.jobs) as pool:  # each thread waits on one process
-        futures = [
-            pool.submit(
-                _compile_one,
-                model,
-                precision,
-                args.out / "runs" / f"compile_{model}_{precision}",
-                [*steps, *threads, "--", *throughput_overrides(args, model, precision, True)],
-                env,
-            )
-            for precision in args.precisions
-            for model in args.models
-        ]
+        futures = [pool.submit(compile_one, m, p) for p in args.precisions for m in args.models]
         for future in as_completed(futures):
             records.append(record := future.result())
             report(compile_cache=records)
@@ -102,7 +89,7 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
 
 
 def main() -> None:
-    """One configuration, in the process `fill_compile_caches` starts for it."""
+    """One configuration, in the process `part` starts for it."""
     parser = argparse.ArgumentParser(
         prog="python -m amp_lab.bench.compile_cache", description=__doc__.split("\n\n")[0]
     )

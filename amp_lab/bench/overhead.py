@@ -197,14 +197,6 @@ def measure_overhead(
     return result
 
 
-def variant_label(variant: str, settings: AmpLabConfig) -> str:
-    """'default' names what the default telemetry is, e.g. 'default (diagnostics=light, W&B
-    offline)', so a table read later says what was measured."""
-    if variant != "default":
-        return variant
-    return f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})"
-
-
 def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
     """The amp_lab loop against the bare loop, per model, variant and precision."""
     results: list[OverheadResult] = []
@@ -235,7 +227,9 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
             )
         row = args.out / "runs" / f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
         run_dirs = [row.with_name(f"{row.name}_run{i}") for i in range(2, args.repeats + 1)]
-        label = variant_label(variant, settings)
+        label = variant  # 'default' named for what it is, so a table read later says so
+        if variant == "default":
+            label = f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})"
         result = measure_overhead(settings, [row, *run_dirs], args.steps, label)
         results.append(result)
         runs = ", ".join(f"{m:.3f}" for m in result.run_medians)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import shlex
@@ -53,7 +52,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.{digits}g}"
+        return f"{value:.{digits}g}"  # nan too
     return str(value)
 
 
