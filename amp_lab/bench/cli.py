@@ -141,6 +141,7 @@ PARTS = {  # the order they run in
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, fill in this device's defaults, check every input, then run the parts in order."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -39,10 +39,10 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
     """One run per source of --models[0] x --precisions[0], --warmup + --steps steps each:
     synthetic, then the host decode, then the device decode this device has."""
     root, steps = peer_data(args), args.warmup + args.steps
-    timing = [  # one evaluation, after the last step
+    timing = [
         f"trainer.max_steps={steps}",
         f"trainer.timing_warmup={args.warmup}",
-        f"trainer.eval_every={steps + 1}",
+        f"trainer.eval_every={steps + 1}",  # one evaluation, after the last step
         "checkpoint.enabled=false",
     ]
     rows: list[FeedRow] = []
