@@ -15,70 +15,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import itertools
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from amp_lab.bench.compile_cache import CompileRecord, fill_compile_caches
-from amp_lab.bench.feed import measure_feed
-from amp_lab.bench.overhead import AlternatingSink, BareLoop, OverheadResult, measure_overhead
-from amp_lab.bench.peer import (
-    PeerComparison,
-    check_data_dir,
-    check_peer_script,
-    compare,
-    peer_data,
-)
+from amp_lab.bench import compile_cache, feed, overhead, peer, throughput
+from amp_lab.bench.peer import check_data_dir, check_peer_script
 from amp_lab.bench.record import environment, write_report
-from amp_lab.bench.throughput import ThroughputRow, fill_speedups, measure_throughput
-from amp_lab.build import build
-from amp_lab.choices import CompileMode
+from amp_lab.bench.runs import throughput_overrides
 from amp_lab.command import dated, error, parser
 from amp_lab.components.distributed import resolve_device
 from amp_lab.compose import compose_settings
-from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.config import ConfigError
 from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
-from amp_lab.trainer import Trainer
 
-PARTS = ("compile_cache", "overhead", "throughput", "feed", "peer")  # the order they run in
-# Per device kind: models, batch size, image size, compile settings when not given.
+# What an option not given means: (on a CPU, on a CUDA GPU)
 DEFAULTS = {
-    "cpu": {
-        "models": ["test_vit", "test_convnext"],
-        "batch_size": 32,
-        "img_size": 32,
-        "compile": "off",
-        "workers": 0,
-    },  # torch.compile on a small CPU costs minutes per model
-    "cuda": {
-        "models": ["resnet50", "vit_base_patch16_224"],
-        "batch_size": 128,
-        "img_size": 224,
-        "compile": "both",
-        "workers": 8,
-    },
+    "models": (["test_vit", "test_convnext"], ["resnet50", "vit_base_patch16_224"]),
+    "batch_size": (32, 128),
+    "img_size": (32, 224),
+    "compile": ("off", "both"),  # torch.compile on a small CPU costs minutes per model
+    "workers": (0, 8),
 }
-WARMUP_ROUNDS = 1  # overhead rounds left out: allocator growth, autotuning, compilation
-Report = Callable[..., None]  # rewrites bench.json/bench.md with the results so far
 
 
 def default_variants() -> list[str]:
     """Default telemetry, then each diagnostics mode (light, full) that the default is not."""
     default = compose_settings([]).diagnostics.mode
     return ["default"] + [f"diagnostics={name}" for name in ("light", "full") if name != default]
-
-
-def variant_label(variant: str, settings: AmpLabConfig) -> str:
-    """'default' names what the default telemetry is, e.g. 'default (diagnostics=light, W&B
-    offline)', so a table read later says what was measured."""
-    if variant != "default":
-        return variant
-    return f"default (diagnostics={settings.diagnostics.mode}, W&B {settings.logger.mode})"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--parts",
         nargs="+",
-        choices=PARTS,
+        choices=list(PARTS),
         default=["overhead", "throughput"],
         help="what to run, always in this order: compile_cache (fill torch.compile's caches "
         "for the compiled rows, --jobs processes at a time), overhead (amp_lab vs a bare loop), "
@@ -100,7 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "peer (timm's train.py vs amp_lab); default: overhead throughput",
     )
     add("--models", nargs="+", help="conf/model presets (default: per device kind)")
-    add("--precisions", nargs="+", help="modes of PRECISION_MODES (default: all this device runs)")
+    add(
+        "--precisions",
+        nargs="+",
+        choices=list(PRECISION_MODES),
+        help="precision modes (default: all this device runs)",
+    )
     add(
         "--variants",
         nargs="+",
@@ -154,241 +125,23 @@ def runnable_precisions(device: torch.device) -> list[str]:
     """Every mode in PRECISION_MODES that this device can run, in table order."""
     names = []
     for name in PRECISION_MODES:
-        try:
+        with contextlib.suppress(ConfigError):  # a mode this device cannot run
             resolve_precision(name, device)
-        except ConfigError:
-            continue
-        names.append(name)
+            names.append(name)
     return names
 
 
-def _common(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
-    """Every run's overrides; the user's --override come last, so they win."""
-    return [
-        f"model={model}",
-        f"precision={precision}",
-        f"data.img_size={args.img_size}",
-        f"trainer.batch_size={args.batch_size}",
-        f"trainer.device={args.device}",
-        f"trainer.threads={args.threads or 0}",  # 0: the CPUs the process was given
-        "trainer.progress=false",
-        "trainer.resume=false",  # every run starts afresh, also in an --out used before
-        *extra,
-        *args.override,
-    ]
-
-
-def _overrides(args: argparse.Namespace, model: str, precision: str, *extra: str) -> list[str]:
-    # 10 batches of synthetic samples (8 for training): distinct batches, little device memory
-    return _common(
-        args,
-        model,
-        precision,
-        "data=synthetic",
-        f"data.num_samples={10 * args.batch_size}",
-        "data.num_classes=1000",
-        "checkpoint.enabled=false",
-        *extra,
-    )
-
-
-def _release(device: torch.device, compiled: bool) -> None:
-    gc.collect()
-    if compiled:
-        torch._dynamo.reset()  # the next configuration compiles afresh, within dynamo's limits
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def run_overhead(
-    args: argparse.Namespace, device: torch.device, report: Report
-) -> list[OverheadResult]:
-    """The amp_lab loop against the bare loop, per model, variant and precision."""
-    results: list[OverheadResult] = []
-    total = (WARMUP_ROUNDS + args.rounds) * args.steps
-    for model, variant, precision in itertools.product(args.models, args.variants, args.precisions):
-        if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
-            print(
-                f"overhead {model} {variant} {precision}: skipped, the bare recipe (autocast over "
-                "fp32 weights) has no pure 16-bit weights",
-                file=sys.stderr,
-            )
-            continue
-        extra = [] if variant == "default" else variant.split()
-        # evaluation only after the end; a constant LR, as the bare loop has (the schedule
-        # still steps every step), so both loops take the same optimizer steps
-        settings = compose_settings(
-            _overrides(
-                args,
-                model,
-                precision,
-                f"trainer.max_steps={total}",
-                f"trainer.eval_every={total + 1}",
-                "lr.schedule=constant",
-                *extra,
-            )
-        )
-        if args.steps % settings.trainer.log_every:
-            every = settings.trainer.log_every
-            raise ConfigError(
-                f"--steps {args.steps} must be a multiple of "
-                f"trainer.log_every={every}; use --steps {every} (or a "
-                f"multiple), or add --override trainer.log_every={args.steps}"
-            )
-        row = f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
-        result = None
-        for repeat in range(1, args.repeats + 1):
-            run_dir = args.out / "runs" / (row if repeat == 1 else f"{row}_run{repeat}")
-            run = build(settings, run_dir)  # a freshly built model, and its bare copy
-            sink = AlternatingSink(BareLoop(run), args.steps, device)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-                result = measure_overhead(
-                    Trainer(run, [sink]),
-                    sink,
-                    variant_label(variant, settings),
-                    WARMUP_ROUNDS,
-                    into=result,
-                )
-            del run, sink
-            _release(device, settings.trainer.compile != CompileMode.off)
-        assert result is not None
-        results.append(result)
-        runs = ", ".join(f"{m:.3f}" for m in result.run_medians)
-        print(
-            f"overhead {model} {result.variant} {precision}: median ratio "
-            f"{result.median_ratio:.3f}" + (f" (runs: {runs})" if args.repeats > 1 else ""),
-            file=sys.stderr,
-        )
-        report(overhead=results)
-    return results
-
-
-def throughput_overrides(
-    args: argparse.Namespace, model: str, precision: str, compiled: bool
-) -> list[str]:
-    """One throughput row's config; compile_cache compiles exactly these, so the caches hit."""
-    return _overrides(
-        args,
-        model,
-        precision,
-        f"trainer.compile={str(compiled).lower()}",
-        f"trainer.max_steps={args.warmup + 2 * args.steps}",
-    )
-
-
-def run_compile_cache(args: argparse.Namespace, report: Report) -> None:
-    """Every compiled throughput row's configuration built once, --jobs processes at a time,
-    precision by precision: a mode whose kernels an earlier one shares (tf32 compiles the same
-    graph as fp32) starts after it, and loads what it finds built."""
-    configs = [
-        (model, precision, throughput_overrides(args, model, precision, True))
-        for precision in args.precisions
-        for model in args.models
-    ]
-    records: list[CompileRecord] = []
-    for record in fill_compile_caches(
-        configs, args.out / "runs", max(1, args.warmup), args.jobs, args.threads
-    ):
-        records.append(record)
-        report(compile_cache=records)
-        outcome = record.error or f"first step {record.first_step_s:.1f} s"
-        print(f"compile_cache {record.model} {record.precision}: {outcome}", file=sys.stderr)
-
-
-def run_throughput(args: argparse.Namespace, device: torch.device, report: Report) -> None:
-    """One row per model x compile setting x precision; a failing row is recorded, not fatal."""
-    rows: list[ThroughputRow] = []
-    errors: list[dict[str, Any]] = []
-    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    flops: dict[str, int] = {}  # per model: counted once, the same in every precision
-    for model in args.models:
-        for compiled in compiles:
-            for precision in args.precisions:
-                settings = compose_settings(throughput_overrides(args, model, precision, compiled))
-                run = build(settings, args.out / "runs" / "throughput")
-                try:
-                    rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
-                    flops[model] = rows[-1].flops_per_step
-                    outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
-                except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
-                    outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-                    errors.append(
-                        {
-                            "model": model,
-                            "precision": precision,
-                            "compile": compiled,
-                            "error": outcome,
-                        }
-                    )
-                del run
-                _release(device, compiled)
-                fill_speedups(rows)
-                report(rows=rows, errors=errors)
-                print(
-                    f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr
-                )
-
-
-def run_feed(args: argparse.Namespace, device: torch.device, report: Report) -> None:
-    """Synthetic vs JPEG files decoded on the host vs on the device: --models[0] x
-    --precisions[0], --warmup + --steps steps each."""
-    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
-    steps = args.warmup + args.steps
-    base = _common(
-        args,
-        args.models[0],
-        args.precisions[0],
-        f"data.num_workers={args.workers}",
-        f"trainer.max_steps={steps}",
-        f"trainer.timing_warmup={args.warmup}",
-        f"trainer.eval_every={steps + 1}",  # one evaluation, after the last step
-        "checkpoint.enabled=false",
-    )
-    rows = measure_feed(base, root, device, args.out, args.batch_size)
-    report(feed=rows)
-    for row in rows:
-        print(
-            f"feed {row.data}: {row.samples_per_s:.1f} samples/s, data share "
-            f"{row.data_share if row.data_share is not None else float('nan'):.2f}",
-            file=sys.stderr,
-        )
-
-
-def run_peer(args: argparse.Namespace, precisions: list[str], report: Report) -> None:
-    """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
-    root = peer_data(args.data_dir, args.out, args.batch_size, args.steps, args.img_size)
-    done: list[PeerComparison] = []
-    for model in args.models:
-        for precision in precisions:
-            # whole runs, as a user runs them
-            overrides = _common(
-                args,
-                model,
-                precision,
-                "data=imagefolder",
-                f"data.root={root}",
-                f"data.num_workers={args.workers}",
-                f"trainer.epochs={args.epochs}",
-            )
-            comparison = compare(
-                overrides,
-                args.peer_script,
-                root,
-                args.out,
-                args.rounds,
-                args.threads,
-                lambda current: report(peer=[*done, current]),
-            )
-            done.append(comparison)
-            print(
-                f"peer {model} {precision}: amp_lab {comparison.amp_lab_samples_per_s:.1f} vs "
-                f"peer {comparison.peer_samples_per_s:.1f} samples/s ({comparison.ratio:.3f}x)",
-                file=sys.stderr,
-            )
+PARTS = {  # the order they run in
+    "compile_cache": compile_cache.part,
+    "overhead": overhead.part,
+    "throughput": throughput.part,
+    "feed": feed.part,
+    "peer": peer.part,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse, fill in this device's defaults, check every input, then run the parts in order."""
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -396,41 +149,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda but no CUDA GPU is visible; use --device cpu")
         device = resolve_device(args.device)
-        for key, value in DEFAULTS[device.type].items():
+        for key, (cpu, cuda) in DEFAULTS.items():
             if getattr(args, key) is None:
-                setattr(args, key, value)
-        peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
+                setattr(args, key, cuda if device.type == "cuda" else cpu)
+        args.peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
         args.precisions = args.precisions or runnable_precisions(device)
         args.variants = args.variants or default_variants()
         args.out = dated(args.out, "outputs/bench", "%Y-%m-%d_%H-%M-%S")
-        unknown = [p for p in args.precisions if p not in PRECISION_MODES]
-        if unknown:
-            raise ConfigError(f"--precisions {unknown} unknown; use {list(PRECISION_MODES)}")
         for model in args.models:  # a bad model or mode fails now, not after minutes of rows
             for precision in args.precisions:
-                compose_settings(_overrides(args, model, precision))
+                compose_settings(throughput_overrides(args, model, precision, False))
         if "peer" in args.parts:  # a bad file fails now, not after the other parts
             args.peer_script = check_peer_script(args.peer_script)
         if args.data_dir is not None and {"feed", "peer"} & set(args.parts):
             args.data_dir = check_data_dir(args.data_dir)
         env = environment(device, sys.argv[1:] if argv is None else argv)
-        results = ("compile_cache", "overhead", "rows", "errors", "feed", "peer")
-        state: dict[str, Any] = {name: [] for name in results}  # write_report's, so far
+        results: dict[str, list[Any]] = {}  # each part's, so far
 
-        def report(**update: Any) -> None:
-            state.update(update)
-            write_report(args.out, env, **state)
+        def report(**update: list[Any]) -> None:
+            results.update(update)
+            write_report(args.out, env, results)
 
-        if "compile_cache" in args.parts:
-            run_compile_cache(args, report)
-        if "overhead" in args.parts:
-            run_overhead(args, device, report)
-        if "throughput" in args.parts:
-            run_throughput(args, device, report)
-        if "feed" in args.parts:
-            run_feed(args, device, report)
-        if "peer" in args.parts:
-            run_peer(args, peer_precisions, report)
+        for name, run_part in PARTS.items():
+            if name in args.parts:
+                run_part(args, device, report)
     except ConfigError as err:
         return error(str(err), "amp_lab.bench")
     print((args.out / "bench.md").read_text(encoding="utf-8"))

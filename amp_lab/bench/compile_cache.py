@@ -1,4 +1,4 @@
-"""Fill torch.compile's on-disk caches for the throughput table's compiled rows, in parallel.
+"""`--parts compile_cache`: fill torch.compile's on-disk caches for the compiled rows, in parallel.
 
 A cold compile of a training step takes minutes (resnet50: about 100 s per precision on an H200);
 inductor keeps what it builds on disk, keyed by graph, shapes, dtypes and settings. Compiling
@@ -17,18 +17,19 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from amp_lab.bench.runs import Report, throughput_overrides
 from amp_lab.bench.throughput import batch_stream, warm_up
 from amp_lab.build import build
-from amp_lab.components.metrics import synchronize
 from amp_lab.compose import compose_settings
-from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.config import ConfigError
+
+RECORD = "first_step.json"  # the record a compile process leaves in its run folder
 
 
 @dataclass
@@ -41,90 +42,54 @@ class CompileRecord:
     error: str | None = None
 
 
-def first_steps(settings: AmpLabConfig, run_dir: Path, steps: int) -> float | None:
-    """`steps` steps of the runner's compiled step, as the timed row's warm-up runs them (so
-    every graph it needs gets built); returns the seconds of the first (None for no steps)."""
-    run = build(settings, run_dir)
-    first_step_s = warm_up(run, batch_stream(run), steps)
-    synchronize(run.device)
-    return first_step_s
+def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path | None = None) -> int:
+    """Run `command` with its output (stdout and stderr) in `log`; its exit code."""
+    with log.open("w") as out:
+        done = subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return done.returncode
 
 
-def _compile_one(
-    model: str,
-    precision: str,
-    overrides: list[str],
-    run_dir: Path,
-    process_args: list[str],
-    compile_threads: int,
-) -> CompileRecord:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir / "console.log"
-    # an equal share of the cores for each process's kernel builds, not all of them each
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
-    with log.open("w") as stderr:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "amp_lab.bench.compile_cache",
-                *process_args,
-                "--run-dir",
-                str(run_dir),
-                "--",
-                *overrides,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            env=env,
-            check=False,
-        )
-    if done.returncode == 0:  # its last line of output is the record
-        seconds = json.loads(done.stdout.splitlines()[-1])["first_step_s"]
-        return CompileRecord(model, precision, seconds)
+def last_line(log: Path) -> str:
+    """The last line of output in `log`: what a failed process said last."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return CompileRecord(
-        model,
-        precision,
-        None,
-        f"exit {done.returncode}: {lines[-1] if lines else 'no output'} ({log})",
-    )
+    return lines[-1] if lines else "no output"
 
 
-def fill_compile_caches(
-    configs: list[tuple[str, str, list[str]]],
-    run_root: Path,
-    steps: int,
-    jobs: int,
-    torch_threads: int | None,
-) -> Iterator[CompileRecord]:
-    """Compile each (model, precision, overrides) in `jobs` processes at a time; yields each
-    record as its process ends. `torch_threads` must be the timed process's: on a CPU, inductor
-    writes the thread count into its kernels, so it is part of the cache key."""
-    process_args = ["--steps", str(steps)]
-    if torch_threads:
-        process_args += ["--threads", str(torch_threads)]
-    compile_threads = max(1, (os.cpu_count() or 1) // jobs)
-    with ThreadPoolExecutor(jobs) as pool:  # each thread waits on one process
-        futures = [
-            pool.submit(
-                _compile_one,
-                model,
-                precision,
-                overrides,
-                run_root / f"compile_{model}_{precision}",
-                process_args,
-                compile_threads,
-            )
-            for model, precision, overrides in configs
-        ]
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """Every compiled throughput row's configuration built once, --jobs processes at a time,
+    --warmup steps (at least one) each, precision by precision: a mode whose kernels an earlier
+    one shares (tf32 compiles the same graph as fp32) starts after it, and loads what it finds
+    built. --threads is passed on: on a CPU, inductor writes the thread count into its kernels,
+    so it is part of the cache key."""
+    steps = ["--steps", str(max(1, args.warmup))]
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    # an equal share of the cores for each process's kernel builds, not all of them each
+    compile_threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
+
+    def compile_one(model: str, precision: str) -> CompileRecord:
+        run_dir = args.out / "runs" / f"compile_{model}_{precision}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log, overrides = run_dir / "console.log", throughput_overrides(args, model, precision, True)
+        command = [sys.executable, "-m", "amp_lab.bench.compile_cache", "--run-dir", str(run_dir)]
+        code = run_logged([*command, *steps, *threads, "--", *overrides], log, env)
+        if code:
+            return CompileRecord(model, precision, None, f"exit {code}: {last_line(log)} ({log})")
+        seconds = json.loads((run_dir / RECORD).read_text())["first_step_s"]
+        return CompileRecord(model, precision, seconds)
+
+    records: list[CompileRecord] = []
+    with ThreadPoolExecutor(args.jobs) as pool:  # each thread waits on one process
+        futures = [pool.submit(compile_one, m, p) for p in args.precisions for m in args.models]
         for future in as_completed(futures):
-            yield future.result()
+            records.append(record := future.result())
+            report(compile_cache=records)
+            outcome = record.error or f"first step {record.first_step_s:.1f} s"
+            print(f"compile_cache {record.model} {record.precision}: {outcome}", file=sys.stderr)
 
 
 def main() -> None:
-    """One configuration, in the process `fill_compile_caches` starts for it."""
+    """One configuration, in the process `part` starts for it."""
     parser = argparse.ArgumentParser(
         prog="python -m amp_lab.bench.compile_cache", description=__doc__.split("\n\n")[0]
     )
@@ -135,11 +100,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        seconds = first_steps(compose_settings(args.overrides), args.run_dir, args.steps)
+    try:  # the steps as the timed row's warm-up runs them, so every graph it needs gets built
+        run = build(compose_settings(args.overrides), args.run_dir)
+        seconds = warm_up(run, batch_stream(run), args.steps)
     except ConfigError as err:  # e.g. a device this machine lacks
         sys.exit(f"amp_lab.bench.compile_cache: error: {err}")
-    print(json.dumps({"first_step_s": seconds}))
+    (args.run_dir / RECORD).write_text(json.dumps({"first_step_s": seconds}))
 
 
 if __name__ == "__main__":

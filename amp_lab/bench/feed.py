@@ -8,13 +8,16 @@ path bounds the run).
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from amp_lab.bench.peer import peer_data
+from amp_lab.bench.runs import Report, run_overrides
 from amp_lab.build import build
 from amp_lab.compose import compose_settings
 from amp_lab.records import METRICS_FILE
@@ -32,30 +35,28 @@ class FeedRow:
     vs_synthetic: float | None = None  # samples/s over the synthetic row's
 
 
-def feed_sources(device: torch.device) -> list[str]:
-    """synthetic, then the host decode, then the device decode this device has."""
-    return ["synthetic", "cpu", "gpu" if device.type == "cuda" else "device"]
-
-
-def _overrides(base: list[str], source: str, root: Path, batch_size: int) -> list[str]:
-    if source == "synthetic":  # 10 batches in device memory, the folder's 10 classes
-        return [
-            "data=synthetic",
-            f"data.num_samples={10 * batch_size}",
-            "data.num_classes=10",
-            *base,
-        ]
-    return ["data=imagefolder", f"data.root={root}", f"data.decode={source}", *base]
-
-
-def measure_feed(
-    base: list[str], root: Path, device: torch.device, out: Path, batch_size: int
-) -> list[FeedRow]:
-    """One run per source of `base` (the model, precision, batch, steps, ... overrides)."""
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """One run per source of --models[0] x --precisions[0], --warmup + --steps steps each:
+    synthetic, then the host decode, then the device decode this device has."""
+    root, steps = peer_data(args), args.warmup + args.steps
+    timing = [
+        f"trainer.max_steps={steps}",
+        f"trainer.timing_warmup={args.warmup}",
+        f"trainer.eval_every={steps + 1}",  # one evaluation, after the last step
+        "checkpoint.enabled=false",
+    ]
     rows: list[FeedRow] = []
-    for source in feed_sources(device):
-        settings = compose_settings(_overrides(base, source, root, batch_size))
-        run_dir = out / "runs" / f"feed_{settings.model.name}_{source}"
+    for source in ["synthetic", "cpu", "gpu" if device.type == "cuda" else "device"]:
+        data = (  # synthetic: 10 batches in device memory, the folder's 10 classes
+            ["data=synthetic", f"data.num_samples={10 * args.batch_size}", "data.num_classes=10"]
+            if source == "synthetic"
+            else ["data=imagefolder", f"data.root={root}", f"data.decode={source}"]
+        )
+        overrides = [*data, f"data.num_workers={args.workers}", *timing]
+        settings = compose_settings(
+            run_overrides(args, args.models[0], args.precisions[0], *overrides)
+        )
+        run_dir = args.out / "runs" / f"feed_{settings.model.name}_{source}"
         summary = Trainer(build(settings, run_dir)).fit()
         records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
         shares = [r["throughput/data_share"] for r in records if "throughput/data_share" in r]
@@ -69,6 +70,11 @@ def measure_feed(
                 statistics.mean(shares) if shares else None,
             )
         )
-    for row in rows:
-        row.vs_synthetic = row.samples_per_s / rows[0].samples_per_s
-    return rows
+        rows[-1].vs_synthetic = rows[-1].samples_per_s / rows[0].samples_per_s
+        report(feed=rows)
+        share = rows[-1].data_share
+        print(
+            f"feed {rows[-1].data}: {rows[-1].samples_per_s:.1f} samples/s, data share "
+            f"{share if share is not None else float('nan'):.2f}",
+            file=sys.stderr,
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -32,13 +33,10 @@ def device_name(device: torch.device) -> str:
     """The GPU's marketing name, or the CPU's model name when there is no GPU."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):  # Linux names the CPU model in /proc/cpuinfo
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        if found:
+            return found.group(1).strip()
     return "cpu"
 
 
@@ -47,10 +45,8 @@ def peak_flops(device: torch.device, dtype: str) -> float | None:
     if device.type != "cuda":
         return None  # no meaningful tensor-core peak on a CPU
     name = torch.cuda.get_device_name(device)
-    for pattern, peaks in PEAK_TFLOPS:
-        if re.search(pattern, name):
-            return peaks[dtype] * TFLOPS if dtype in peaks else None
-    return None
+    peaks = next((peaks for pattern, peaks in PEAK_TFLOPS if re.search(pattern, name)), {})
+    return peaks[dtype] * TFLOPS if dtype in peaks else None
 
 
 def train_step_flops(

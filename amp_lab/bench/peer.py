@@ -9,21 +9,26 @@ medians over rounds, of each program's figures and of each round's ratio.
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from amp_lab.bench.compile_cache import last_line, run_logged
 from amp_lab.bench.image_folder import write_image_folder
+from amp_lab.bench.runs import Report, run_overrides
 from amp_lab.bench.timm_peer import timm_args, timm_rate
 from amp_lab.components.distributed import resolve_device
 from amp_lab.compose import compose_settings
-from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.config import ConfigError
 from amp_lab.records import SUMMARY_FILE
 
 
@@ -48,40 +53,27 @@ class PeerComparison:
     amp_lab_command: list[str]
     peer_command: list[str]
     runs: list[PeerRun] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)  # per round: amp_lab's samples/s / peer's
+    ratio: float | None = None  # the median round's (> 1: amp_lab trains faster)
+    wall_ratio: float | None = None  # the median round's wall time ratio (< 1: amp_lab sooner)
 
-    def _median(self, program: str, key: str) -> float:
+    def median(self, program: str, key: str) -> float:
+        """The median over rounds of one program's figure."""
         return statistics.median(getattr(r, key) for r in self.runs if r.program == program)
 
-    @property
-    def amp_lab_samples_per_s(self) -> float:
-        return self._median("amp_lab", "samples_per_s")
-
-    @property
-    def peer_samples_per_s(self) -> float:
-        return self._median("peer", "samples_per_s")
-
-    def _round_ratios(self, key: str) -> list[float]:
-        # a round's two runs are neighbours in time: their ratio cancels a machine's slow drift
-        # in load, which a ratio of medians over all rounds would not
-        pairs: dict[int, dict[str, float]] = {}
+    def add(self, run: PeerRun) -> None:
+        """Record a run; once a round has both, its ratios. A round's two runs are neighbours in
+        time: their ratio cancels a machine's slow drift in load, which a ratio of medians over
+        all rounds would not."""
+        self.runs.append(run)
+        rounds: dict[int, dict[str, PeerRun]] = {}
         for r in self.runs:
-            pairs.setdefault(r.round, {})[r.program] = getattr(r, key)
-        return [p["amp_lab"] / p["peer"] for p in pairs.values() if len(p) == 2]
-
-    @property
-    def ratios(self) -> list[float]:
-        """Per round: amp_lab's training throughput over the peer's."""
-        return self._round_ratios("samples_per_s")
-
-    @property
-    def ratio(self) -> float:
-        """The median round's throughput ratio (> 1: amp_lab trains faster)."""
-        return statistics.median(self.ratios)
-
-    @property
-    def wall_ratio(self) -> float:
-        """The median round's whole-process time ratio (< 1: amp_lab finishes sooner)."""
-        return statistics.median(self._round_ratios("wall_s"))
+            rounds.setdefault(r.round, {})[r.program] = r
+        pairs = [(p["amp_lab"], p["peer"]) for p in rounds.values() if len(p) == 2]
+        if pairs:
+            self.ratios = [amp.samples_per_s / peer.samples_per_s for amp, peer in pairs]
+            self.ratio = statistics.median(self.ratios)
+            self.wall_ratio = statistics.median(amp.wall_s / peer.wall_s for amp, peer in pairs)
 
 
 def check_peer_script(path: Path | None) -> Path:
@@ -102,13 +94,14 @@ def check_data_dir(data_dir: Path) -> Path:
     return data_dir.resolve()
 
 
-def peer_data(data_dir: Path | None, out: Path, batch_size: int, steps: int, size: int) -> Path:
-    """The ImageFolder both programs read: the user's, or synthetic JPEGs written once."""
-    if data_dir is not None:
-        return check_data_dir(data_dir)
-    root = out / "peer_images"
+def peer_data(args: argparse.Namespace) -> Path:
+    """The ImageFolder both programs read: --data-dir (checked), or synthetic JPEGs written once
+    to OUT/peer_images: --steps batches of --img-size px for training, one for validation."""
+    if args.data_dir is not None:
+        return args.data_dir
+    root = args.out / "peer_images"
     if not (root / "val").is_dir():  # train/ is written first: val/ means complete
-        write_image_folder(root, size, train=steps * batch_size, val=batch_size)
+        write_image_folder(root, args.img_size, args.steps * args.batch_size, args.batch_size)
     return root.resolve()
 
 
@@ -118,43 +111,32 @@ def _run(name: str, command: list[str], log: Path, cwd: Path, threads: int | Non
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     start = time.perf_counter()
-    with log.open("w") as out:
-        code = subprocess.run(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - start
-    if code.returncode:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        last = lines[-1] if lines else "no output"
-        raise ConfigError(f"{name} failed (exit {code.returncode}): {last}; its whole log: {log}")
-    return wall
+    code = run_logged(command, log, env, cwd)
+    if code:
+        raise ConfigError(f"{name} failed (exit {code}): {last_line(log)}; its whole log: {log}")
+    return time.perf_counter() - start
 
 
-def _amp_lab_rate(run_dir: Path, settings: AmpLabConfig) -> tuple[float, int]:
+def _amp_lab_rate(run_dir: Path, warmup: int) -> tuple[float, int]:
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    counted = summary["steps"] - settings.trainer.timing_warmup
+    counted = summary["steps"] - warmup
     if not summary.get("mean_samples_per_s") or counted < 1:
         raise ConfigError(
             f"amp_lab ran {summary['steps']} steps, none timed after "
-            f"trainer.timing_warmup={settings.trainer.timing_warmup}; raise trainer.epochs"
+            f"trainer.timing_warmup={warmup}; raise trainer.epochs"
         )
     return float(summary["mean_samples_per_s"]), counted
 
 
 def compare(
-    overrides: list[str],
-    peer_script: Path,
-    data_dir: Path,
-    out: Path,
-    rounds: int,
-    threads: int | None,
-    on_run: Callable[[PeerComparison], None],
-) -> PeerComparison:
-    """`rounds` x (the peer, then amp_lab), each a whole run of `overrides`' settings;
-    `on_run` sees the comparison after every run."""
+    args: argparse.Namespace, overrides: list[str], data_dir: Path
+) -> Iterator[PeerComparison]:
+    """--rounds x (--peer-script, then amp_lab), each a whole run of `overrides`' settings on
+    `data_dir`; yields the comparison after every run."""
     settings = compose_settings(overrides)
     device = resolve_device(str(settings.trainer.device))
     classes = len([p for p in (data_dir / "train").iterdir() if p.is_dir()])
-    name = f"{settings.model.name}_{settings.precision.name}"
-    folder = out / "peer" / name
+    folder = args.out / "peer" / f"{settings.model.name}_{settings.precision.name}"
     folder.mkdir(parents=True, exist_ok=True)
     comparison = PeerComparison(
         settings.model.name,
@@ -167,23 +149,46 @@ def compare(
         [sys.executable, "-m", "amp_lab", *overrides, f"hydra.run.dir={folder / 'amp_lab_R'}"],
         [
             sys.executable,
-            str(peer_script),
+            str(args.peer_script),
             *timm_args(settings, data_dir, classes, device, folder / "peer_R"),
         ],
     )
-    for r in range(rounds):
+    warmup = settings.trainer.timing_warmup
+    for r in range(args.rounds):
         started, peer_out = time.time(), folder / f"peer_{r}"
         peer_out.mkdir(exist_ok=True)
         command = comparison.peer_command[:-1] + [str(peer_out)]  # --output: its own folder
-        wall = _run(str(peer_script), command, folder / f"peer_{r}.log", folder, threads)
-        text = (folder / f"peer_{r}.log").read_text(errors="replace")
-        rate, counted = timm_rate(text, settings.trainer.timing_warmup)
-        comparison.runs.append(PeerRun("peer", r, rate, counted, wall, started))
-        on_run(comparison)
+        wall = _run(str(args.peer_script), command, folder / f"peer_{r}.log", folder, args.threads)
+        rate, counted = timm_rate((folder / f"peer_{r}.log").read_text(errors="replace"), warmup)
+        comparison.add(PeerRun("peer", r, rate, counted, wall, started))
+        yield comparison
         started, run_dir = time.time(), folder / f"amp_lab_{r}"
         command = comparison.amp_lab_command[:-1] + [f"hydra.run.dir={run_dir}"]
-        wall = _run("amp_lab", command, folder / f"amp_lab_{r}.log", folder, threads)
-        rate, counted = _amp_lab_rate(run_dir, settings)
-        comparison.runs.append(PeerRun("amp_lab", r, rate, counted, wall, started))
-        on_run(comparison)
-    return comparison
+        wall = _run("amp_lab", command, folder / f"amp_lab_{r}.log", folder, args.threads)
+        comparison.add(PeerRun("amp_lab", r, *_amp_lab_rate(run_dir, warmup), wall, started))
+        yield comparison
+
+
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """Each model x precision: the peer and amp_lab, alternated for --rounds rounds."""
+    root = peer_data(args)
+    done: list[PeerComparison] = []
+    for model, precision in itertools.product(args.models, args.peer_precisions):
+        overrides = run_overrides(  # whole runs, as a user runs them
+            args,
+            model,
+            precision,
+            "data=imagefolder",
+            f"data.root={root}",
+            f"data.num_workers={args.workers}",
+            f"trainer.epochs={args.epochs}",
+        )
+        for comparison in compare(args, overrides, root):
+            report(peer=[*done, comparison])
+        done.append(comparison)
+        amp_lab, peer = (comparison.median(p, "samples_per_s") for p in ("amp_lab", "peer"))
+        print(
+            f"peer {model} {precision}: amp_lab {amp_lab:.1f} vs peer {peer:.1f} samples/s "
+            f"({comparison.ratio:.3f}x)",
+            file=sys.stderr,
+        )

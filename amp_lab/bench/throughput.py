@@ -1,4 +1,4 @@
-"""Throughput of one configuration: samples/s, the step split into phases, memory and MFU.
+"""`--parts throughput`: per configuration, samples/s, the step split into phases, memory, MFU.
 
 Measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
 timing boundaries of real `TrainStep` calls. The forward / backward / optimizer split comes from
@@ -7,13 +7,23 @@ extra steps synchronised as those stages return (`TrainStep.watching_stages`).
 
 from __future__ import annotations
 
+import argparse
+import gc
+import itertools
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from amp_lab.bench.flops import mfu, peak_flops, train_step_flops
+from amp_lab.bench.runs import Report, throughput_overrides
+from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
+from amp_lab.compose import compose_settings
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
 from amp_lab.run import Run
 from amp_lab.step import Batch, take
@@ -88,17 +98,24 @@ def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[flo
     return [total / steps for total in totals]
 
 
+def timed_steps(run: Run, stream: Iterator[list[Batch]], steps: int) -> float:
+    """Seconds of `steps` real steps, the device synchronised only before and after them; as
+    the loop runs steps between log steps (no gradient norm unless clipping by norm)."""
+    synchronize(run.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run.train_step(next(stream), measure_norm=False)
+    synchronize(run.device)
+    return time.perf_counter() - start
+
+
 def warm_up(run: Run, stream: Iterator[list[Batch]], steps: int) -> float | None:
     """`steps` steps as the timed ones run them; the seconds of the first (compilation,
     autotuning, allocator growth), or None without warm-up."""
     if steps < 1:
         return None
-    start = time.perf_counter()
-    run.train_step(next(stream), measure_norm=False)
-    synchronize(run.device)
-    first_step_s = time.perf_counter() - start
-    for _ in range(steps - 1):
-        run.train_step(next(stream), measure_norm=False)
+    first_step_s = timed_steps(run, stream, 1)
+    timed_steps(run, stream, steps - 1)
     return first_step_s
 
 
@@ -110,12 +127,7 @@ def measure_throughput(
     stream = batch_stream(run)
     first_step_s = warm_up(run, stream, warmup)
     reset_peak_memory(run.device)
-    synchronize(run.device)
-    start = time.perf_counter()
-    for _ in range(steps):  # steps between log steps: no gradient norm unless clipping
-        run.train_step(next(stream), measure_norm=False)
-    synchronize(run.device)
-    step_s = (time.perf_counter() - start) / steps
+    step_s = timed_steps(run, stream, steps) / steps
     forward_s, backward_s, optimizer_s = phase_times(run, stream, max(2, steps // 4))
     memory = peak_memory_mb(run.device)
     if flops is None:
@@ -152,6 +164,15 @@ def measure_throughput(
     )
 
 
+def release(device: torch.device, compiled: bool) -> None:
+    """Free a measured run's memory before the next is built."""
+    gc.collect()
+    if compiled:
+        torch._dynamo.reset()  # the next configuration compiles afresh, within dynamo's limits
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def fill_speedups(rows: list[ThroughputRow]) -> None:
     """samples/s over the fp32 row with the same model, compile setting and batch."""
     baseline = {
@@ -160,3 +181,26 @@ def fill_speedups(rows: list[ThroughputRow]) -> None:
     for row in rows:
         fp32 = baseline.get((row.model, row.compile, row.batch_size))
         row.speedup_vs_fp32 = row.samples_per_s / fp32 if fp32 else None
+
+
+def part(args: argparse.Namespace, device: torch.device, report: Report) -> None:
+    """One row per model x compile setting x precision; a failing row is recorded, not fatal."""
+    rows: list[ThroughputRow] = []
+    errors: list[dict[str, Any]] = []
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    flops: dict[str, int] = {}  # per model: counted once, the same in every precision
+    for model, compiled, precision in itertools.product(args.models, compiles, args.precisions):
+        settings = compose_settings(throughput_overrides(args, model, precision, compiled))
+        run = build(settings, args.out / "runs" / "throughput")
+        try:
+            rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
+            flops[model] = rows[-1].flops_per_step
+            outcome = f"{rows[-1].samples_per_s:.1f} samples/s"
+        except (RuntimeError, torch.OutOfMemoryError) as err:  # OOM, compile failure
+            outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            errors.append(dict(model=model, precision=precision, compile=compiled, error=outcome))
+        del run
+        release(device, compiled)
+        fill_speedups(rows)
+        report(throughput=rows, throughput_errors=errors)
+        print(f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr)

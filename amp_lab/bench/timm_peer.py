@@ -62,15 +62,11 @@ def _schedule_args(settings: AmpLabConfig) -> list[str]:
             "--parts peer maps a cosine schedule with whole warmup epochs to timm's train.py; "
             "use lr.schedule=cosine and an integer lr.warmup_epochs (lr.warmup_steps=0)"
         )
-    global_batch = trainer.batch_size * trainer.grad_accum
-    args = ["--opt", optim.name, "--lr", repr(peak_lr(lr, global_batch))]
+    peak = peak_lr(lr, trainer.batch_size * trainer.grad_accum)
+    args = ["--opt", optim.name, "--lr", repr(peak), "--min-lr", repr(lr.min_factor * peak)]
     args += ["--weight-decay", str(optim.weight_decay), "--momentum", str(optim.momentum)]
-    args += ["--sched", "cosine", "--sched-on-updates", "--warmup-epochs"]
-    args += [
-        str(int(lr.warmup_epochs)),
-        "--min-lr",
-        repr(lr.min_factor * peak_lr(lr, global_batch)),
-    ]
+    args += ["--sched", "cosine", "--sched-on-updates"]
+    args += ["--warmup-epochs", str(int(lr.warmup_epochs))]
     args += ["--grad-accum-steps", str(trainer.grad_accum), "--seed", str(trainer.seed)]
     return args + (["--clip-grad", str(trainer.clip_grad)] if trainer.clip_grad > 0 else [])
 

@@ -131,14 +131,15 @@ def test_bench_markdown_names_date_device_command_and_tables(tiny_bench):
 def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     """DEVICE=cpu runs scripts/gpu_check.sh's own commands on a tiny ViT, as a dry run before
     GPU time is spent: every part finishes (trainer.compile=step included), the compiled rows
-    load what compile_cache built, and gpu_check.md gathers every table."""
+    load what compile_cache built, and gpu_check.md gathers every table. One mode (bf16, which
+    the compile_step and fp8 parts use too) keeps it to one cold compile of the model."""
     out = tmp_path / "check"
     env = {
         **os.environ,
         "PYTHON": sys.executable,
         "DEVICE": "cpu",
         "MODELS": "test_vit",
-        "MODES": "fp32 bf16",
+        "MODES": "bf16",
         "STEP_MODEL": "test_vit",
         "FP8_MODELS": "test_vit",
         "FP8_BATCH_SIZE": "4",
@@ -187,21 +188,18 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
         return json.loads((out / part / "bench.json").read_text())[key]
 
     assert [(r["precision"], r["error"]) for r in table("compile_cache", "compile_cache")] == [
-        ("fp32", None),
-        ("bf16", None),
+        ("bf16", None)
     ]
     assert [(o["precision"], o["variant"]) for o in table("overhead", "overhead")] == [
-        ("fp32", DEFAULT),
-        ("bf16", DEFAULT),
+        ("bf16", DEFAULT)
     ]
     assert [(o["precision"], o["variant"]) for o in table("overhead_full", "overhead")] == [
-        ("fp32", "diagnostics=full")
+        ("bf16", "diagnostics=full")
     ]
     for part, compiled in [("throughput_eager", False), ("throughput_compiled_test_vit", True)]:
         rows = table(part, "throughput")
         assert [(r["precision"], r["compile"], r["batch_size"]) for r in rows] == [
-            ("fp32", compiled, 4),
-            ("bf16", compiled, 4),
+            ("bf16", compiled, 4)
         ]
     fp8 = table("fp8_0", "throughput") + table("fp8_1", "throughput")
     assert [(r["precision"], r["fp8_recipe"], r["fp8_linears"] > 0) for r in fp8] == [
@@ -218,9 +216,9 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     (peer,) = table("peer", "peer")
     assert [r["program"] for r in peer["runs"]] == ["peer", "amp_lab"] and peer["ratio"] > 0
     md = (out / "gpu_check.md").read_text()
-    assert "- device: CPU" in md and 'MODES="fp32 bf16"' in md
+    assert "- device: CPU" in md and 'MODES="bf16"' in md
     assert 'OVERRIDES="+model.kwargs.depth=1"' in md
-    run = out / "overhead" / "runs" / "overhead_test_vit_default_fp32"
+    run = out / "overhead" / "runs" / "overhead_test_vit_default_bf16"
     kwargs = json.loads(json.loads((run / "settings.json").read_text())["model.kwargs"])
     assert kwargs == {"patch_size": 4, "depth": 1}  # OVERRIDES reached the runs
     assert "no-sync check: 4 skipped" in md  # the CUDA-only tests, on this CPU
@@ -231,7 +229,7 @@ def test_the_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     graphs = [
         p.stat().st_mtime for p in (tmp_path / "inductor").glob("fxgraph/**/*") if p.is_file()
     ]
-    assert len(graphs) >= 4  # a forward and a backward graph per configuration
+    assert len(graphs) >= 2  # a forward and a backward graph
     compiled_end = (out / "throughput_compiled_test_vit" / "bench.json").stat().st_mtime
     assert (
         max(g for g in graphs if g < compiled_end)
@@ -347,7 +345,6 @@ def test_a_configuration_that_fails_to_compile_is_recorded_and_the_rest_go_on(tm
             "multiple of trainer.log_every=2; use --steps 2 (or a multiple), or add "
             "--override trainer.log_every=3",
         ),
-        (["--precisions", "fp64"], "fp64"),
         (["--models", "test_vit", "nosuch"], "nosuch"),  # before test_vit is measured
         (["--device", "cuda"], "--device cuda but no CUDA GPU is visible; use --device cpu"),
     ],
@@ -359,12 +356,19 @@ def test_bad_bench_input_is_one_line_error(tmp_path, capsys, args, message):
     assert not (tmp_path / "bench.json").exists()  # failed before measuring anything
 
 
-@pytest.mark.parametrize("flag", ["--rounds", "--repeats"])
-def test_a_count_below_one_is_refused_in_one_line(tmp_path, capsys, flag):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rounds", "0"], "--rounds"),
+        (["--repeats", "0"], "--repeats"),
+        (["--precisions", "fp64"], "--precisions: invalid choice: 'fp64'"),
+    ],
+)
+def test_a_bad_argument_is_refused_in_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as stopped:
-        bench.main([*TINY, "--parts", "overhead", flag, "0", "--out", str(tmp_path)])
+        bench.main([*TINY, "--parts", "overhead", *args, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert stopped.value.code == 2 and "error:" in err[-1] and flag in err[-1]
+    assert stopped.value.code == 2 and "error:" in err[-1] and message in err[-1]
     assert not (tmp_path / "bench.json").exists()
 
 
