@@ -46,7 +46,7 @@ def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: 
     the top edge over its divergence step when it has none."""
     xs, mean, lo, hi = c
     ax.plot(xs, mean, color=color, marker="o", markersize=2, label=label)
-    if band:
+    if band and len(xs):  # an empty band on a log axis leaves matplotlib no limits to tick
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
     if stop is not None and len(xs):
         ax.plot(xs[-1:], mean[-1:], "x", color=color, markersize=10, markeredgewidth=2)
