@@ -19,12 +19,11 @@ from rich.console import Console
 from amp_lab.command import error, parser
 from amp_lab.report.document import build
 from amp_lab.report.groups import DEFAULT_AXIS
-from amp_lab.report.readme import update_readme
+from amp_lab.report.readme import findings, write_block
 from amp_lab.report.runs import ReportError, load_runs
-from amp_lab.report.search import is_search, make_search_report
-from amp_lab.report.tables import print_tables, write_markdown
-
-REPORT_JSON = "report.json"
+from amp_lab.report.search import is_search, print_search, search_data
+from amp_lab.report.search import markdown as search_markdown
+from amp_lab.report.tables import print_tables, report_markdown
 
 
 def default_out(paths: list[Path]) -> Path:
@@ -42,8 +41,9 @@ def make_report(
     argv: list[str] | None = None,
     readme: Path | None = None,
 ) -> Path:
-    """Load the runs, compare them, print and write the report; returns report.md."""
-    from amp_lab.report.plots import write_plots
+    """Load the runs, compare them (a search's sweep folder: its studies), print and write the
+    report; returns report.md."""
+    from amp_lab.report.plots import plot_overview, plot_search
 
     if console is None:
         console = Console()
@@ -52,21 +52,26 @@ def make_report(
     if readme is not None and not readme.is_file():
         raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
     argv = argv if argv is not None else [str(p) for p in paths]
-    if is_search(paths):  # a search's sweep folder: its studies, not a comparison of runs
-        return make_search_report(paths[0], out or default_out(paths), console, readme, argv)
-    runs = load_runs(paths)
-    data = build(runs, by, ref, argv)
     out = out or default_out(paths)
+    search = is_search(paths)
+    runs = [] if search else load_runs(paths)
+    data = search_data(paths[0], argv) if search else build(runs, by, ref, argv)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_JSON).write_text(json.dumps(data, indent=1) + "\n")
-    print_tables(console, data)
-    plots = write_plots(runs, data, out)
-    report = write_markdown(out, data, plots)
+    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    (print_search if search else print_tables)(console, data)
+    picture = plot_search(data, out) if search else plot_overview(runs, data, out)
+    view = search_markdown if search else findings  # the findings, given the picture's path
+    if search:
+        text = f"# amp_lab search: {paths[0]}\n\n{view(data, picture.name)}"
+    else:
+        text = report_markdown(data, picture.name)
+    report = out / "report.md"
+    report.write_text(text + "\n")
     console.print(f"report: {report}")
     if readme is not None:
-        update_readme(readme, data, plots[0])
+        write_block(readme, view(data, os.path.relpath(picture, readme.parent)))
         console.print(f"findings written into {readme}")
-    if wandb:
+    if wandb and not search:
         from amp_lab.report.wandb_report import publish
 
         publish(runs, data, out, console)

@@ -7,7 +7,6 @@ question, how to read the report, what a finding means) stays the author's.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,6 @@ def findings(data: dict[str, Any], picture: str) -> str:
             f"![overview of the report]({picture})",
         ]
     )
-
-
-def update_readme(readme: Path, data: dict[str, Any], overview: Path) -> None:
-    """Replace the findings between the markers of `readme` (appended when it has none)."""
-    write_block(readme, findings(data, os.path.relpath(overview, readme.parent)))
 
 
 def write_block(readme: Path, body: str) -> None:
