@@ -9,6 +9,7 @@ tables and verdicts (rich), writes report.json, report.md and overview.png to DI
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -31,39 +32,30 @@ def default_out(paths: list[Path]) -> Path:
     return base / "report"
 
 
-def make_report(
-    paths: list[Path],
-    out: Path | None = None,
-    ref: str | None = None,
-    by: str = DEFAULT_AXIS,
-    wandb: bool = False,
-    console: Console | None = None,
-    argv: list[str] | None = None,
-    readme: Path | None = None,
-) -> Path:
+def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
     """Load the runs, compare them (a search's sweep folder: its studies), print and write the
-    report; returns report.md."""
+    report; returns report.md. `argv`: the command line, for the report's context."""
     from amp_lab.report.plots import plot_overview, plot_search
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
+    paths, readme = args.paths, args.readme
+    console = Console()
+    if not console.is_terminal:
+        console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
     if readme is not None and not readme.is_file():
         raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
-    argv = argv if argv is not None else [str(p) for p in paths]
-    out = out or default_out(paths)
-    search = is_search(paths)
+    out = args.out or default_out(paths)
+    search = is_search(paths)  # a search's sweep folder: its studies, not a comparison of runs
     runs = [] if search else load_runs(paths)
-    data = search_data(paths[0], argv) if search else build(runs, by, ref, argv)
+    data = search_data(paths[0], argv) if search else build(runs, args.by, args.ref, argv)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
-    (print_search if search else print_tables)(console, data)
-    picture = plot_search(data, out) if search else plot_overview(runs, data, out)
-    view = search_markdown if search else findings  # the findings, given the picture's path
-    if search:
+    if search:  # `view`: the findings, given the picture's path
+        print_search(console, data)
+        picture, view = plot_search(data, out), search_markdown
         text = f"# amp_lab search: {paths[0]}\n\n{view(data, picture.name)}"
     else:
+        print_tables(console, data)
+        picture, view = plot_overview(runs, data, out), findings
         text = report_markdown(data, picture.name)
     report = out / "report.md"
     report.write_text(text + "\n")
@@ -71,7 +63,7 @@ def make_report(
     if readme is not None:
         write_block(readme, view(data, os.path.relpath(picture, readme.parent)))
         console.print(f"findings written into {readme}")
-    if wandb and not search:
+    if args.wandb and not search:
         from amp_lab.report.wandb_report import publish
 
         publish(runs, data, out, console)
@@ -121,15 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = cli.parse_args(argv)
     try:
-        make_report(
-            args.paths,
-            args.out,
-            args.ref,
-            args.by,
-            args.wandb,
-            argv=sys.argv[1:] if argv is None else argv,
-            readme=args.readme,
-        )
+        make_report(args, sys.argv[1:] if argv is None else argv)
     except ReportError as err:
         return error(str(err), "amp_lab.report")
     return 0

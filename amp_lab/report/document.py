@@ -3,6 +3,7 @@ runs and context. report.md, the terminal tables, the plots and the W&B Report a
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
@@ -21,13 +22,11 @@ from amp_lab.report.verdicts import (
 
 
 def _status(runs: list[RunData]) -> str:
-    """The cell's status: `completed`, else its worst (`2/3 completed, 1 crashed: ...`)."""
-    statuses = [run.status for run in runs]
-    if all(s == "completed" for s in statuses):
-        return "completed"
-    if len(statuses) == 1:
-        return statuses[0]
-    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    """The cell's status: `completed`, one run's own, else each with its count over the seeds
+    (`1× incomplete: no summary.json, 1× completed`)."""
+    counts = Counter(run.status for run in runs)
+    if len(counts) == 1 and (len(runs) == 1 or "completed" in counts):
+        return next(iter(counts))
     return ", ".join(f"{n}× {s}" for s, n in counts.items())
 
 
@@ -43,7 +42,7 @@ def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
             "n": len(cell.runs),
             "status": _status(cell.runs),
             "health": merged_health(cell.runs),
-            "figures": {k: asdict(s) for k, s in figures(cell).items()},
+            "figures": {k: asdict(s) for k, s in figures(cell.runs).items()},
             "delta": comps[cell.value].as_dict(),
         }
         for cell in group.cells
@@ -72,11 +71,10 @@ def build(
     speed_ok = bool(context["speed_representative"])
     data_groups = [_group_data(i, g, speed_ok) for i, g in enumerate(groups, 1)]
     where = {
-        run.label: (g["id"], c["value"])
-        for g in data_groups
-        for c in g["cells"]
-        for run in runs
-        if run.label in c["runs"]
+        run.label: (i, cell.value)
+        for i, group in enumerate(groups, 1)
+        for cell in group.cells
+        for run in cell.runs
     }
     rows = [
         {

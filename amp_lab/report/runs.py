@@ -55,10 +55,6 @@ class RunData:
         )
 
     @property
-    def model(self) -> str:
-        return self.summary.get("model") or self.config.get("model", {}).get("name", "?")
-
-    @property
     def status(self) -> str:
         if "status" in self.summary:
             return str(self.summary["status"]).strip()
