@@ -9,7 +9,6 @@ when the report follows them on the same machine (as `make studies` does).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import shlex
@@ -19,7 +18,7 @@ from typing import Any
 import yaml
 
 from amp_lab.records import HYDRA_DIR
-from amp_lab.report.runs import RunData
+from amp_lab.report.runs import RunData, setting_value
 
 
 def _version(package: str) -> str | None:
@@ -34,11 +33,7 @@ def run_device(run: RunData) -> str:
     device = (run.summary.get("precision") or {}).get("device")
     if device:
         return str(device)
-    configured = run.settings.get("trainer.device", '"?"')
-    try:
-        return str(json.loads(configured))
-    except json.JSONDecodeError:
-        return configured
+    return str(setting_value(run.settings.get("trainer.device", '"?"')))
 
 
 def _launch(run: RunData, hydra: dict[str, Any]) -> str:

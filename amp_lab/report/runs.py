@@ -67,6 +67,14 @@ class RunData:
         return self.status == "completed"
 
 
+def setting_value(text: str | None) -> Any:
+    """A recorded setting (JSON) as its value; text that is not JSON stays itself."""
+    try:
+        return None if text is None else json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def _natural(path: Path) -> tuple[Any, ...]:
     """Sort key: sweep job 2 before job 10."""
     match = re.match(r"(\d+)_", path.name)

@@ -8,7 +8,6 @@ folder says what it ran (its lr.base, warmup, precision), as for any run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from rich.console import Console
 from amp_lab.records import SEARCH_FILE
 from amp_lab.report.context import gather
 from amp_lab.report.context import markdown as context_markdown
-from amp_lab.report.runs import ReportError, RunData, load_run
+from amp_lab.report.runs import ReportError, RunData, load_run, setting_value
 from amp_lab.report.tables import markdown_table, rich_table
 from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, storage, verdict
 
@@ -31,18 +30,14 @@ def is_search(paths: list[Path]) -> bool:
     return len(paths) == 1 and (paths[0] / SEARCH_FILE).is_file()
 
 
-def _setting(settings: dict[str, str], key: str) -> Any:
-    return json.loads(settings[key]) if key in settings else None
-
-
 def _row(run: RunData, trial: Any) -> dict[str, Any]:
     return {
         "trial": trial.number,
         "state": trial.state.name,
         "result": trial.user_attrs[RESULT],
         "val_loss": trial.value,
-        "lr": _setting(run.settings, "lr.base"),
-        "warmup_steps": _setting(run.settings, "lr.warmup_steps"),
+        "lr": setting_value(run.settings.get("lr.base")),
+        "warmup_steps": setting_value(run.settings.get("lr.warmup_steps")),
         "precision": run.precision,
         "job_dir": trial.user_attrs[JOB_DIR],
         # a pruned trial's last reported val loss, where the curve could not take it further

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from amp_lab.records import WANDB_ID_FILE
 from amp_lab.report.groups import is_ignored
-from amp_lab.report.runs import RunData
+from amp_lab.report.runs import RunData, setting_value
 from amp_lab.tracking.wandb_sink import redact, sweep_group
 
 SPEC_FILE = "wandb_report.json"
@@ -46,13 +46,6 @@ def _literal(value: str) -> str:
         return repr(value)
 
 
-def _scalar(value: str | None) -> bool:
-    try:
-        return not isinstance(json.loads(value or "null"), (dict, list))
-    except json.JSONDecodeError:
-        return True
-
-
 def varying_leaves(runs: list[RunData]) -> list[str]:
     """Settings keys with one number or string each (W&B config leaf keys) that differ between
     runs; a dict such as `model.kwargs` is not a leaf."""
@@ -61,7 +54,7 @@ def varying_leaves(runs: list[RunData]) -> list[str]:
         k
         for k in keys
         if len({run.settings.get(k) for run in runs}) > 1
-        and all(_scalar(run.settings.get(k)) for run in runs)
+        and not any(isinstance(setting_value(run.settings.get(k)), (dict, list)) for run in runs)
         and not is_ignored(k)
     ]
 
