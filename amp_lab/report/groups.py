@@ -75,12 +75,11 @@ def axis_keys(runs: list[RunData], by: str) -> list[str]:
 def _filled(runs: list[RunData]) -> list[dict[str, str]]:
     """Each run's settings; a key a run lacks (a run refused at start-up) takes the value every
     other run shares, else stays missing."""
-    keys = {k for run in runs for k in run.settings}
-    shared = {}
-    for key in keys:
-        values = {run.settings[key] for run in runs if key in run.settings}
-        if len(values) == 1:
-            shared[key] = values.pop()
+    values: dict[str, set[str]] = {}
+    for run in runs:
+        for key, value in run.settings.items():
+            values.setdefault(key, set()).add(value)
+    shared = {key: seen.pop() for key, seen in values.items() if len(seen) == 1}
     return [{**shared, **run.settings} for run in runs]
 
 

@@ -9,6 +9,7 @@ in an x at its last finite point. Colours mean the same axis value in every row.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,9 @@ def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: 
 Cells = list[tuple[dict[str, Any], list[RunData]]]
 
 
-def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str) -> None:
+def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str, title: str) -> None:
+    """A line per cell: `key` of its runs' `kind` records (train or val)."""
+    ax.set(title=title, xlabel="optimizer step")
     for cell, runs in cells:
         c, stop = curve(runs, kind, key)
         _draw(ax, c, stop, colors[cell["value"]], _label(cell), len(runs) > 1)
@@ -76,9 +79,13 @@ def _label(cell: dict[str, Any]) -> str:
     )
 
 
-def loss_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
-    _lines(ax, cells, colors, "train", "train/loss")
-    ax.set(title="train loss", xlabel="optimizer step")
+def _note(ax: Axes, text: str) -> None:
+    """`text` in the middle of an empty panel."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
+loss_panel = partial(_lines, kind="train", key="train/loss", title="train loss")
+val_panel = partial(_lines, kind="val", key="val/acc", title="val accuracy")
 
 
 def _paired_delta(runs: list[RunData], refs: list[RunData]) -> tuple[Curve, float | None]:
@@ -102,7 +109,7 @@ def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     ref = next((r for c, r in cells if c["reference"]), None)
     ax.set(title="Δ train loss vs reference", xlabel="optimizer step")
     if ref is None:
-        ax.text(0.5, 0.5, "no reference", ha="center", va="center", transform=ax.transAxes)
+        _note(ax, "no reference")
         return
     refs = [run for run in ref if run.ok] or ref
     for cell, runs in cells:
@@ -111,22 +118,14 @@ def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     ax.axhline(0.0, color="grey", linewidth=0.8)
 
 
-def val_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
-    _lines(ax, cells, colors, "val", "val/acc")
-    ax.set(title="val accuracy", xlabel="optimizer step")
-
-
 def scale_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     """The loss scale (log2 axis), cells whose runs do not scale their loss left out."""
-    ax.set(title="loss scale", xlabel="optimizer step")
     scaled = [(c, r) for c, r in cells if any(scales_loss(run) for run in r)]
+    _lines(ax, scaled, colors, "train", "amp/loss_scale", "loss scale")
     if not scaled:  # another group scales; this one does not
-        ax.text(
-            0.5, 0.5, "no run scales its loss", ha="center", va="center", transform=ax.transAxes
-        )
+        _note(ax, "no run scales its loss")
         ax.set(xticks=[], yticks=[])
         return
-    _lines(ax, scaled, colors, "train", "amp/loss_scale")
     ax.set_yscale("log", base=2)
 
 
