@@ -20,11 +20,10 @@ from rich.console import Console
 from amp_lab.command import error, parser
 from amp_lab.report.document import build
 from amp_lab.report.groups import DEFAULT_AXIS
-from amp_lab.report.readme import findings, write_block
 from amp_lab.report.runs import ReportError, load_runs
 from amp_lab.report.search import is_search, print_search, search_data
 from amp_lab.report.search import markdown as search_markdown
-from amp_lab.report.tables import print_tables, report_markdown
+from amp_lab.report.tables import findings, print_tables, report_markdown, write_block
 
 
 def default_out(paths: list[Path]) -> Path:

@@ -1,10 +1,17 @@
 """The comparison's tables: one row per cell, as markdown (report.md, a study's README) and as
-rich tables on the terminal, each group under its verdict."""
+rich tables on the terminal, each group under its verdict.
+
+`--readme FILE` writes the findings into a markdown file (a study's README): everything between
+`<!-- amp_lab.report:start -->` and `<!-- amp_lab.report:end -->` is replaced; a file without the
+markers gets them, with the findings, at its end. The text around them (the question, how to read
+the report, what a finding means) stays the author's.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +19,7 @@ from rich.table import Table
 
 from amp_lab.report.context import markdown as context_markdown
 
+START, END = "<!-- amp_lab.report:start -->", "<!-- amp_lab.report:end -->"
 UNKNOWN = {"mean": None, "std": None, "n": 0}  # a figure a report.json of an older version lacks
 Cell = dict[str, Any]
 
@@ -145,6 +153,33 @@ def report_markdown(data: dict[str, Any], picture: str) -> str:
         parts.append("")
     parts.append(f"![overview]({picture})")
     return "\n".join(parts)
+
+
+def findings(data: dict[str, Any], picture: str) -> str:
+    """The commands, the context, the rules, each group's verdict and table, the overview."""
+    return "\n".join(
+        [
+            context_markdown(data["context"]),
+            "",
+            data["rules"],
+            "",
+            *group_sections(data, "####"),
+            f"![overview of the report]({picture})",
+        ]
+    )
+
+
+def write_block(readme: Path, body: str) -> None:
+    """Replace what lies between the markers of `readme` with `body` (appended with markers
+    when it has none)."""
+    text = readme.read_text()
+    block = f"{START}\n{body}\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text)
 
 
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:

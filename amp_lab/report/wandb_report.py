@@ -99,16 +99,13 @@ def build_report(
     ]
     for group in data["groups"]:
         settings = {k: v for k, v in group["settings"].items() if v != "—"}
-        filters = " and ".join(
-            filter(
-                None, [source, *[f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]]
-            )
-        )
+        filters = [source] if source else []
+        filters += [f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]
         runset = wr.Runset(
             entity=entity,
             project=project,
             name=f"group {group['id']}",
-            filters=filters,
+            filters=" and ".join(filters),
             groupby=[*settings, *varying],
         )
         blocks += [
@@ -145,30 +142,27 @@ def report_spec(report: Any) -> dict[str, Any]:
     return pydantic.TypeAdapter(type(report)).dump_python(report, mode="json")
 
 
-def _online() -> bool:
-    """True when W&B is not forced offline and an API key is configured."""
+def _api() -> Any:
+    """The W&B API, or None when W&B is forced offline or no API key is configured."""
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled"):
-        return False
+        return None
     import wandb
 
     try:
-        wandb.Api()
+        return wandb.Api()
     except Exception:  # noqa: BLE001 - no key or no server: stay offline
-        return False
-    return True
+        return None
 
 
 def publish(runs: list[RunData], data: dict[str, Any], out: Path, console: Console) -> Path | None:
     """Save the report online and print its URL; offline, write its spec and say how to publish."""
     logger = runs[0].config.get("logger", {})
     project, entity = logger.get("project") or "amp_lab", logger.get("entity") or ""
-    leaves = varying_leaves(runs)
     groups, run_ids = run_groups(runs)
-    if _online():
-        import wandb
-
+    leaves = varying_leaves(runs)
+    if (api := _api()) is not None:
         try:
-            online_entity = entity or wandb.Api().default_entity or ""
+            online_entity = entity or api.default_entity or ""
             report = build_report(project, online_entity, groups, data, leaves, run_ids)
             report.save()
             console.print(f"W&B report: {report.url}")
