@@ -10,7 +10,7 @@ from typing import Any
 from amp_lab.command import strict_json
 from amp_lab.report.context import gather, run_device
 from amp_lab.report.figures import compare, figures
-from amp_lab.report.groups import DEFAULT_AXIS, Group, axis_keys, make_groups, set_references
+from amp_lab.report.groups import Group, axis_keys, make_groups, set_references
 from amp_lab.report.runs import RunData
 from amp_lab.report.verdicts import (
     THRESHOLDS,
@@ -58,30 +58,18 @@ def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
     }
 
 
-def build(
-    runs: list[RunData],
-    by: str = DEFAULT_AXIS,
-    ref: str | None = None,
-    argv: list[str] | None = None,
-) -> dict[str, Any]:
-    """Everything the report says, as plain data."""
+def build(runs: list[RunData], by: str, ref: str | None, argv: list[str]) -> dict[str, Any]:
+    """Everything the report says, as plain data; `argv`: the report's command line."""
     groups = make_groups(runs, by)
     set_references(groups, by, ref)
-    context = gather(runs, argv or [])
+    context = gather(runs, argv)
     speed_ok = bool(context["speed_representative"])
-    data_groups = [_group_data(i, g, speed_ok) for i, g in enumerate(groups, 1)]
-    where = {
-        run.label: (i, cell.value)
-        for i, group in enumerate(groups, 1)
-        for cell in group.cells
-        for run in cell.runs
-    }
-    rows = [
-        {
+    rows = {
+        run.label: {
             "label": run.label,
             "path": str(run.path),
-            "group": where[run.label][0],
-            "value": where[run.label][1],
+            "group": i,
+            "value": cell.value,
             "seed": run.seed,
             "status": run.status,
             "device": run_device(run),
@@ -89,16 +77,18 @@ def build(
             "final_val_acc": run.summary.get("final_val_acc"),
             "final_val_loss": run.summary.get("final_val_loss"),
         }
-        for run in runs
-    ]
+        for i, group in enumerate(groups, 1)
+        for cell in group.cells
+        for run in cell.runs
+    }
     return strict_json(
         {
             "axis": by,
             "axis_keys": axis_keys(runs, by),
             "thresholds": asdict(THRESHOLDS),
             "rules": rules_text(),
-            "groups": data_groups,
-            "runs": rows,
+            "groups": [_group_data(i, g, speed_ok) for i, g in enumerate(groups, 1)],
+            "runs": [rows[run.label] for run in runs],
             "context": context,
         }
     )

@@ -77,8 +77,9 @@ def _mean(runs: list[RunData], key: str) -> float | None:
 
 
 def _pairs(runs: list[RunData], refs: list[RunData], key: str) -> list[float]:
-    """`key` of each run minus the reference run with the same seed (finite pairs only)."""
-    ref_by_seed = {run.seed: run.summary.get(key) for run in refs if run.ok}
+    """`key` of each run minus the reference run with the same seed (finite pairs only); `refs`:
+    the reference's completed runs."""
+    ref_by_seed = {run.seed: run.summary.get(key) for run in refs}
     pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
     return [
         a - b
@@ -93,7 +94,7 @@ def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
     if paired:
         return Stat.of(paired)
     mine = Stat.of([run.summary.get(key) for run in runs])
-    theirs = _mean([run for run in refs if run.ok], key)
+    theirs = _mean(refs, key)
     if mine.mean is None or theirs is None:
         return Stat(None, None, 0, False)
     return Stat(mine.mean - theirs, None, mine.n, paired=False)

@@ -131,7 +131,7 @@ def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list
     return [k for k in apart if not implied(k)]
 
 
-def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
+def make_groups(runs: list[RunData], by: str) -> list[Group]:
     """The runs in comparison groups (first-seen order), cells in first-seen order; no reference
     is chosen yet (see set_references)."""
     keys = axis_keys(runs, by)

@@ -190,11 +190,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def plot_overview(runs: list[RunData], data: dict[str, Any], out: Path) -> Path:
     """overview.png in `out`; returns its path."""
-    fig = overview(runs, data)
-    path = out / "overview.png"
-    fig.savefig(path, dpi=80)  # small enough to commit as a picture
-    plt.close(fig)
-    return path
+    return _save(overview(runs, data), out / "overview.png", dpi=80)  # small enough to commit
 
 
 def _study(ax: Axes, study: dict[str, Any], color: str) -> None:
@@ -226,7 +222,10 @@ def plot_search(data: dict[str, Any], out: Path) -> Path:
     ax.legend(loc="best", fontsize="small")  # inside the axes: the figure keeps its width
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = out / "search.png"
-    fig.savefig(path, dpi=120)
+    return _save(fig, out / "search.png", dpi=120)
+
+
+def _save(fig: Figure, path: Path, dpi: int) -> Path:
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

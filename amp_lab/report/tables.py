@@ -53,10 +53,6 @@ def _figure(key: str, fmt: str, scale: float = 1.0) -> Callable[[Cell], str]:
     return lambda cell: _num(cell["figures"].get(key, UNKNOWN), fmt, scale)
 
 
-def _delta(key: str, fmt: str) -> Callable[[Cell], str]:
-    return lambda cell: _num(cell["delta"][key], fmt, 100 if key == "acc" else 1.0)
-
-
 def _ratio(cell: Cell) -> str:
     value = cell["delta"]["speedup"]
     return "—" if value is None else f"{value:.2f}×"
@@ -69,8 +65,8 @@ COLUMNS: dict[str, Callable[[Cell], str]] = {
     "final acc %": _figure("final_val_acc", ".1f", 100),
     "best acc %": _figure("best_val_acc", ".1f", 100),
     "val loss": _figure("final_val_loss", ".4f"),
-    "Δacc pp": _delta("acc", "+.1f"),
-    "Δloss": _delta("loss", "+.3g"),
+    "Δacc pp": lambda cell: _num(cell["delta"]["acc"], "+.1f", 100),
+    "Δloss": lambda cell: _num(cell["delta"]["loss"], "+.3g"),
     "steps→target": _figure("steps_to_target", ".0f"),
     "time→target s": _figure("time_to_target_s", ".1f"),
     "samples/s": _figure("mean_samples_per_s", ".1f"),
