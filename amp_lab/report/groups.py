@@ -171,11 +171,10 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
         elif any(same_value(c.value, ref) for c in cells):
             wanted = ref
         else:
-            values = sorted({c.value for c in cells})
+            values = ", ".join(sorted({c.value for c in cells}))
             raise ReportError(
                 f"--ref {ref} is neither a run nor a value of {by}; use a run's "
-                f"label (e.g. {cells[0].runs[0].label}) or one of: "
-                f"{', '.join(values)}"
+                f"label (e.g. {cells[0].runs[0].label}) or one of: {values}"
             )
     for group in groups:
         candidates = [c for c in group.cells if c.value == wanted] or [

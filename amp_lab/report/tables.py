@@ -114,9 +114,10 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def group_sections(data: dict[str, Any], level: str = "##") -> list[str]:
-    """Per group: a heading, its verdict and its table (markdown lines)."""
-    parts = []
+def _sections(data: dict[str, Any], level: str) -> list[str]:
+    """The context and the rules, then per group a heading, its verdict and its table (markdown
+    lines)."""
+    parts = [context_markdown(data["context"]), "", data["rules"], ""]
     for group in data["groups"]:
         parts += [
             f"{level} Group {group['id']}: {group['name']}",
@@ -136,11 +137,7 @@ def report_markdown(data: dict[str, Any], picture: str) -> str:
         f"# amp_lab comparison: {len(data['runs'])} runs in {n} group{'s' * (n != 1)} "
         f"along `{data['axis']}`",
         "",
-        context_markdown(data["context"]),
-        "",
-        data["rules"],
-        "",
-        *group_sections(data),
+        *_sections(data, "##"),
     ]
     flagged = [r for r in data["runs"] if r["health"]]
     if flagged:
@@ -153,16 +150,7 @@ def report_markdown(data: dict[str, Any], picture: str) -> str:
 
 def findings(data: dict[str, Any], picture: str) -> str:
     """The commands, the context, the rules, each group's verdict and table, the overview."""
-    return "\n".join(
-        [
-            context_markdown(data["context"]),
-            "",
-            data["rules"],
-            "",
-            *group_sections(data, "####"),
-            f"![overview of the report]({picture})",
-        ]
-    )
+    return "\n".join([*_sections(data, "####"), f"![overview of the report]({picture})"])
 
 
 def write_block(readme: Path, body: str) -> None:
