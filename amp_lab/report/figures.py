@@ -119,13 +119,9 @@ class Comparison:
     loss_rel_interval: Difference = NO_DIFFERENCE
 
     @property
-    def paired(self) -> bool:
-        return self.acc.paired
-
-    @property
     def verdict(self) -> int | str | None:
-        """BETTER, MATCHES, WORSE, `differs`, or None: inconclusive."""
-        if not self.paired:
+        """BETTER, MATCHES, WORSE, `differs`, or None: inconclusive (always so unpaired)."""
+        if not self.acc.paired:
             return None
         return combine(self.acc_interval.sign, self.loss_rel_interval.sign)
 

@@ -89,7 +89,7 @@ def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
         noise = (
             "noise unknown" if acc.half_width is None else f"noise ±{acc.half_width * 100:.1f} pp"
         )
-        if not comp.paired:
+        if not comp.acc.paired:
             noise = "no seed in common, noise unknown"
         return f"{value} vs {ref}: inconclusive: {seeds}, {noise} ({', '.join(figures)})"
     verb = {
