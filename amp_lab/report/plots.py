@@ -163,10 +163,8 @@ def overview(runs: list[RunData], data: dict[str, Any]) -> Figure:
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize="small")
         ax_row[0].set_ylabel(f"group {group['id']}", fontsize="medium", fontweight="bold")
-        handles, labels = ax_row[0].get_legend_handles_labels()
         ax_row[-1].legend(
-            handles,
-            labels,
+            *ax_row[0].get_legend_handles_labels(),  # the same cells in every panel of the row
             loc="upper left",
             bbox_to_anchor=(1.03, 1.0),
             borderaxespad=0.0,
