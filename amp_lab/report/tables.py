@@ -81,13 +81,8 @@ COLUMNS: dict[str, Callable[[Cell], str]] = {
     "loss scale": lambda cell: _scale(cell["figures"]["final_loss_scale"]),
     "status": _status,
 }
-# the figure of each column that runs of an older amp_lab lack
-OPTIONAL = {
-    "params MB": "param_bytes",
-    "grads MB": "grad_bytes",
-    "state MB": "optimizer_state_bytes",
-    "low-precision FLOPs %": "low_precision_share",  # the precision audit's
-}
+# the columns of figures that runs of an older amp_lab lack (per-rank bytes, the precision audit)
+OPTIONAL = ("low-precision FLOPs %", "params MB", "grads MB", "state MB")
 
 
 def _table(data: dict[str, Any], group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -98,8 +93,7 @@ def _table(data: dict[str, Any], group: dict[str, Any]) -> tuple[list[str], list
     shown = [
         name
         for name in COLUMNS
-        if name not in OPTIONAL
-        or any(c["figures"].get(OPTIONAL[name], UNKNOWN)["mean"] is not None for c in cells)
+        if name not in OPTIONAL or any(COLUMNS[name](cell) != "—" for cell in cells)
     ]
     rows = [
         [cell["value"] + (" (ref)" if cell["reference"] else "")]
