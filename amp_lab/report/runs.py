@@ -29,10 +29,9 @@ class ReportError(ValueError):
 
 @dataclass
 class RunData:
-    """One run's records, summary, overrides and resolved config."""
+    """One run's records, summary, resolved config and settings."""
 
     path: Path
-    overrides: dict[str, str]
     config: dict[str, Any]
     summary: dict[str, Any]
     train: list[dict[str, Any]] = field(default_factory=list)
@@ -44,15 +43,6 @@ class RunData:
     @property
     def seed(self) -> str | None:
         return self.settings.get(SEED_KEY)
-
-    @property
-    def precision(self) -> str:
-        name = (self.summary.get("precision") or {}).get("name")
-        return (
-            name
-            or self.config.get("precision", {}).get("name")
-            or self.overrides.get("precision", "?")
-        )
 
     @property
     def status(self) -> str:
@@ -146,13 +136,8 @@ def load_run(path: Path) -> RunData:
     a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
     overrides = _overrides(path)
     config = _read(path / HYDRA_DIR / "config.yaml", yaml.safe_load, dict)
-    run = RunData(
-        path,
-        overrides,
-        config,
-        _read(path / SUMMARY_FILE, json.loads, dict),
-        settings=_settings(path, config, overrides),
-    )
+    summary = _read(path / SUMMARY_FILE, json.loads, dict)
+    run = RunData(path, config, summary, settings=_settings(path, config, overrides))
     metrics = path / METRICS_FILE
     for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:

@@ -38,7 +38,7 @@ def _row(run: RunData, trial: Any) -> dict[str, Any]:
         "val_loss": trial.value,
         "lr": setting_value(run.settings.get("lr.base")),
         "warmup_steps": setting_value(run.settings.get("lr.warmup_steps")),
-        "precision": run.precision,
+        "precision": setting_value(run.settings.get("precision.name")),
         "job_dir": trial.user_attrs[JOB_DIR],
         # a pruned trial's last reported val loss, where the curve could not take it further
         "last_reported": trial.intermediate_values[max(trial.intermediate_values)]
