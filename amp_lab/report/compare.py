@@ -9,6 +9,7 @@ tables and verdicts (rich), writes report.json, report.md and overview.png to DI
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -19,12 +20,10 @@ from rich.console import Console
 from amp_lab.command import error, parser
 from amp_lab.report.document import build
 from amp_lab.report.groups import DEFAULT_AXIS
-from amp_lab.report.readme import update_readme
 from amp_lab.report.runs import ReportError, load_runs
-from amp_lab.report.search import is_search, make_search_report
-from amp_lab.report.tables import print_tables, write_markdown
-
-REPORT_JSON = "report.json"
+from amp_lab.report.search import is_search, print_search, search_data
+from amp_lab.report.search import markdown as search_markdown
+from amp_lab.report.tables import findings, print_tables, report_markdown, write_block
 
 
 def default_out(paths: list[Path]) -> Path:
@@ -32,41 +31,38 @@ def default_out(paths: list[Path]) -> Path:
     return base / "report"
 
 
-def make_report(
-    paths: list[Path],
-    out: Path | None = None,
-    ref: str | None = None,
-    by: str = DEFAULT_AXIS,
-    wandb: bool = False,
-    console: Console | None = None,
-    argv: list[str] | None = None,
-    readme: Path | None = None,
-) -> Path:
-    """Load the runs, compare them, print and write the report; returns report.md."""
-    from amp_lab.report.plots import write_plots
+def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
+    """Load the runs, compare them (a search's sweep folder: its studies), print and write the
+    report; returns report.md. `argv`: the command line, for the report's context."""
+    from amp_lab.report.plots import plot_overview, plot_search
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
+    paths, readme = args.paths, args.readme
+    console = Console()
+    if not console.is_terminal:
+        console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
     if readme is not None and not readme.is_file():
         raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
-    argv = argv if argv is not None else [str(p) for p in paths]
-    if is_search(paths):  # a search's sweep folder: its studies, not a comparison of runs
-        return make_search_report(paths[0], out or default_out(paths), console, readme, argv)
-    runs = load_runs(paths)
-    data = build(runs, by, ref, argv)
-    out = out or default_out(paths)
+    out = args.out or default_out(paths)
+    search = is_search(paths)  # a search's sweep folder: its studies, not a comparison of runs
+    runs = [] if search else load_runs(paths)
+    data = search_data(paths[0], argv) if search else build(runs, args.by, args.ref, argv)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_JSON).write_text(json.dumps(data, indent=1) + "\n")
-    print_tables(console, data)
-    plots = write_plots(runs, data, out)
-    report = write_markdown(out, data, plots)
+    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
+    if search:  # `view`: the findings, given the picture's path
+        print_search(console, data)
+        picture, view = plot_search(data, out), search_markdown
+        text = f"# amp_lab search: {paths[0]}\n\n{view(data, picture.name)}"
+    else:
+        print_tables(console, data)
+        picture, view = plot_overview(runs, data, out), findings
+        text = report_markdown(data, picture.name)
+    report = out / "report.md"
+    report.write_text(text + "\n")
     console.print(f"report: {report}")
     if readme is not None:
-        update_readme(readme, data, plots[0])
+        write_block(readme, view(data, os.path.relpath(picture, readme.parent)))
         console.print(f"findings written into {readme}")
-    if wandb:
+    if args.wandb and not search:
         from amp_lab.report.wandb_report import publish
 
         publish(runs, data, out, console)
@@ -116,15 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = cli.parse_args(argv)
     try:
-        make_report(
-            args.paths,
-            args.out,
-            args.ref,
-            args.by,
-            args.wandb,
-            argv=sys.argv[1:] if argv is None else argv,
-            readme=args.readme,
-        )
+        make_report(args, sys.argv[1:] if argv is None else argv)
     except ReportError as err:
         return error(str(err), "amp_lab.report")
     return 0

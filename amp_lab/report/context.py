@@ -9,18 +9,16 @@ when the report follows them on the same machine (as `make studies` does).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import shlex
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from amp_lab.records import HYDRA_DIR
-from amp_lab.report.runs import RunData
+from amp_lab.report.runs import RunData, setting_value
 
 
 def _version(package: str) -> str | None:
@@ -35,51 +33,32 @@ def run_device(run: RunData) -> str:
     device = (run.summary.get("precision") or {}).get("device")
     if device:
         return str(device)
-    configured = run.settings.get("trainer.device", '"?"')
-    try:
-        return str(json.loads(configured))
-    except json.JSONDecodeError:
-        return configured
+    return str(setting_value(run.settings.get("trainer.device", '"?"')))
 
 
-def _task(hydra_file: Path, key: str) -> list[str] | None:
-    """The command-line overrides Hydra saved in `hydra_file` (multirun.yaml or hydra.yaml)."""
-    try:
-        data = yaml.safe_load(hydra_file.read_text())
-        return [str(o) for o in data["hydra"]["overrides"][key]]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return None
-
-
-def _launch(run: RunData, hydra_file: Path) -> str:
+def _launch(run: RunData, hydra: dict[str, Any]) -> str:
     """`python`, or `torchrun --nproc_per_node=N` for a run of N ranks that a launcher on this
     machine started (torchrun started the ranks; a SLURM launcher starts its tasks itself)."""
     world = int(run.summary.get("world_size") or 1)
-    try:
-        target = str(yaml.safe_load(hydra_file.read_text())["hydra"]["launcher"]["_target_"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        target = ""
-    return (
-        f"torchrun --nproc_per_node={world}"
-        if world > 1 and "slurm" not in target.lower()
-        else "python"
-    )
+    target = str((hydra.get("launcher") or {}).get("_target_", ""))
+    slurm = "slurm" in target.lower()
+    return f"torchrun --nproc_per_node={world}" if world > 1 and not slurm else "python"
 
 
 def commands(runs: list[RunData]) -> list[str]:
     """The commands that made the runs: one per sweep folder (its multirun.yaml holds the last
-    launch into it), one per single run."""
+    launch into it), one per single run (its .hydra/hydra.yaml)."""
     found: list[str] = []
     for run in runs:
         sweep = run.path.parent / "multirun.yaml"
-        hydra_file, flag = (
-            (sweep, "-m ") if sweep.exists() else (run.path / HYDRA_DIR / "hydra.yaml", "")
-        )
-        task = _task(hydra_file, "task")
-        if task is not None:
-            launch = _launch(run, hydra_file)
-            command = f"{launch} -m amp_lab {flag}" + " ".join(shlex.quote(o) for o in task)
-            found.append(command.rstrip())
+        hydra_file = sweep if sweep.exists() else run.path / HYDRA_DIR / "hydra.yaml"
+        try:
+            hydra = yaml.safe_load(hydra_file.read_text())["hydra"]
+            task = " ".join(shlex.quote(str(o)) for o in hydra["overrides"]["task"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            continue
+        flag = "-m " if sweep.exists() else ""
+        found.append(f"{_launch(run, hydra)} -m amp_lab {flag}{task}".rstrip())
     return list(dict.fromkeys(found))
 
 

@@ -3,13 +3,14 @@ runs and context. report.md, the terminal tables, the plots and the W&B Report a
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
 from amp_lab.command import strict_json
 from amp_lab.report.context import gather, run_device
 from amp_lab.report.figures import compare, figures
-from amp_lab.report.groups import DEFAULT_AXIS, Group, axis_keys, make_groups, set_references
+from amp_lab.report.groups import Group, axis_keys, make_groups, set_references
 from amp_lab.report.runs import RunData
 from amp_lab.report.verdicts import (
     THRESHOLDS,
@@ -21,13 +22,11 @@ from amp_lab.report.verdicts import (
 
 
 def _status(runs: list[RunData]) -> str:
-    """The cell's status: `completed`, else its worst (`2/3 completed, 1 crashed: ...`)."""
-    statuses = [run.status for run in runs]
-    if all(s == "completed" for s in statuses):
-        return "completed"
-    if len(statuses) == 1:
-        return statuses[0]
-    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    """The cell's status: `completed`, one run's own, else each with its count over the seeds
+    (`1× incomplete: no summary.json, 1× completed`)."""
+    counts = Counter(run.status for run in runs)
+    if len(counts) == 1 and (len(runs) == 1 or "completed" in counts):
+        return next(iter(counts))
     return ", ".join(f"{n}× {s}" for s, n in counts.items())
 
 
@@ -43,7 +42,7 @@ def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
             "n": len(cell.runs),
             "status": _status(cell.runs),
             "health": merged_health(cell.runs),
-            "figures": {k: asdict(s) for k, s in figures(cell).items()},
+            "figures": {k: asdict(s) for k, s in figures(cell.runs).items()},
             "delta": comps[cell.value].as_dict(),
         }
         for cell in group.cells
@@ -59,31 +58,18 @@ def _group_data(index: int, group: Group, speed_ok: bool) -> dict[str, Any]:
     }
 
 
-def build(
-    runs: list[RunData],
-    by: str = DEFAULT_AXIS,
-    ref: str | None = None,
-    argv: list[str] | None = None,
-) -> dict[str, Any]:
-    """Everything the report says, as plain data."""
+def build(runs: list[RunData], by: str, ref: str | None, argv: list[str]) -> dict[str, Any]:
+    """Everything the report says, as plain data; `argv`: the report's command line."""
     groups = make_groups(runs, by)
     set_references(groups, by, ref)
-    context = gather(runs, argv or [])
+    context = gather(runs, argv)
     speed_ok = bool(context["speed_representative"])
-    data_groups = [_group_data(i, g, speed_ok) for i, g in enumerate(groups, 1)]
-    where = {
-        run.label: (g["id"], c["value"])
-        for g in data_groups
-        for c in g["cells"]
-        for run in runs
-        if run.label in c["runs"]
-    }
-    rows = [
-        {
+    rows = {
+        run.label: {
             "label": run.label,
             "path": str(run.path),
-            "group": where[run.label][0],
-            "value": where[run.label][1],
+            "group": i,
+            "value": cell.value,
             "seed": run.seed,
             "status": run.status,
             "device": run_device(run),
@@ -91,16 +77,18 @@ def build(
             "final_val_acc": run.summary.get("final_val_acc"),
             "final_val_loss": run.summary.get("final_val_loss"),
         }
-        for run in runs
-    ]
+        for i, group in enumerate(groups, 1)
+        for cell in group.cells
+        for run in cell.runs
+    }
     return strict_json(
         {
             "axis": by,
             "axis_keys": axis_keys(runs, by),
             "thresholds": asdict(THRESHOLDS),
             "rules": rules_text(),
-            "groups": data_groups,
-            "runs": rows,
+            "groups": [_group_data(i, g, speed_ok) for i, g in enumerate(groups, 1)],
+            "runs": [rows[run.label] for run in runs],
             "context": context,
         }
     )

@@ -21,36 +21,27 @@ from amp_lab.report.runs import RunData
 
 NO_DIFFERENCE = Difference(None, None, 0, None)
 
-# summary.json keys shown per cell (mean ± std over its seeds)
-FIGURES = (
-    "final_val_acc",
-    "best_val_acc",
-    "final_val_loss",
-    "steps_to_target",
-    "time_to_target_s",
-    "mean_samples_per_s",
-    "peak_memory_mb",
-    "param_bytes",
-    "grad_bytes",
-    "optimizer_state_bytes",
-    "skipped_steps",
-    "final_loss_scale",
-    "low_precision_share",  # the precision audit's: in summary.json's precision_audit
-    "unmoved_share",  # the diagnostics': 16-bit weights that never moved (pure modes)
-    "weight_norm_ratio",  # the diagnostics': their norm at the end over their norm at the start
-    "attn_logit_max",  # the diagnostics': the largest attention logit of the run's probes
-)
-AUDIT_FIGURES = ("low_precision_share",)
-DIAGNOSTICS_FIGURES = ("unmoved_share", "weight_norm_ratio", "attn_logit_max")
-
-
-def summary_figure(summary: dict[str, Any], key: str) -> object:
-    """One of FIGURES from a run's summary.json (the audit's from its precision_audit)."""
-    if key in AUDIT_FIGURES:
-        return (summary.get("precision_audit") or {}).get(key)
-    if key in DIAGNOSTICS_FIGURES:
-        return (summary.get("diagnostics") or {}).get(key)
-    return summary.get(key)
+# summary.json keys shown per cell (mean ± std over its seeds): the section of summary.json that
+# holds each (None: its top level)
+FIGURES = {
+    "final_val_acc": None,
+    "best_val_acc": None,
+    "final_val_loss": None,
+    "steps_to_target": None,
+    "time_to_target_s": None,
+    "mean_samples_per_s": None,
+    "peak_memory_mb": None,
+    "param_bytes": None,
+    "grad_bytes": None,
+    "optimizer_state_bytes": None,
+    "skipped_steps": None,
+    "final_loss_scale": None,
+    "low_precision_share": "precision_audit",
+    "unmoved_share": "diagnostics",  # 16-bit weights that never moved (pure modes)
+    "weight_norm_ratio": "diagnostics",  # their norm at the end over their norm at the start
+    "attn_logit_max": "diagnostics",  # the largest attention logit of the run's probes
+}
+VERDICT_NAMES = {BETTER: "better", MATCHES: "matches", WORSE: "worse", "differs": "differs"}
 
 
 @dataclass
@@ -63,29 +54,32 @@ class Stat:
     paired: bool = True
 
     @classmethod
-    def of(cls, values: Sequence[object], paired: bool = True) -> Stat:
+    def of(cls, values: Sequence[object]) -> Stat:
         # a diverged run's nan/inf is left out: its health says what happened
         known = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
         if not known:
-            return cls(None, None, 0, paired)
-        return cls(
-            statistics.fmean(known),
-            statistics.stdev(known) if len(known) > 1 else 0.0,
-            len(known),
-            paired,
-        )
+            return cls(None, None, 0)
+        std = statistics.stdev(known) if len(known) > 1 else 0.0
+        return cls(statistics.fmean(known), std, len(known))
 
 
-def figures(cell: Cell) -> dict[str, Stat]:
-    """Each of FIGURES over the cell's runs that have it."""
-    return {
-        key: Stat.of([summary_figure(run.summary, key) for run in cell.runs]) for key in FIGURES
-    }
+def figures(runs: list[RunData]) -> dict[str, Stat]:
+    """Each of FIGURES over the runs that have it."""
+    stats = {}
+    for key, part in FIGURES.items():
+        sections = [(run.summary.get(part) or {}) if part else run.summary for run in runs]
+        stats[key] = Stat.of([section.get(key) for section in sections])
+    return stats
+
+
+def _mean(runs: list[RunData], key: str) -> float | None:
+    return Stat.of([run.summary.get(key) for run in runs]).mean
 
 
 def _pairs(runs: list[RunData], refs: list[RunData], key: str) -> list[float]:
-    """`key` of each run minus the reference run with the same seed (finite pairs only)."""
-    ref_by_seed = {run.seed: run.summary.get(key) for run in refs if run.ok}
+    """`key` of each run minus the reference run with the same seed (finite pairs only); `refs`:
+    the reference's completed runs."""
+    ref_by_seed = {run.seed: run.summary.get(key) for run in refs}
     pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
     return [
         a - b
@@ -100,10 +94,10 @@ def _delta(runs: list[RunData], refs: list[RunData], key: str) -> Stat:
     if paired:
         return Stat.of(paired)
     mine = Stat.of([run.summary.get(key) for run in runs])
-    theirs = Stat.of([run.summary.get(key) for run in refs if run.ok])
-    if mine.mean is None or theirs.mean is None:
+    theirs = _mean(refs, key)
+    if mine.mean is None or theirs is None:
         return Stat(None, None, 0, False)
-    return Stat(mine.mean - theirs.mean, None, mine.n, paired=False)
+    return Stat(mine.mean - theirs, None, mine.n, paired=False)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -125,26 +119,14 @@ class Comparison:
     loss_rel_interval: Difference = NO_DIFFERENCE
 
     @property
-    def paired(self) -> bool:
-        return self.acc.paired
-
-    @property
     def verdict(self) -> int | str | None:
-        """BETTER, MATCHES, WORSE, `differs`, or None: inconclusive."""
-        if not self.paired:
+        """BETTER, MATCHES, WORSE, `differs`, or None: inconclusive (always so unpaired)."""
+        if not self.acc.paired:
             return None
         return combine(self.acc_interval.sign, self.loss_rel_interval.sign)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "verdict": _verdict_name(self.verdict)}
-
-
-def _verdict_name(verdict: int | str | None) -> str:
-    if isinstance(verdict, str):
-        return verdict  # differs
-    if verdict is None:
-        return "inconclusive"
-    return {BETTER: "better", MATCHES: "matches", WORSE: "worse"}[verdict]
+        return {**asdict(self), "verdict": VERDICT_NAMES.get(self.verdict, "inconclusive")}
 
 
 def compare(cell: Cell, ref: Cell | None, cfg: HealthConfig) -> Comparison:
@@ -154,16 +136,15 @@ def compare(cell: Cell, ref: Cell | None, cfg: HealthConfig) -> Comparison:
         return Comparison(none, none, None, None, None)
     refs = [run for run in ref.runs if run.ok]
     runs = refs if cell is ref else cell.runs  # the reference against its own completed runs
-    mine, theirs = figures(Cell(cell.value, runs)), figures(Cell(ref.value, refs))
     loss = _delta(runs, refs, "final_val_loss")
-    ref_loss = theirs["final_val_loss"].mean
+    ref_loss = _mean(refs, "final_val_loss")
     loss_rel = [d / ref_loss for d in _pairs(runs, refs, "final_val_loss")] if ref_loss else []
     return Comparison(
         acc=_delta(runs, refs, "final_val_acc"),
         loss=loss,
         loss_rel=_ratio(loss.mean, ref_loss),
-        speedup=_ratio(mine["mean_samples_per_s"].mean, theirs["mean_samples_per_s"].mean),
-        memory_ratio=_ratio(mine["peak_memory_mb"].mean, theirs["peak_memory_mb"].mean),
+        speedup=_ratio(_mean(runs, "mean_samples_per_s"), _mean(refs, "mean_samples_per_s")),
+        memory_ratio=_ratio(_mean(runs, "peak_memory_mb"), _mean(refs, "peak_memory_mb")),
         acc_interval=paired(_pairs(runs, refs, "final_val_acc"), cfg.acc_pp / 100, cfg),
         loss_rel_interval=paired(loss_rel, cfg.loss_rel, cfg, higher_is_better=False),
     )

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from amp_lab.config import AmpLabConfig, flat_settings
-from amp_lab.report.runs import SEED_KEY, ReportError, RunData, matches
+from amp_lab.report.runs import SEED_KEY, ReportError, RunData, matches, setting_value
 
 DEFAULT_AXIS = "precision"
 REFERENCE_PRECISION = "fp32"
@@ -36,7 +36,6 @@ class Cell:
 
     value: str
     runs: list[RunData]
-    is_reference: bool = False
 
 
 @dataclass
@@ -46,11 +45,8 @@ class Group:
     name: str  # the settings that set this group apart from the others, or "all runs"
     settings: dict[str, str]  # those settings, key -> value
     cells: list[Cell] = field(default_factory=list)
+    reference: Cell | None = None  # set by set_references
     reference_note: str = ""  # why there is no reference, when there is none
-
-    @property
-    def reference(self) -> Cell | None:
-        return next((cell for cell in self.cells if cell.is_reference), None)
 
 
 def is_ignored(key: str) -> bool:
@@ -79,12 +75,11 @@ def axis_keys(runs: list[RunData], by: str) -> list[str]:
 def _filled(runs: list[RunData]) -> list[dict[str, str]]:
     """Each run's settings; a key a run lacks (a run refused at start-up) takes the value every
     other run shares, else stays missing."""
-    keys = {k for run in runs for k in run.settings}
-    shared = {}
-    for key in keys:
-        values = {run.settings[key] for run in runs if key in run.settings}
-        if len(values) == 1:
-            shared[key] = values.pop()
+    values: dict[str, set[str]] = {}
+    for run in runs:
+        for key, value in run.settings.items():
+            values.setdefault(key, set()).add(value)
+    shared = {key: seen.pop() for key, seen in values.items() if len(seen) == 1}
     return [{**shared, **run.settings} for run in runs]
 
 
@@ -92,10 +87,7 @@ def _plain(value: str | None) -> str:
     """A JSON setting as a person writes it: `fp16`, not `"fp16"`."""
     if value is None:
         return "—"
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        return value
+    parsed = setting_value(value)
     if isinstance(parsed, float) and parsed.is_integer() and abs(parsed) < 1e15:
         parsed = int(parsed)  # init_scale=65536, not 65536.0
     return parsed if isinstance(parsed, str) else json.dumps(parsed)
@@ -110,10 +102,6 @@ def same_value(label: str, wanted: str) -> bool:
         return float(first) == float(wanted)
     except ValueError:
         return False
-
-
-def _varying(settings: list[dict[str, str]], keys: list[str]) -> list[str]:
-    return [k for k in keys if len({s.get(k) for s in settings}) > 1]
 
 
 def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> str:
@@ -143,28 +131,24 @@ def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list
     return [k for k in apart if not implied(k)]
 
 
-def make_groups(runs: list[RunData], by: str = DEFAULT_AXIS) -> list[Group]:
+def make_groups(runs: list[RunData], by: str) -> list[Group]:
     """The runs in comparison groups (first-seen order), cells in first-seen order; no reference
     is chosen yet (see set_references)."""
     keys = axis_keys(runs, by)
     settings = _filled(runs)
-    shown = _varying(settings, keys)
+    shown = [k for k in keys if len({s.get(k) for s in settings}) > 1]  # the axis keys that vary
     others = sorted({k for s in settings for k in s if k not in keys and not is_ignored(k)})
     group_keys = [tuple(s.get(k) for k in others) for s in settings]
     apart = _naming(others, group_keys)
-    groups: dict[tuple[str | None, ...], Group] = {}
+    found: dict[tuple[str | None, ...], dict[str, list[RunData]]] = {}
     for run, setting, key in zip(runs, settings, group_keys):
-        if key not in groups:
-            own = {k: _plain(setting.get(k)) for k in apart}
-            name = ", ".join(f"{k}={v}" for k, v in own.items()) or "all runs"
-            groups[key] = Group(name, own)
-        value = _axis_label(setting, keys, shown)
-        cell = next((c for c in groups[key].cells if c.value == value), None)
-        if cell is None:
-            groups[key].cells.append(Cell(value, [run]))
-        else:
-            cell.runs.append(run)
-    return list(groups.values())
+        found.setdefault(key, {}).setdefault(_axis_label(setting, keys, shown), []).append(run)
+    groups = []
+    for key, cells in found.items():
+        own = {k: _plain(v) for k, v in zip(others, key) if k in apart}
+        name = ", ".join(f"{k}={v}" for k, v in own.items()) or "all runs"
+        groups.append(Group(name, own, [Cell(value, members) for value, members in cells.items()]))
+    return groups
 
 
 def _default_value(by: str) -> str:
@@ -187,11 +171,10 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
         elif any(same_value(c.value, ref) for c in cells):
             wanted = ref
         else:
-            values = sorted({c.value for c in cells})
+            values = ", ".join(sorted({c.value for c in cells}))
             raise ReportError(
                 f"--ref {ref} is neither a run nor a value of {by}; use a run's "
-                f"label (e.g. {cells[0].runs[0].label}) or one of: "
-                f"{', '.join(values)}"
+                f"label (e.g. {cells[0].runs[0].label}) or one of: {values}"
             )
     for group in groups:
         candidates = [c for c in group.cells if c.value == wanted] or [
@@ -199,7 +182,7 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
         ]
         done = [c for c in candidates if any(run.ok for run in c.runs)]
         if done:
-            done[0].is_reference = True
+            group.reference = done[0]
         elif candidates:
             group.reference_note = f"no reference: the {wanted} run did not complete"
         else:

@@ -1,4 +1,5 @@
-"""overview.png: one row of panels per comparison group (small multiples), matplotlib (Agg).
+"""The report's pictures, matplotlib (Agg). overview.png: one row of panels per comparison group
+(small multiples); search.png: a search's loss against LR.
 
 Panels: train loss, train loss minus the reference's, val accuracy, and the loss scale when a
 run scales its loss. A cell is one line (mean over its seeds, min-max band); a diverged cell ends
@@ -8,6 +9,7 @@ in an x at its last finite point. Colours mean the same axis value in every row.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +26,11 @@ from amp_lab.report.runs import RunData  # noqa: E402
 Curve = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # steps, mean, min, max
 
 
-def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, float | None]:
-    """Mean, min and max of `key` at the steps every run logged, up to the first step where one
-    is not finite; and that step (None when all are finite)."""
-    per_run = [
-        {r["step"]: r[key] for r in getattr(run, kind) if r.get(key) is not None} for run in runs
-    ]
+def _band(per_run: list[dict[Any, float]]) -> tuple[Curve, float | None]:
+    """Mean, min and max over the series (step -> value) at the steps all of them hold, up to the
+    first step where one is not finite; and that step (None when all are finite)."""
     steps = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
-    ys = np.array([[p[s] for p in per_run] for s in steps], dtype=float).reshape(-1, len(runs))
+    ys = np.array([[p[s] for p in per_run] for s in steps], dtype=float).reshape(-1, len(per_run))
     bad = ~np.isfinite(ys).all(axis=1)
     cut = int(np.argmax(bad)) if bad.any() else len(steps)
     ys, xs = ys[:cut], np.array(steps[:cut], dtype=float)
@@ -41,32 +40,33 @@ def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, float | None
     return (xs, ys.mean(axis=1), ys.min(axis=1), ys.max(axis=1)), stop
 
 
+def curve(runs: list[RunData], kind: str, key: str) -> tuple[Curve, float | None]:
+    """`key` of the runs' `kind` records as a band (see _band)."""
+    return _band(
+        [{r["step"]: r[key] for r in getattr(run, kind) if r.get(key) is not None} for run in runs]
+    )
+
+
 def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: bool) -> None:
     """The mean line (and band); a diverged curve ends in an x at its last finite point, or at
     the top edge over its divergence step when it has none."""
     xs, mean, lo, hi = c
     ax.plot(xs, mean, color=color, marker="o", markersize=2, label=label)
-    if band:
+    if band and len(xs):  # an empty band on a log axis leaves matplotlib no limits to tick
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
-    if stop is not None and len(xs):
-        ax.plot(xs[-1:], mean[-1:], "x", color=color, markersize=10, markeredgewidth=2)
-    elif stop is not None:
-        ax.plot(
-            [stop],
-            [0.97],
-            "x",
-            color=color,
-            markersize=10,
-            markeredgewidth=2,
-            transform=ax.get_xaxis_transform(),
-            clip_on=False,
-        )
+    if stop is None:
+        return
+    top = {"transform": ax.get_xaxis_transform(), "clip_on": False}  # y in axes fractions
+    x, y, where = (xs[-1:], mean[-1:], {}) if len(xs) else ([stop], [0.97], top)
+    ax.plot(x, y, "x", color=color, markersize=10, markeredgewidth=2, **where)
 
 
 Cells = list[tuple[dict[str, Any], list[RunData]]]
 
 
-def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str) -> None:
+def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str, title: str) -> None:
+    """A line per cell: `key` of its runs' `kind` records (train or val)."""
+    ax.set(title=title, xlabel="optimizer step")
     for cell, runs in cells:
         c, stop = curve(runs, kind, key)
         _draw(ax, c, stop, colors[cell["value"]], _label(cell), len(runs) > 1)
@@ -79,9 +79,13 @@ def _label(cell: dict[str, Any]) -> str:
     )
 
 
-def loss_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
-    _lines(ax, cells, colors, "train", "train/loss")
-    ax.set(title="train loss", xlabel="optimizer step")
+def _note(ax: Axes, text: str) -> None:
+    """`text` in the middle of an empty panel."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+
+
+loss_panel = partial(_lines, kind="train", key="train/loss", title="train loss")
+val_panel = partial(_lines, kind="val", key="val/acc", title="val accuracy")
 
 
 def _paired_delta(runs: list[RunData], refs: list[RunData]) -> tuple[Curve, float | None]:
@@ -97,11 +101,7 @@ def _paired_delta(runs: list[RunData], refs: list[RunData]) -> tuple[Curve, floa
         common, i, j = np.intersect1d(xs, rx, return_indices=True)
         diffs.append(dict(zip(common, mine[i] - theirs[j])))
         stops.append(stop)
-    steps = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
-    ys = np.array([[d[s] for d in diffs] for s in steps], dtype=float).reshape(-1, len(diffs))
-    mean = ys.mean(axis=1) if len(steps) else np.array([])
-    stop = min((s for s in stops if s is not None), default=None)
-    return (np.array(steps, dtype=float), mean, mean, mean), stop
+    return _band(diffs)[0], min((s for s in stops if s is not None), default=None)
 
 
 def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
@@ -109,7 +109,7 @@ def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     ref = next((r for c, r in cells if c["reference"]), None)
     ax.set(title="Δ train loss vs reference", xlabel="optimizer step")
     if ref is None:
-        ax.text(0.5, 0.5, "no reference", ha="center", va="center", transform=ax.transAxes)
+        _note(ax, "no reference")
         return
     refs = [run for run in ref if run.ok] or ref
     for cell, runs in cells:
@@ -118,22 +118,14 @@ def delta_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     ax.axhline(0.0, color="grey", linewidth=0.8)
 
 
-def val_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
-    _lines(ax, cells, colors, "val", "val/acc")
-    ax.set(title="val accuracy", xlabel="optimizer step")
-
-
 def scale_panel(ax: Axes, cells: Cells, colors: dict[str, str]) -> None:
     """The loss scale (log2 axis), cells whose runs do not scale their loss left out."""
-    ax.set(title="loss scale", xlabel="optimizer step")
     scaled = [(c, r) for c, r in cells if any(scales_loss(run) for run in r)]
+    _lines(ax, scaled, colors, "train", "amp/loss_scale", "loss scale")
     if not scaled:  # another group scales; this one does not
-        ax.text(
-            0.5, 0.5, "no run scales its loss", ha="center", va="center", transform=ax.transAxes
-        )
+        _note(ax, "no run scales its loss")
         ax.set(xticks=[], yticks=[])
         return
-    _lines(ax, scaled, colors, "train", "amp/loss_scale")
     ax.set_yscale("log", base=2)
 
 
@@ -171,10 +163,8 @@ def overview(runs: list[RunData], data: dict[str, Any]) -> Figure:
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize="small")
         ax_row[0].set_ylabel(f"group {group['id']}", fontsize="medium", fontweight="bold")
-        handles, labels = ax_row[0].get_legend_handles_labels()
         ax_row[-1].legend(
-            handles,
-            labels,
+            *ax_row[0].get_legend_handles_labels(),  # the same cells in every panel of the row
             loc="upper left",
             bbox_to_anchor=(1.03, 1.0),
             borderaxespad=0.0,
@@ -196,10 +186,44 @@ def _wrap(text: str, width: int) -> list[str]:
     return lines
 
 
-def write_plots(runs: list[RunData], data: dict[str, Any], out: Path) -> list[Path]:
+def plot_overview(runs: list[RunData], data: dict[str, Any], out: Path) -> Path:
     """overview.png in `out`; returns its path."""
-    fig = overview(runs, data)
-    path = out / "overview.png"
-    fig.savefig(path, dpi=80)  # small enough to commit as a picture
+    return _save(overview(runs, data), out / "overview.png", dpi=80)  # small enough to commit
+
+
+def _study(ax: Axes, study: dict[str, Any], color: str) -> None:
+    """One study: a line through its completed trials, a star at its best, a ring at each
+    pruned trial's last reported loss, an x at the top edge for each failed trial."""
+    rows = sorted(study["rows"], key=lambda r: r["lr"])
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    label = f"{study['study']} ({study['trials']} trials)"
+    xs, ys = [r["lr"] for r in done], [r["val_loss"] for r in done]
+    ax.plot(xs, ys, "o-", color=color, label=label, markersize=4)
+    if study["best"]:
+        ax.plot(study["best"]["lr"], study["best"]["val_loss"], "*", color=color, markersize=14)
+    pruned = [r for r in rows if r["state"] == "PRUNED" and r["last_reported"] is not None]
+    xs, ys = [r["lr"] for r in pruned], [r["last_reported"] for r in pruned]
+    ax.plot(xs, ys, "o", mfc="none", color=color)
+    failed = [r["lr"] for r in rows if r["state"] == "FAIL"]
+    top = ax.get_xaxis_transform()  # x in data, y in axes fractions: 0.97 is the top edge
+    ax.plot(failed, [0.97] * len(failed), "x", color=color, ms=10, mew=2, transform=top)
+
+
+def plot_search(data: dict[str, Any], out: Path) -> Path:
+    """search.png in `out`: final val loss against lr.base (log scale), one colour per study."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, study in enumerate(data["studies"]):
+        _study(ax, study, colors[i % len(colors)])
+    title = "loss against LR per study (x at the top: failed or diverged; ring: pruned)"
+    ax.set(xscale="log", xlabel="lr.base", ylabel="final val loss", title=title)
+    ax.legend(loc="best", fontsize="small")  # inside the axes: the figure keeps its width
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, out / "search.png", dpi=120)
+
+
+def _save(fig: Figure, path: Path, dpi: int) -> Path:
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    return [path]
+    return path

@@ -29,10 +29,9 @@ class ReportError(ValueError):
 
 @dataclass
 class RunData:
-    """One run's records, summary, overrides and resolved config."""
+    """One run's records, summary, resolved config and settings."""
 
     path: Path
-    overrides: dict[str, str]
     config: dict[str, Any]
     summary: dict[str, Any]
     train: list[dict[str, Any]] = field(default_factory=list)
@@ -46,19 +45,6 @@ class RunData:
         return self.settings.get(SEED_KEY)
 
     @property
-    def precision(self) -> str:
-        name = (self.summary.get("precision") or {}).get("name")
-        return (
-            name
-            or self.config.get("precision", {}).get("name")
-            or self.overrides.get("precision", "?")
-        )
-
-    @property
-    def model(self) -> str:
-        return self.summary.get("model") or self.config.get("model", {}).get("name", "?")
-
-    @property
     def status(self) -> str:
         if "status" in self.summary:
             return str(self.summary["status"]).strip()
@@ -69,6 +55,14 @@ class RunData:
     @property
     def ok(self) -> bool:
         return self.status == "completed"
+
+
+def setting_value(text: str | None) -> Any:
+    """A recorded setting (JSON) as its value; text that is not JSON stays itself."""
+    try:
+        return None if text is None else json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def _natural(path: Path) -> tuple[Any, ...]:
@@ -142,13 +136,8 @@ def load_run(path: Path) -> RunData:
     a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
     overrides = _overrides(path)
     config = _read(path / HYDRA_DIR / "config.yaml", yaml.safe_load, dict)
-    run = RunData(
-        path,
-        overrides,
-        config,
-        _read(path / SUMMARY_FILE, json.loads, dict),
-        settings=_settings(path, config, overrides),
-    )
+    summary = _read(path / SUMMARY_FILE, json.loads, dict)
+    run = RunData(path, config, summary, settings=_settings(path, config, overrides))
     metrics = path / METRICS_FILE
     for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:

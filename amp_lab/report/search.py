@@ -8,19 +8,16 @@ folder says what it ran (its lr.base, warmup, precision), as for any run.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from amp_lab.records import SEARCH_FILE
 from amp_lab.report.context import gather
 from amp_lab.report.context import markdown as context_markdown
-from amp_lab.report.runs import ReportError, RunData, load_run
-from amp_lab.report.tables import markdown_table
+from amp_lab.report.runs import ReportError, RunData, load_run, setting_value
+from amp_lab.report.tables import markdown_table, rich_table
 from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, storage, verdict
 
 NEAR_BEST = 0.01  # the sensitivity band: trials whose loss is within 1% of the best
@@ -33,19 +30,15 @@ def is_search(paths: list[Path]) -> bool:
     return len(paths) == 1 and (paths[0] / SEARCH_FILE).is_file()
 
 
-def _setting(settings: dict[str, str], key: str) -> Any:
-    return json.loads(settings[key]) if key in settings else None
-
-
 def _row(run: RunData, trial: Any) -> dict[str, Any]:
     return {
         "trial": trial.number,
         "state": trial.state.name,
         "result": trial.user_attrs[RESULT],
         "val_loss": trial.value,
-        "lr": _setting(run.settings, "lr.base"),
-        "warmup_steps": _setting(run.settings, "lr.warmup_steps"),
-        "precision": run.precision,
+        "lr": setting_value(run.settings.get("lr.base")),
+        "warmup_steps": setting_value(run.settings.get("lr.warmup_steps")),
+        "precision": setting_value(run.settings.get("precision.name")),
         "job_dir": trial.user_attrs[JOB_DIR],
         # a pruned trial's last reported val loss, where the curve could not take it further
         "last_reported": trial.intermediate_values[max(trial.intermediate_values)]
@@ -157,70 +150,8 @@ def markdown(data: dict[str, Any], picture: str) -> str:
 
 
 def print_search(console: Console, data: dict[str, Any]) -> None:
-    table = Table(title=f"search {data['sweep_dir']}")
-    for name in HEADER:
-        table.add_column(name)
-    for s in data["studies"]:
-        table.add_row(*_cells(s))
-    console.print(table)
+    """The studies as a rich table, then their verdicts."""
+    rows = [_cells(s) for s in data["studies"]]
+    console.print(rich_table(f"search {data['sweep_dir']}", HEADER, rows))
     for s in data["studies"]:
         console.print(s["verdict"])
-
-
-def _draw(ax: Any, study: dict[str, Any], color: str) -> None:
-    """One study: a line through its completed trials, a star at its best, a ring at each
-    pruned trial's last reported loss, an x at the top edge for each failed trial."""
-    rows = sorted(study["rows"], key=lambda r: r["lr"])
-    done = [r for r in rows if r["state"] == "COMPLETE"]
-    label = f"{study['study']} ({study['trials']} trials)"
-    xs, ys = [r["lr"] for r in done], [r["val_loss"] for r in done]
-    ax.plot(xs, ys, "o-", color=color, label=label, markersize=4)
-    if study["best"]:
-        ax.plot(study["best"]["lr"], study["best"]["val_loss"], "*", color=color, markersize=14)
-    pruned = [r for r in rows if r["state"] == "PRUNED" and r["last_reported"] is not None]
-    xs, ys = [r["lr"] for r in pruned], [r["last_reported"] for r in pruned]
-    ax.plot(xs, ys, "o", mfc="none", color=color)
-    failed = [r["lr"] for r in rows if r["state"] == "FAIL"]
-    top = ax.get_xaxis_transform()  # x in data, y in axes fractions: 0.97 is the top edge
-    ax.plot(failed, [0.97] * len(failed), "x", color=color, ms=10, mew=2, transform=top)
-
-
-def plot(data: dict[str, Any], path: Path) -> Path:
-    """search.png: final val loss against lr.base (log scale), one colour per study."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, study in enumerate(data["studies"]):
-        _draw(ax, study, colors[i % len(colors)])
-    title = "loss against LR per study (x at the top: failed or diverged; ring: pruned)"
-    ax.set(xscale="log", xlabel="lr.base", ylabel="final val loss", title=title)
-    ax.legend(loc="best", fontsize="small")  # inside the axes: the figure keeps its width
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def make_search_report(
-    sweep_dir: Path, out: Path, console: Console, readme: Path | None, argv: list[str]
-) -> Path:
-    """Read the search, print it, write report.json, report.md and search.png into `out`."""
-    from amp_lab.report.readme import write_block
-
-    data = search_data(sweep_dir, argv)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
-    picture = plot(data, out / "search.png")
-    print_search(console, data)
-    report = out / "report.md"
-    report.write_text(f"# amp_lab search: {sweep_dir}\n\n{markdown(data, picture.name)}\n")
-    console.print(f"report: {report}")
-    if readme is not None:
-        write_block(readme, markdown(data, os.path.relpath(picture, readme.parent)))
-        console.print(f"findings written into {readme}")
-    return report

@@ -1,10 +1,16 @@
 """The comparison's tables: one row per cell, as markdown (report.md, a study's README) and as
-rich tables on the terminal, each group under its verdict."""
+rich tables on the terminal, each group under its verdict.
+
+`--readme FILE` writes the findings into a markdown file (a study's README): everything between
+`<!-- amp_lab.report:start -->` and `<!-- amp_lab.report:end -->` is replaced; a file without the
+markers gets them, with the findings, at its end. The text around them (the question, how to read
+the report, what a finding means) stays the author's.
+"""
 
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,55 +19,9 @@ from rich.table import Table
 
 from amp_lab.report.context import markdown as context_markdown
 
+START, END = "<!-- amp_lab.report:start -->", "<!-- amp_lab.report:end -->"
 UNKNOWN = {"mean": None, "std": None, "n": 0}  # a figure a report.json of an older version lacks
-COLUMNS = [
-    "n",
-    "runs",
-    "final acc %",
-    "best acc %",
-    "val loss",
-    "Δacc pp",
-    "Δloss",
-    "steps→target",
-    "time→target s",
-    "samples/s",
-    "speed-up",
-    "low-precision FLOPs %",
-    "peak MB",
-    "params MB",
-    "grads MB",
-    "state MB",
-    "skipped",
-    "loss scale",
-    "status",
-]
-
-
-# this rank's bytes of parameters, gradients and optimizer state (FSDP: its shards; summary.json)
-PER_RANK_BYTES = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
-
-
-# the figure of each column that runs of an older amp_lab lack
-OPTIONAL = {
-    "params MB": "param_bytes",
-    "grads MB": "grad_bytes",
-    "state MB": "optimizer_state_bytes",
-    "low-precision FLOPs %": "low_precision_share",  # the precision audit's
-}
-
-
-def shown_columns(data: dict[str, Any]) -> list[int]:
-    """Indexes of COLUMNS to show: a per-rank memory or audit column only when some run reports
-    it (runs written before amp_lab recorded it leave it unknown everywhere)."""
-    known = {
-        key
-        for group in data["groups"]
-        for cell in group["cells"]
-        for key in OPTIONAL.values()
-        if cell["figures"].get(key, UNKNOWN)["mean"] is not None
-    }
-    hidden = {COLUMNS.index(column) for column, key in OPTIONAL.items() if key not in known}
-    return [i for i in range(len(COLUMNS)) if i not in hidden]
+Cell = dict[str, Any]
 
 
 def _num(stat: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
@@ -84,39 +44,63 @@ def _scale(stat: dict[str, Any]) -> str:
     return _num(stat, ".4g")
 
 
-def _ratio(value: float | None) -> str:
+def _status(cell: Cell) -> str:
+    status = cell["status"] if not cell["health"] else "; ".join(cell["health"])
+    return status if status == "completed" else f"**{status}**"
+
+
+def _figure(key: str, fmt: str, scale: float = 1.0) -> Callable[[Cell], str]:
+    return lambda cell: _num(cell["figures"].get(key, UNKNOWN), fmt, scale)
+
+
+def _ratio(cell: Cell) -> str:
+    value = cell["delta"]["speedup"]
     return "—" if value is None else f"{value:.2f}×"
 
 
-def cell_row(cell: dict[str, Any]) -> list[str]:
-    """One table row: the axis value (ref marked), then COLUMNS."""
-    f, d = cell["figures"], cell["delta"]
-    status = cell["status"] if not cell["health"] else "; ".join(cell["health"])
-    return [
-        cell["value"] + (" (ref)" if cell["reference"] else ""),
-        str(cell["n"]),
-        ", ".join(cell["runs"]),
-        _num(f["final_val_acc"], ".1f", 100),
-        _num(f["best_val_acc"], ".1f", 100),
-        _num(f["final_val_loss"], ".4f"),
-        _num(d["acc"], "+.1f", 100),
-        _num(d["loss"], "+.3g"),
-        _num(f["steps_to_target"], ".0f"),
-        _num(f["time_to_target_s"], ".1f"),
-        _num(f["mean_samples_per_s"], ".1f"),
-        _ratio(d["speedup"]),
-        _num(f.get("low_precision_share", UNKNOWN), ".1f", 100),
-        _num(f["peak_memory_mb"], ".0f"),
-        *(_num(f.get(key, UNKNOWN), ".2f", 1e-6) for key in PER_RANK_BYTES),  # bytes -> MB
-        _num(f["skipped_steps"], ".0f"),
-        _scale(f["final_loss_scale"]),
-        status if status == "completed" else f"**{status}**",
+# each column after the axis value: its header and how a cell (report.json) fills it
+COLUMNS: dict[str, Callable[[Cell], str]] = {
+    "n": lambda cell: str(cell["n"]),
+    "runs": lambda cell: ", ".join(cell["runs"]),
+    "final acc %": _figure("final_val_acc", ".1f", 100),
+    "best acc %": _figure("best_val_acc", ".1f", 100),
+    "val loss": _figure("final_val_loss", ".4f"),
+    "Δacc pp": lambda cell: _num(cell["delta"]["acc"], "+.1f", 100),
+    "Δloss": lambda cell: _num(cell["delta"]["loss"], "+.3g"),
+    "steps→target": _figure("steps_to_target", ".0f"),
+    "time→target s": _figure("time_to_target_s", ".1f"),
+    "samples/s": _figure("mean_samples_per_s", ".1f"),
+    "speed-up": _ratio,
+    "low-precision FLOPs %": _figure("low_precision_share", ".1f", 100),
+    "peak MB": _figure("peak_memory_mb", ".0f"),
+    # this rank's bytes of parameters, gradients and optimizer state (FSDP: its shards), in MB
+    "params MB": _figure("param_bytes", ".2f", 1e-6),
+    "grads MB": _figure("grad_bytes", ".2f", 1e-6),
+    "state MB": _figure("optimizer_state_bytes", ".2f", 1e-6),
+    "skipped": _figure("skipped_steps", ".0f"),
+    "loss scale": lambda cell: _scale(cell["figures"]["final_loss_scale"]),
+    "status": _status,
+}
+# the columns of figures that runs of an older amp_lab lack (per-rank bytes, the precision audit)
+OPTIONAL = ("low-precision FLOPs %", "params MB", "grads MB", "state MB")
+
+
+def _table(data: dict[str, Any], group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """A group's header and rows: the axis value (ref marked), then the columns to show; a
+    per-rank memory or audit column only when some run reports it (runs written before amp_lab
+    recorded it leave it unknown everywhere)."""
+    cells = [cell for g in data["groups"] for cell in g["cells"]]
+    shown = [
+        name
+        for name in COLUMNS
+        if name not in OPTIONAL or any(COLUMNS[name](cell) != "—" for cell in cells)
     ]
-
-
-def _pick(row: list[str], shown: list[int]) -> list[str]:
-    """The axis cell, then the shown COLUMNS of a cell_row."""
-    return [row[0], *(row[1 + i] for i in shown)]
+    rows = [
+        [cell["value"] + (" (ref)" if cell["reference"] else "")]
+        + [COLUMNS[name](cell) for name in shown]
+        for cell in group["cells"]
+    ]
+    return [data["axis"], *shown], rows
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -124,62 +108,73 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def group_sections(data: dict[str, Any], level: str = "##") -> list[str]:
-    """Per group: a heading, its verdict and its table (markdown lines)."""
-    parts, shown = [], shown_columns(data)
+def _sections(data: dict[str, Any], level: str) -> list[str]:
+    """The context and the rules, then per group a heading, its verdict and its table (markdown
+    lines)."""
+    parts = [context_markdown(data["context"]), "", data["rules"], ""]
     for group in data["groups"]:
         parts += [
             f"{level} Group {group['id']}: {group['name']}",
             "",
             f"**Verdict:** {group['verdict']}",
             "",
-            markdown_table(
-                [data["axis"], *(COLUMNS[i] for i in shown)],
-                [_pick(cell_row(c), shown) for c in group["cells"]],
-            ),
+            markdown_table(*_table(data, group)),
             "",
         ]
     return parts
 
 
-def write_markdown(out: Path, data: dict[str, Any], plots: list[Path]) -> Path:
-    """report.md: context, rules, then per group its verdict and table, then the plots."""
+def report_markdown(data: dict[str, Any], picture: str) -> str:
+    """report.md: context, rules, then per group its verdict and table, then the overview."""
     n = len(data["groups"])
     parts = [
         f"# amp_lab comparison: {len(data['runs'])} runs in {n} group{'s' * (n != 1)} "
         f"along `{data['axis']}`",
         "",
-        context_markdown(data["context"]),
-        "",
-        data["rules"],
-        "",
-        *group_sections(data),
+        *_sections(data, "##"),
     ]
     flagged = [r for r in data["runs"] if r["health"]]
     if flagged:
         parts += ["## Run health", ""]
         parts += [f"- `{r['label']}`: " + "; ".join(r["health"]) for r in flagged]
         parts.append("")
-    parts += [f"![{plot.stem}]({os.path.relpath(plot, out)})" for plot in plots]
-    path = out / "report.md"
-    path.write_text("\n".join(parts) + "\n")
-    return path
+    parts.append(f"![overview]({picture})")
+    return "\n".join(parts)
+
+
+def findings(data: dict[str, Any], picture: str) -> str:
+    """The commands, the context, the rules, each group's verdict and table, the overview."""
+    return "\n".join([*_sections(data, "####"), f"![overview of the report]({picture})"])
+
+
+def write_block(readme: Path, body: str) -> None:
+    """Replace what lies between the markers of `readme` with `body` (appended with markers
+    when it has none)."""
+    text = readme.read_text()
+    block = f"{START}\n{body}\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text)
+
+
+def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    """A terminal table; a row whose last cell is bold (a cell in trouble) in bold red."""
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        style = "bold red" if "**" in row[-1] else None
+        table.add_row(*[c.replace("**", "") for c in row], style=style)
+    return table
 
 
 def print_tables(console: Console, data: dict[str, Any]) -> None:
     """The groups as rich tables, each with its verdict under it."""
-    shown = shown_columns(data)
     for group in data["groups"]:
-        table = Table(title=f"group {group['id']}: {group['name']}")
-        for name in [data["axis"], *(COLUMNS[i] for i in shown)]:
-            table.add_column(name, overflow="fold")
-        for cell in group["cells"]:
-            row = _pick(cell_row(cell), shown)
-            table.add_row(
-                *[c.replace("**", "") for c in row],
-                style=None if "**" not in row[-1] else "bold red",
-            )
-        console.print(table)
+        console.print(rich_table(f"group {group['id']}: {group['name']}", *_table(data, group)))
         console.print(f"verdict: {group['verdict']}")
     if not data["context"]["speed_representative"]:
         console.print(f"speed not representative: {data['context']['speed_note']}")

@@ -7,6 +7,8 @@ words them ("bf16 matches fp32 (Δacc +0.1 ± 0.4 pp, ...), 1.9× faster").
 
 from __future__ import annotations
 
+from collections import Counter
+
 from amp_lab.config import HealthConfig
 from amp_lab.health.compare import BETTER, MATCHES, WORSE, Difference
 from amp_lab.health.rules import RULES, words_of
@@ -32,10 +34,14 @@ def rules_text(cfg: HealthConfig = THRESHOLDS) -> str:
     )
 
 
+def _unfinished(run: RunData) -> list[str]:
+    """The run's status when it neither completed nor diverged (the judge's words say that)."""
+    return [] if run.status in ("completed", "diverged") else [run.status]
+
+
 def health(run: RunData) -> list[str]:
     """What is wrong with the run: its status if it did not complete, then the judge's words."""
-    status = [] if run.status in ("completed", "diverged") else [run.status]
-    return status + words_of(run.summary) + audit_failures(run)
+    return _unfinished(run) + words_of(run.summary) + audit_failures(run)
 
 
 def audit_failures(run: RunData) -> list[str]:
@@ -51,13 +57,12 @@ def merged_health(runs: list[RunData]) -> list[str]:
     number of seeds it held in ("loss stalled in 2 of 3 seeds")."""
     if len(runs) == 1:
         return health(runs[0])
-    found: dict[str, int] = {}
+    found: Counter[str] = Counter()
     for run in runs:
-        status = [] if run.status in ("completed", "diverged") else [run.status.split(":")[0]]
-        names = {e["rule"] for e in run.summary.get("health") or []}
-        broken = ["precision audit broken"] if audit_failures(run) else []
-        for label in status + [RULES[n].label if n in RULES else n for n in sorted(names)] + broken:
-            found[label] = found.get(label, 0) + 1
+        names = sorted({e["rule"] for e in run.summary.get("health") or []})
+        found.update(status.split(":")[0] for status in _unfinished(run))
+        found.update(RULES[n].label if n in RULES else n for n in names)
+        found.update(["precision audit broken"] if audit_failures(run) else [])
     return [f"{label} in {k} of {len(runs)} seeds" for label, k in found.items()]
 
 
@@ -84,7 +89,7 @@ def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
         noise = (
             "noise unknown" if acc.half_width is None else f"noise ±{acc.half_width * 100:.1f} pp"
         )
-        if not comp.paired:
+        if not comp.acc.paired:
             noise = "no seed in common, noise unknown"
         return f"{value} vs {ref}: inconclusive: {seeds}, {noise} ({', '.join(figures)})"
     verb = {
@@ -114,11 +119,9 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
     clause = accuracy_words(cell.value, ref.value, comp)
     if speed_ok and (speed := _speed_words(comp)):
         clause += f", {speed}"
-    problems = merged_health(cell.runs)
-    if problems:
-        clause = f"{cell.value} {', '.join(problems)}; " + clause.removeprefix(cell.value).lstrip(
-            ": "
-        )
+    if problems := merged_health(cell.runs):  # `fp16 diverged in 1 of 3 seeds; matches fp32 ...`
+        rest = clause.removeprefix(cell.value).lstrip(": ")
+        clause = f"{cell.value} {', '.join(problems)}; {rest}"
     return clause
 
 
@@ -126,11 +129,8 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
     """The group's sentence: every cell against the reference, or why there is none."""
     ref = group.reference
     if ref is None:
-        named = [
-            f"{c.value} {', '.join(merged_health(c.runs))}"
-            for c in group.cells
-            if merged_health(c.runs)
-        ]
+        problems = {c.value: merged_health(c.runs) for c in group.cells}
+        named = [f"{value} {', '.join(words)}" for value, words in problems.items() if words]
         note = group.reference_note
         return "; ".join([note[:1].upper() + note[1:], *named]) + "."
     clauses = [cell_verdict(c, ref, comps[c.value], speed_ok) for c in group.cells if c is not ref]

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from amp_lab.records import WANDB_ID_FILE
 from amp_lab.report.groups import is_ignored
-from amp_lab.report.runs import RunData
+from amp_lab.report.runs import RunData, setting_value
 from amp_lab.tracking.wandb_sink import redact, sweep_group
 
 SPEC_FILE = "wandb_report.json"
@@ -46,13 +46,6 @@ def _literal(value: str) -> str:
         return repr(value)
 
 
-def _scalar(value: str | None) -> bool:
-    try:
-        return not isinstance(json.loads(value or "null"), (dict, list))
-    except json.JSONDecodeError:
-        return True
-
-
 def varying_leaves(runs: list[RunData]) -> list[str]:
     """Settings keys with one number or string each (W&B config leaf keys) that differ between
     runs; a dict such as `model.kwargs` is not a leaf."""
@@ -61,7 +54,7 @@ def varying_leaves(runs: list[RunData]) -> list[str]:
         k
         for k in keys
         if len({run.settings.get(k) for run in runs}) > 1
-        and all(_scalar(run.settings.get(k)) for run in runs)
+        and not any(isinstance(setting_value(run.settings.get(k)), (dict, list)) for run in runs)
         and not is_ignored(k)
     ]
 
@@ -106,16 +99,13 @@ def build_report(
     ]
     for group in data["groups"]:
         settings = {k: v for k, v in group["settings"].items() if v != "—"}
-        filters = " and ".join(
-            filter(
-                None, [source, *[f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]]
-            )
-        )
+        filters = [source] if source else []
+        filters += [f"Config('{k}') == {_literal(v)}" for k, v in settings.items()]
         runset = wr.Runset(
             entity=entity,
             project=project,
             name=f"group {group['id']}",
-            filters=filters,
+            filters=" and ".join(filters),
             groupby=[*settings, *varying],
         )
         blocks += [
@@ -152,30 +142,27 @@ def report_spec(report: Any) -> dict[str, Any]:
     return pydantic.TypeAdapter(type(report)).dump_python(report, mode="json")
 
 
-def _online() -> bool:
-    """True when W&B is not forced offline and an API key is configured."""
+def _api() -> Any:
+    """The W&B API, or None when W&B is forced offline or no API key is configured."""
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled"):
-        return False
+        return None
     import wandb
 
     try:
-        wandb.Api()
+        return wandb.Api()
     except Exception:  # noqa: BLE001 - no key or no server: stay offline
-        return False
-    return True
+        return None
 
 
 def publish(runs: list[RunData], data: dict[str, Any], out: Path, console: Console) -> Path | None:
     """Save the report online and print its URL; offline, write its spec and say how to publish."""
     logger = runs[0].config.get("logger", {})
     project, entity = logger.get("project") or "amp_lab", logger.get("entity") or ""
-    leaves = varying_leaves(runs)
     groups, run_ids = run_groups(runs)
-    if _online():
-        import wandb
-
+    leaves = varying_leaves(runs)
+    if (api := _api()) is not None:
         try:
-            online_entity = entity or wandb.Api().default_entity or ""
+            online_entity = entity or api.default_entity or ""
             report = build_report(project, online_entity, groups, data, leaves, run_ids)
             report.save()
             console.print(f"W&B report: {report.url}")

@@ -19,7 +19,7 @@ def _sweep_run(tmp_path: Path, launcher: str, world_size: int) -> RunData:
     (sweep / "0_precision=fp32").mkdir(parents=True)
     hydra = {"launcher": {"_target_": launcher}, "overrides": {"task": ["precision=fp32,bf16"]}}
     (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
-    return RunData(sweep / "0_precision=fp32", {}, {}, {"world_size": world_size})
+    return RunData(sweep / "0_precision=fp32", {}, {"world_size": world_size})
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
+import yaml
 from helpers.reports import OVERFLOW, report, run
 
 from amp_lab.report.plots import overview
@@ -126,3 +127,17 @@ def test_no_loss_scale_panel_without_scaling_and_a_diverged_run_is_marked(tmp_pa
     )
     assert [list(m.get_xdata()) for m in marks] == [[first_bad]]  # at its divergence
     plt.close(fig)
+
+
+def test_a_scaled_cell_whose_runs_share_no_step_still_draws(tmp_path) -> None:
+    """A diverged fp16 run beside a refused one (no records): the cell's curves share no step,
+    and the loss-scale panel (a log axis) is drawn without a band."""
+    sweep = tmp_path / "sweep"
+    run(sweep, "0_precision=fp32", "precision=fp32", *OVERFLOW, steps=8)
+    run(sweep, "1_precision=fp16", "precision=fp16", *OVERFLOW, steps=8)
+    refused = sweep / "2_precision=fp16,trainer.seed=3" / ".hydra"
+    refused.mkdir(parents=True)
+    (refused / "overrides.yaml").write_text(yaml.safe_dump(["precision=fp16", "trainer.seed=3"]))
+    data = report(str(sweep))
+    assert [(c["value"], c["n"]) for c in data["groups"][0]["cells"]] == [("fp32", 1), ("fp16", 2)]
+    assert (sweep / "report" / "overview.png").stat().st_size > 10_000

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from amp_lab.report.readme import END, START, findings
 from amp_lab.report.search import markdown as search_markdown
+from amp_lab.report.tables import END, START, findings
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted(p.name for p in (ROOT / "experiments").iterdir() if p.is_dir())
