@@ -64,15 +64,29 @@ SIGNATURE_FIXES = {  # pitfall signature -> (score, problem, fix)
         "compute the loss in fp32: loss_fn(logits.float(), labels)",
     ),
 }
-# early warning (health/rules.py EARLY) -> (score, problem), most urgent first; its override:
-# warning_fixes()
-WARNING_PROBLEMS = {
-    "eps_lost": (82, "Adam's eps is 0 in its state dtype"),
-    "attn_logits": (80, "attention logits grow until the run diverges"),
-    "updates_erased": (78, "rounding erases the 16-bit weights' small updates"),
-    "decay_lost": (68, "weight decay is rounded away in the 16-bit weights"),
-    "adam_rms": (65, "Adam's second moment lags the gradient (a loss spike follows)"),
-    "kurtosis": (55, "outlier features grow in the activations"),
+# early warning (health/rules.py EARLY) -> (score, problem, the override that removes its cause),
+# most urgent first: qk-layernorm bounds the attention logits (Wortsman et al. 2023), stochastic
+# rounding carries small updates, fp32 masters the decay, fp32 state holds eps; None: a lower LR
+# (with a longer warmup) calms the rest
+WARNINGS: dict[str, tuple[int, str, str | None]] = {
+    "eps_lost": (82, "Adam's eps is 0 in its state dtype", "optim.state_dtype=fp32"),
+    "attn_logits": (
+        80,
+        "attention logits grow until the run diverges",
+        "++model.kwargs.qk_norm=true",
+    ),
+    "updates_erased": (
+        78,
+        "rounding erases the 16-bit weights' small updates",
+        "precision.update_rounding=stochastic",
+    ),
+    "decay_lost": (
+        68,
+        "weight decay is rounded away in the 16-bit weights",
+        "precision.master_weights=true",
+    ),
+    "adam_rms": (65, "Adam's second moment lags the gradient (a loss spike follows)", None),
+    "kurtosis": (55, "outlier features grow in the activations", None),
 }
 NO_PROBLEM = "no precision problem found"
 BASELINE = "the baseline does not train: not a precision problem"
@@ -110,34 +124,18 @@ def baseline_fixes(advice: Advice) -> list[str]:
     ]
 
 
-def warning_fixes(advice: Advice) -> dict[str, str]:
-    """The override that removes each early warning's cause: qk-layernorm bounds the attention
-    logits (Wortsman et al. 2023), stochastic rounding carries small updates, fp32 masters the
-    decay, fp32 state holds eps; a lower LR (with a longer warmup) calms the rest."""
-    warm = max(advice.warmup_steps * 2, advice.steps // 5, 1)
-    calmer = f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm}"
-    return {
-        "eps_lost": "optim.state_dtype=fp32",
-        "attn_logits": "++model.kwargs.qk_norm=true",
-        "updates_erased": "precision.update_rounding=stochastic",
-        "decay_lost": "precision.master_weights=true",
-        "adam_rms": calmer,
-        "kurtosis": calmer,
-    }
-
-
 def _warning_recs(probes: dict[str, Probe], advice: Advice) -> list[dict[str, Any]]:
     """One recommendation per early warning a probe raised (its first probe's evidence); a
     fix another warning already recommends is made once."""
-    fixes, recs, made = warning_fixes(advice), [], set()
-    for rule in WARNING_PROBLEMS:  # most urgent first: a shared fix goes to the first
+    warm = max(advice.warmup_steps * 2, advice.steps // 5, 1)
+    calmer = f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm}"
+    recs: list[dict[str, Any]] = []
+    for rule, (score, problem, fix) in WARNINGS.items():  # a shared fix goes to the first
         probe = next((p for p in probes.values() if rule in p.findings), None)
-        if probe is None or fixes[rule] in made:
+        if probe is None or (fix or calmer) in [r["override"] for r in recs]:
             continue
-        made.add(fixes[rule])
         evidence = next(e["evidence"] for e in probe.summary["health"] if e["rule"] == rule)
-        score, problem = WARNING_PROBLEMS[rule]
-        recs.append(_rec(rule, score, problem, f"{probe.name}: {evidence}", fixes[rule]))
+        recs.append(_rec(rule, score, problem, f"{probe.name}: {evidence}", fix or calmer))
     return recs
 
 
@@ -155,6 +153,7 @@ def recommend(
     """Ranked recommendations, most urgent first; `applied(override)` is true for what the
     user's config already does (those are left out)."""
     base = probes["fp32"]
+    said = {name: verdict(p, base, advice.health) for name, p in probes.items()}
     recs = [
         _rec(
             "crashed",
@@ -167,93 +166,89 @@ def recommend(
         for p in probes.values()
         if p.crashed
     ]
-    if (
-        verdict(base, base, advice.health) not in TRAINS
-    ):  # baseline first: the precision advice is held back
+    if said["fp32"] not in TRAINS:  # baseline first: the precision advice and warnings wait
+        why = f"fp32 probe: {said['fp32']}, loss {base.curve()}"
+        fix = baseline_fixes(advice)[0]
         recs.append(
-            _rec(
-                "baseline",
-                100,
-                BASELINE,
-                f"fp32 probe: {verdict(base, base, advice.health)}, loss {base.curve()}; fix the "
-                "LR, warmup or clipping first",
-                baseline_fixes(advice)[0],
-            )
+            _rec("baseline", 100, BASELINE, f"{why}; fix the LR, warmup or clipping first", fix)
         )
-        return _ranked(recs)  # the LR, warmup and clipping first: the warnings wait too
-    recs += _precision_recs(probes, advice, fp32_set) + _warning_recs(probes, advice)
-    recs = [r for r in recs if not (r["override"] and applied(r["override"]))]
-    if not any(r["score"] > 0 for r in recs):
-        recs.append(_no_problem(user_probe(probes, advice), base, advice))
-    return _ranked(recs)
-
-
-def _ranked(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    else:
+        recs += _precision_recs(probes, said, advice, fp32_set) + _warning_recs(probes, advice)
+        recs = [r for r in recs if not (r["override"] and applied(r["override"]))]
+        if not any(r["score"] > 0 for r in recs):
+            mine = user_probe(probes, advice)
+            recs.append(_no_problem(mine, base, said[mine.name], advice))
     return sorted(recs, key=lambda r: -r["score"])
 
 
-def _precision_recs(
-    probes: dict[str, Probe], advice: Advice, fp32_set: list[str] | None
-) -> list[dict[str, Any]]:
-    base, noscale, scaled = probes["fp32"], probes["autocast"], probes["autocast+scaler"]
-    mine = user_probe(probes, advice)
-    low = [p for p in (mine, scaled, noscale) if not p.unavailable and not p.crashed]
-    recs: list[dict[str, Any]] = []
+def _signatures(probes: dict[str, Probe], low: list[Probe]) -> dict[str, str]:
+    """Each pitfall signature a probe saw, with the first one's evidence (the user's probe's
+    first, the fp32 baseline's last, then the scaler check's)."""
     seen: dict[str, str] = {}
-    for probe in [*low, base]:
+    for probe in [*low, probes["fp32"]]:
         seen.update({k: v for k, v in probe.diag.get("signatures", {}).items() if k not in seen})
     if (active := probes.get(mechanism.NAME)) and not active.crashed:  # the injected overflow
         found = mechanism.signatures(active)
         seen.update({k: f"{active.name}: {v}" for k, v in found.items() if k not in seen})
+    return seen
+
+
+def _forward_rec(
+    low: list[Probe], advice: Advice, fp32_set: list[str] | None
+) -> dict[str, Any] | None:
+    """The first forward overflow (the event the table shows as a probe's first non-finite
+    value): keep its module in fp32, or the one amp_lab numerics ranks first."""
+    culprit = next(((p, e) for p in low if (e := first_event(p)) and e["phase"] == "forward"), None)
+    if not culprit:
+        return None
+    probe, event = culprit
+    module = (advice.fp32_candidates or (event["module"],))[0]
+    ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
+    modules = fp32_set or [*advice.fp32_modules, module]
+    return {
+        "module": module,
+        **_rec(
+            "forward_overflow",
+            88,
+            f"{event['module']} overflows {event['dtype']} in the forward pass",
+            f"{probe.name}: first non-finite value at step {event['step']}, the "
+            f"output of {event['module']} (max |x| {event['max_abs']}, fp16 max "
+            f"65504); no loss scale can fix a forward overflow{ranked}",
+            f"precision.fp32_modules=[{','.join(modules)}]",
+        ),
+    }
+
+
+def _precision_recs(
+    probes: dict[str, Probe], said: dict[str, str], advice: Advice, fp32_set: list[str] | None
+) -> list[dict[str, Any]]:
+    base, noscale, scaled = probes["fp32"], probes["autocast"], probes["autocast+scaler"]
+    mine = user_probe(probes, advice)
+    low = [p for p in (mine, scaled, noscale) if not p.unavailable and not p.crashed]
+    seen = _signatures(probes, low)
+    recs: list[dict[str, Any]] = []
     for name, evidence in seen.items():
         score, problem, fix = SIGNATURE_FIXES[name]
         recs.append(_rec(name, score, problem, evidence, "pitfall=none", fix))
-    culprit = next(((p, e) for p in low if (e := first_event(p)) and e["phase"] == "forward"), None)
-    if culprit:  # the same event the table shows as the probe's first non-finite value
-        probe, event = culprit
-        module = (advice.fp32_candidates or (event["module"],))[0]
-        ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
-        modules = fp32_set or [*advice.fp32_modules, module]
-        recs.append(
-            {
-                "module": module,
-                **_rec(
-                    "forward_overflow",
-                    88,
-                    f"{event['module']} overflows {event['dtype']} in the forward pass",
-                    f"{probe.name}: first non-finite value at step {event['step']}, the "
-                    f"output of {event['module']} (max |x| {event['max_abs']}, fp16 max "
-                    f"65504); no loss scale can fix a forward overflow{ranked}",
-                    f"precision.fp32_modules=[{','.join(modules)}]",
-                ),
-            }
-        )
-    flushed = noscale.flushed
-    if (
-        verdict(noscale, base, advice.health) in ("underflow", "stalls", "deviates")
-        and verdict(scaled, base, advice.health) in HEALTHY
-    ):
+    forward = _forward_rec(low, advice, fp32_set)
+    recs += [forward] if forward else []
+    if said["autocast"] in ("underflow", "stalls", "deviates") and said[scaled.name] in HEALTHY:
         recs.append(
             _rec(
                 "underflow_no_scaler",
                 85,
                 "gradients underflow without loss scaling",
-                f"{noscale.name}: {_pct(flushed)} of gradient elements are zero (fp32: "
+                f"{noscale.name}: {_pct(noscale.flushed)} of gradient elements are zero (fp32: "
                 f"{_pct(base.flushed)}), loss {noscale.curve()}; with the scaler: "
                 f"loss {scaled.curve()}",
                 f"precision={advice.low_dtype} scaler.enabled=true",
             )
         )
-    if not culprit and not seen:
-        recs += _scaler_recs(scaled, base, advice)
+    if not forward and not seen:
+        recs += _scaler_recs(scaled, base, said[scaled.name], advice)
     bf16 = probes.get("bf16")
-    if (
-        bf16
-        and not seen
-        and not bf16.unavailable
-        and verdict(bf16, base, advice.health) in HEALTHY
-        and (verdict(mine, base, advice.health) not in HEALTHY or culprit)
-    ):
+    fp16_fails = said[mine.name] not in HEALTHY or forward
+    if bf16 and not seen and said["bf16"] in HEALTHY and fp16_fails:
         recs.append(
             _rec(
                 "bf16",
@@ -266,7 +261,7 @@ def _precision_recs(
     return recs
 
 
-def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, Any]]:
+def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[dict[str, Any]]:
     final = scaled.summary.get("final_loss_scale") or advice.init_scale
     # skipped steps from step 1 on (the probes log every step) and none after them, or a scale
     # still above 2**16 after every step skipped: the scale started too high, the gradients
@@ -276,15 +271,16 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
     skipped = scaled.summary.get("skipped_steps", 0)
     events = scaled.diag.get("scale_events") or []
     growths = sum(e["kind"] == "growth" for e in events)
-    unstable = final < 1.0 or verdict(scaled, base, advice.health) == "skips"
+    unstable = final < 1.0 or said == "skips"
     warm = max(advice.warmup_steps * 2, advice.steps // 5)
+    scale = f"scale {advice.init_scale:g} -> {final:g}"
     if leading >= 3 and (leading == skipped or final > 2.0**16):
         return [
             _rec(
                 "init_scale_high",
                 72 if "skips" in scaled.findings else 40,
                 "the initial loss scale is too high",
-                f"{leading} steps skipped from step 1: scale {advice.init_scale:g} -> {final:g}",
+                f"{leading} steps skipped from step 1: {scale}",
                 f"scaler.init_scale={min(final, 2.0**16):g}",
             )
         ]
@@ -296,8 +292,7 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
                 74,
                 "the loss scale grows too eagerly",
                 f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
-                f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), "
-                f"scale {advice.init_scale:g} -> {final:g}",
+                f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), {scale}",
                 "scaler.growth_interval=2000",
             )
         ]
@@ -307,13 +302,12 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
                 "unstable_scale",
                 60,
                 "the loss scale keeps backing off (unstable gradients)",
-                f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, "
-                f"scale {advice.init_scale:g} -> {final:g}",
+                f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, {scale}",
                 f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm} "
                 f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}",
             )
         ]
-    if verdict(scaled, base, advice.health) == "deviates":
+    if said == "deviates":
         return [
             _rec(
                 "drift",
@@ -326,16 +320,16 @@ def _scaler_recs(scaled: Probe, base: Probe, advice: Advice) -> list[dict[str, A
     return []
 
 
-def _no_problem(mine: Probe, base: Probe, advice: Advice) -> dict[str, Any]:
+def _no_problem(mine: Probe, base: Probe, said: str, advice: Advice) -> dict[str, Any]:
     skipped = mine.summary.get("skipped_steps", 0)
     tracks = (
         f"{mine.name} tracks fp32 within {_pct(mine.deviation(base))} over {advice.steps} steps"
     )
-    if verdict(mine, base, advice.health) not in HEALTHY:
+    if said not in HEALTHY:
         return _rec(
             "unexplained",
             1,
-            f"the {mine.name} probe {verdict(mine, base, advice.health)}, cause not found",
+            f"the {mine.name} probe {said}, cause not found",
             f"loss {mine.curve()}; compare the probes' records in doctor.json",
             None,
         )

@@ -36,6 +36,11 @@ class Probe:
         return self.summary.get("diagnostics") or {}
 
     @property
+    def forward(self) -> dict[str, Any] | None:
+        """The first non-finite value of the forward pass (its module), or None."""
+        return (self.diag.get("nonfinite") or {}).get("forward")
+
+    @property
     def skip_rate(self) -> float:
         return self.summary.get("skipped_steps", 0) / max(1, self.summary.get("steps", 1))
 
