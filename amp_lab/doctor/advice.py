@@ -90,24 +90,29 @@ WARNINGS: dict[str, tuple[int, str, str | None]] = {
 }
 NO_PROBLEM = "no precision problem found"
 BASELINE = "the baseline does not train: not a precision problem"
+# cause -> (score, problem; None: the problem names what the probes found), most urgent first
+# (the pitfall signatures' and the early warnings' are in their tables)
+CAUSES: dict[str, tuple[int, str | None]] = {
+    "baseline": (100, BASELINE),
+    "forward_overflow": (88, None),
+    "underflow_no_scaler": (85, "gradients underflow without loss scaling"),
+    "crashed": (75, None),
+    "eager_growth": (74, "the loss scale grows too eagerly"),
+    "init_scale_high": (72, "the initial loss scale is too high"),  # 40 unless judged `skips`
+    "bf16": (70, "fp16's range is the problem; bf16 has fp32's exponent range"),
+    "unstable_scale": (60, "the loss scale keeps backing off (unstable gradients)"),
+    "drift": (50, "the mixed-precision loss drifts from fp32"),
+    "unexplained": (1, None),
+    "transient": (0, NO_PROBLEM),
+    "none": (0, NO_PROBLEM),
+}
 
 
-def _rec(
-    cause: str,
-    score: int,
-    problem: str,
-    evidence: str,
-    override: str | None,
-    fix: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "cause": cause,
-        "score": score,
-        "problem": problem,
-        "evidence": evidence,
-        "override": override,
-        "fix": fix,
-    }
+def _rec(cause: str, evidence: str, override: str | None = None, **given: Any) -> dict[str, Any]:
+    """A recommendation: its score and problem from CAUSES unless `given`, as its code `fix`."""
+    score, problem = CAUSES.get(cause, (0, None))
+    rec = {"cause": cause, "score": score, "problem": problem, "evidence": evidence}
+    return {**rec, "override": override, "fix": None} | given
 
 
 def baseline_fixes(advice: Advice) -> list[str]:
@@ -135,7 +140,8 @@ def _warning_recs(probes: dict[str, Probe], advice: Advice) -> list[dict[str, An
         if probe is None or (fix or calmer) in [r["override"] for r in recs]:
             continue
         evidence = next(e["evidence"] for e in probe.summary["health"] if e["rule"] == rule)
-        recs.append(_rec(rule, score, problem, f"{probe.name}: {evidence}", fix or calmer))
+        evidence = f"{probe.name}: {evidence}"
+        recs.append(_rec(rule, evidence, fix or calmer, score=score, problem=problem))
     return recs
 
 
@@ -154,14 +160,13 @@ def recommend(
     user's config already does (those are left out)."""
     base = probes["fp32"]
     said = {name: verdict(p, base, advice.health) for name, p in probes.items()}
+    rerun = "see the traceback: python -m amp_lab <your overrides>"
     recs = [
         _rec(
             "crashed",
-            75,
-            f"the {p.name} probe crashed",
-            p.crashed or "",
-            None,
-            f"see the traceback: python -m amp_lab <your overrides> {' '.join(p.overrides[-2:])}",
+            p.crashed,
+            problem=f"the {p.name} probe crashed",
+            fix=f"{rerun} {' '.join(p.overrides[-2:])}",
         )
         for p in probes.values()
         if p.crashed
@@ -169,9 +174,7 @@ def recommend(
     if said["fp32"] not in TRAINS:  # baseline first: the precision advice and warnings wait
         why = f"fp32 probe: {said['fp32']}, loss {base.curve()}"
         fix = baseline_fixes(advice)[0]
-        recs.append(
-            _rec("baseline", 100, BASELINE, f"{why}; fix the LR, warmup or clipping first", fix)
-        )
+        recs.append(_rec("baseline", f"{why}; fix the LR, warmup or clipping first", fix))
     else:
         recs += _precision_recs(probes, said, advice, fp32_set) + _warning_recs(probes, advice)
         recs = [r for r in recs if not (r["override"] and applied(r["override"]))]
@@ -205,18 +208,14 @@ def _forward_rec(
     module = (advice.fp32_candidates or (event["module"],))[0]
     ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
     modules = fp32_set or [*advice.fp32_modules, module]
-    return {
-        "module": module,
-        **_rec(
-            "forward_overflow",
-            88,
-            f"{event['module']} overflows {event['dtype']} in the forward pass",
-            f"{probe.name}: first non-finite value at step {event['step']}, the "
-            f"output of {event['module']} (max |x| {event['max_abs']}, fp16 max "
-            f"65504); no loss scale can fix a forward overflow{ranked}",
-            f"precision.fp32_modules=[{','.join(modules)}]",
-        ),
-    }
+    evidence = (
+        f"{probe.name}: first non-finite value at step {event['step']}, the output of "
+        f"{event['module']} (max |x| {event['max_abs']}, fp16 max 65504); no loss scale can "
+        f"fix a forward overflow{ranked}"
+    )
+    problem = f"{event['module']} overflows {event['dtype']} in the forward pass"
+    override = f"precision.fp32_modules=[{','.join(modules)}]"
+    return {"module": module, **_rec("forward_overflow", evidence, override, problem=problem)}
 
 
 def _precision_recs(
@@ -229,35 +228,24 @@ def _precision_recs(
     recs: list[dict[str, Any]] = []
     for name, evidence in seen.items():
         score, problem, fix = SIGNATURE_FIXES[name]
-        recs.append(_rec(name, score, problem, evidence, "pitfall=none", fix))
+        recs.append(_rec(name, evidence, "pitfall=none", score=score, problem=problem, fix=fix))
     forward = _forward_rec(low, advice, fp32_set)
     recs += [forward] if forward else []
     if said["autocast"] in ("underflow", "stalls", "deviates") and said[scaled.name] in HEALTHY:
-        recs.append(
-            _rec(
-                "underflow_no_scaler",
-                85,
-                "gradients underflow without loss scaling",
-                f"{noscale.name}: {_pct(noscale.flushed)} of gradient elements are zero (fp32: "
-                f"{_pct(base.flushed)}), loss {noscale.curve()}; with the scaler: "
-                f"loss {scaled.curve()}",
-                f"precision={advice.low_dtype} scaler.enabled=true",
-            )
+        evidence = (
+            f"{noscale.name}: {_pct(noscale.flushed)} of gradient elements are zero (fp32: "
+            f"{_pct(base.flushed)}), loss {noscale.curve()}; with the scaler: "
+            f"loss {scaled.curve()}"
         )
+        override = f"precision={advice.low_dtype} scaler.enabled=true"
+        recs.append(_rec("underflow_no_scaler", evidence, override))
     if not forward and not seen:
         recs += _scaler_recs(scaled, base, said[scaled.name], advice)
     bf16 = probes.get("bf16")
     fp16_fails = said[mine.name] not in HEALTHY or forward
     if bf16 and not seen and said["bf16"] in HEALTHY and fp16_fails:
-        recs.append(
-            _rec(
-                "bf16",
-                70,
-                "fp16's range is the problem; bf16 has fp32's exponent range",
-                f"bf16 loss {bf16.curve()} tracks fp32 ({base.curve()})",
-                "precision=bf16",
-            )
-        )
+        evidence = f"bf16 loss {bf16.curve()} tracks fp32 ({base.curve()})"
+        recs.append(_rec("bf16", evidence, "precision=bf16"))
     return recs
 
 
@@ -275,48 +263,34 @@ def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[
     warm = max(advice.warmup_steps * 2, advice.steps // 5)
     scale = f"scale {advice.init_scale:g} -> {final:g}"
     if leading >= 3 and (leading == skipped or final > 2.0**16):
+        evidence = f"{leading} steps skipped from step 1: {scale}"
+        score = 72 if "skips" in scaled.findings else 40
         return [
             _rec(
                 "init_scale_high",
-                72 if "skips" in scaled.findings else 40,
-                "the initial loss scale is too high",
-                f"{leading} steps skipped from step 1: {scale}",
+                evidence,
                 f"scaler.init_scale={min(final, 2.0**16):g}",
+                score=score,
             )
         ]
     if unstable and growths >= 2 and advice.growth_interval < 2000:
         # the scale grows back into overflow again and again: growth, not the model, is wrong
-        return [
-            _rec(
-                "eager_growth",
-                74,
-                "the loss scale grows too eagerly",
-                f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
-                f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), {scale}",
-                "scaler.growth_interval=2000",
-            )
-        ]
+        evidence = (
+            f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
+            f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), {scale}"
+        )
+        return [_rec("eager_growth", evidence, "scaler.growth_interval=2000")]
     if unstable:
-        return [
-            _rec(
-                "unstable_scale",
-                60,
-                "the loss scale keeps backing off (unstable gradients)",
-                f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, {scale}",
-                f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm} "
-                f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}",
-            )
-        ]
+        evidence = f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, {scale}"
+        calmer = (
+            f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm} "
+            f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}"
+        )
+        return [_rec("unstable_scale", evidence, calmer)]
     if said == "deviates":
-        return [
-            _rec(
-                "drift",
-                50,
-                "the mixed-precision loss drifts from fp32",
-                f"{scaled.name}: mean |loss - fp32| / fp32 = {_pct(scaled.deviation(base))}",
-                f"lr.scale={min(0.7, advice.lr_scale * 0.7):g} lr.warmup_steps={warm}",
-            )
-        ]
+        evidence = f"{scaled.name}: mean |loss - fp32| / fp32 = {_pct(scaled.deviation(base))}"
+        calmer = f"lr.scale={min(0.7, advice.lr_scale * 0.7):g} lr.warmup_steps={warm}"
+        return [_rec("drift", evidence, calmer)]
     return []
 
 
@@ -326,27 +300,18 @@ def _no_problem(mine: Probe, base: Probe, said: str, advice: Advice) -> dict[str
         f"{mine.name} tracks fp32 within {_pct(mine.deviation(base))} over {advice.steps} steps"
     )
     if said not in HEALTHY:
-        return _rec(
-            "unexplained",
-            1,
-            f"the {mine.name} probe {said}, cause not found",
-            f"loss {mine.curve()}; compare the probes' records in doctor.json",
-            None,
-        )
+        problem = f"the {mine.name} probe {said}, cause not found"
+        evidence = f"loss {mine.curve()}; compare the probes' records in doctor.json"
+        return _rec("unexplained", evidence, problem=problem)
     if skipped and mine.summary.get("health") == []:
         steps = [e["step"] for e in mine.diag.get("scale_events") or [] if e["kind"] == "backoff"]
         return _rec(
             "transient",
-            0,
-            NO_PROBLEM,
-            (
-                f"the scaler handled {skipped} transient overflow{'s' * (skipped > 1)} (skipped "
-                f"step{'s' * (len(steps) > 1)} {', '.join(map(str, steps)) or '?'}, the scale "
-                f"backed off and training went on); {tracks}"
-            ),
-            None,
+            f"the scaler handled {skipped} transient overflow{'s' * (skipped > 1)} (skipped "
+            f"step{'s' * (len(steps) > 1)} {', '.join(map(str, steps)) or '?'}, the scale "
+            f"backed off and training went on); {tracks}",
         )
-    return _rec("none", 0, NO_PROBLEM, tracks, None)
+    return _rec("none", tracks)
 
 
 def _pct(value: float | None) -> str:

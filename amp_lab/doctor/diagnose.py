@@ -141,7 +141,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--steps",
         type=int,
         default=None,
-        help="optimizer steps per probe (40; with --suite each case's own, 12)",
+        help="optimizer steps per probe (40; with --suite 12)",
     )
     cli.add_argument(
         "--search-fp32",
