@@ -11,28 +11,23 @@ fixes; a recommendation the user's config already follows is never made.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from amp_lab.config import HealthConfig
+from amp_lab.config import AmpLabConfig
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.verdict import HEALTHY, TRAINS, Probe, first_event, verdict
 
 
 @dataclass
 class Advice:
-    """The user's settings the recommendations adjust."""
+    """What the recommendations adjust: the user's settings (their `health` thresholds judge),
+    and how the probes ran them."""
 
-    init_scale: float
-    growth_interval: int
-    lr_scale: float
-    warmup_steps: int
-    steps: int
+    settings: AmpLabConfig
+    steps: int  # optimizer steps per probe
     low_dtype: str  # fp16 or bf16: the autocast dtype the probes used
     user_scaled: bool = True  # the user's own config runs a dynamic loss scaler
-    clip_grad: float = 0.0
-    fp32_modules: tuple[str, ...] = ()
-    health: HealthConfig = field(default_factory=HealthConfig)  # the judge's thresholds
     fp32_candidates: tuple[str, ...] = ()  # amp_lab numerics' ranking, best first (or none)
 
 
@@ -115,25 +110,29 @@ def _rec(cause: str, evidence: str, override: str | None = None, **given: Any) -
     return {**rec, "override": override, "fix": None} | given
 
 
-def baseline_fixes(advice: Advice) -> list[str]:
+def baseline_fixes(advice: Advice, lr_scale: float | None = None) -> list[str]:
     """What to try when fp32 does not train, gentlest first: a longer warmup, then a lower LR
-    with it, then clipping too, then a much lower LR (each is checked with an fp32 probe)."""
-    warm = max(advice.warmup_steps * 2, advice.steps // 3, 1)  # a third of the probe
-    clip = "" if advice.clip_grad > 0 else " trainer.clip_grad=1.0"
-    lower = f"lr.scale={advice.lr_scale / 10:g} lr.warmup_steps={warm}"
+    with it, then clipping too, then a much lower LR (each is checked with an fp32 probe);
+    from `lr_scale`, default the user's."""
+    s = advice.settings
+    lr = s.lr.scale if lr_scale is None else lr_scale
+    warm = max(s.lr.warmup_steps * 2, advice.steps // 3, 1)  # a third of the probe
+    clip = "" if s.trainer.clip_grad > 0 else " trainer.clip_grad=1.0"
+    lower = f"lr.scale={lr / 10:g} lr.warmup_steps={warm}"
     return [
         f"lr.warmup_steps={warm}",
         lower,
         f"{lower}{clip}",
-        f"lr.scale={advice.lr_scale / 100:g} lr.warmup_steps={warm}{clip}",
+        f"lr.scale={lr / 100:g} lr.warmup_steps={warm}{clip}",
     ]
 
 
 def _warning_recs(probes: dict[str, Probe], advice: Advice) -> list[dict[str, Any]]:
     """One recommendation per early warning a probe raised (its first probe's evidence); a
     fix another warning already recommends is made once."""
-    warm = max(advice.warmup_steps * 2, advice.steps // 5, 1)
-    calmer = f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm}"
+    lr = advice.settings.lr
+    warm = max(lr.warmup_steps * 2, advice.steps // 5, 1)
+    calmer = f"lr.scale={lr.scale * 0.5:g} lr.warmup_steps={warm}"
     recs: list[dict[str, Any]] = []
     for rule, (score, problem, fix) in WARNINGS.items():  # a shared fix goes to the first
         probe = next((p for p in probes.values() if rule in p.findings), None)
@@ -159,7 +158,7 @@ def recommend(
     """Ranked recommendations, most urgent first; `applied(override)` is true for what the
     user's config already does (those are left out)."""
     base = probes["fp32"]
-    said = {name: verdict(p, base, advice.health) for name, p in probes.items()}
+    said = {name: verdict(p, base, advice.settings.health) for name, p in probes.items()}
     rerun = "see the traceback: python -m amp_lab <your overrides>"
     recs = [
         _rec(
@@ -207,7 +206,7 @@ def _forward_rec(
     probe, event = culprit
     module = (advice.fp32_candidates or (event["module"],))[0]
     ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
-    modules = fp32_set or [*advice.fp32_modules, module]
+    modules = fp32_set or [*advice.settings.precision.fp32_modules, module]
     evidence = (
         f"{probe.name}: first non-finite value at step {event['step']}, the output of "
         f"{event['module']} (max |x| {event['max_abs']}, fp16 max 65504); no loss scale can "
@@ -250,7 +249,8 @@ def _precision_recs(
 
 
 def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[dict[str, Any]]:
-    final = scaled.summary.get("final_loss_scale") or advice.init_scale
+    lr, scaler = advice.settings.lr, advice.settings.scaler
+    final = scaled.summary.get("final_loss_scale") or scaler.init_scale
     # skipped steps from step 1 on (the probes log every step) and none after them, or a scale
     # still above 2**16 after every step skipped: the scale started too high, the gradients
     # are fine. Counted in skips, not backoffs: a hysteresis scaler holds its first overflows.
@@ -260,8 +260,8 @@ def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[
     events = scaled.diag.get("scale_events") or []
     growths = sum(e["kind"] == "growth" for e in events)
     unstable = final < 1.0 or said == "skips"
-    warm = max(advice.warmup_steps * 2, advice.steps // 5)
-    scale = f"scale {advice.init_scale:g} -> {final:g}"
+    warm = max(lr.warmup_steps * 2, advice.steps // 5)
+    scale = f"scale {scaler.init_scale:g} -> {final:g}"
     if leading >= 3 and (leading == skipped or final > 2.0**16):
         evidence = f"{leading} steps skipped from step 1: {scale}"
         score = 72 if "skips" in scaled.findings else 40
@@ -273,23 +273,23 @@ def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[
                 score=score,
             )
         ]
-    if unstable and growths >= 2 and advice.growth_interval < 2000:
+    if unstable and growths >= 2 and scaler.growth_interval < 2000:
         # the scale grows back into overflow again and again: growth, not the model, is wrong
         evidence = (
             f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
-            f"{advice.steps} (scaler.growth_interval={advice.growth_interval}), {scale}"
+            f"{advice.steps} (scaler.growth_interval={scaler.growth_interval}), {scale}"
         )
         return [_rec("eager_growth", evidence, "scaler.growth_interval=2000")]
     if unstable:
         evidence = f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, {scale}"
         calmer = (
-            f"lr.scale={advice.lr_scale * 0.5:g} lr.warmup_steps={warm} "
-            f"scaler.growth_interval={max(5000, advice.growth_interval * 2)}"
+            f"lr.scale={lr.scale * 0.5:g} lr.warmup_steps={warm} "
+            f"scaler.growth_interval={max(5000, scaler.growth_interval * 2)}"
         )
         return [_rec("unstable_scale", evidence, calmer)]
     if said == "deviates":
         evidence = f"{scaled.name}: mean |loss - fp32| / fp32 = {_pct(scaled.deviation(base))}"
-        calmer = f"lr.scale={min(0.7, advice.lr_scale * 0.7):g} lr.warmup_steps={warm}"
+        calmer = f"lr.scale={min(0.7, lr.scale * 0.7):g} lr.warmup_steps={warm}"
         return [_rec("drift", evidence, calmer)]
     return []
 

@@ -51,37 +51,30 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
             table.add_row(name, verdict(p, base, health), "", escape(why), *[""] * 7)
             continue
         event = first_event(p)  # the same event the advice reads
-        where = (
-            "-"
-            if not event
-            else (
-                f"step {event['step']}: {event['module']} ({event['phase']})"
-                if event["module"]
-                else f"step {event['step']}: skipped, no module named"
-            )
-        )  # the weight gradients
-        # overflowed, or the scale did, while no activation or input gradient was non-finite
+        where = "-"
+        if event:  # no module: the weight gradients overflowed, or the scale did, while no
+            # activation or input gradient was non-finite
+            named = f"{event['module']} ({event['phase']})" if event["module"] else None
+            where = f"step {event['step']}: {named or 'skipped, no module named'}"
         ratio = p.mean("diag/update_ratio")
         table.add_row(
             name,
             verdict(p, base, health),
             escape("; ".join(p.health) or "ok"),
             p.curve(4) if p.losses else "-",
-            _fmt(p.deviation(base), "%"),
+            _fmt(p.deviation(base)),
             where,
             f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
             f"{p.summary.get('final_loss_scale', 0):g}",
-            _fmt(p.flushed, "%"),
-            _fmt(p.would_flush, "%"),
+            _fmt(p.flushed),
+            _fmt(p.would_flush),
             "-" if ratio is None else f"{ratio:.2e}",
         )
     return table
 
 
-def _fmt(value: float | None, kind: str) -> str:
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:.1%}" if kind == "%" else f"{value:.3g}"
+def _fmt(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.1%}"
 
 
 def numerics_line(numerics: dict[str, Any]) -> str:
@@ -101,12 +94,11 @@ def print_report(
     probes: dict[str, Probe],
     recs: list[dict],
     search: dict | None,
-    user: list[str],
+    scaler_check: dict[str, Any] | None,
 ) -> None:
     console.print(verdict_table(probes, health))
-    if mechanism.NAME in probes and not probes[mechanism.NAME].crashed:
-        seen = mechanism.observed(probes[mechanism.NAME])
-        console.print(escape(f"scaler check: {mechanism.describe(seen)}"))
+    if scaler_check:
+        console.print(escape(f"scaler check: {mechanism.describe(scaler_check)}"))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
         modules = ",".join(search["fp32_modules"])
@@ -122,10 +114,8 @@ def print_report(
         console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
         if rec["fix"]:
             console.print(escape(f"   fix: {rec['fix']}"))
-        if rec["override"]:
-            console.print(
-                escape(f"   try: {command(user, rec['override'])}"), soft_wrap=True
-            )  # one line: copy and paste it
+        if rec["command"]:  # one line: copy and paste it
+            console.print(escape(f"   try: {rec['command']}"), soft_wrap=True)
         if rec.get("verification"):
             console.print(escape(f"   {rec['verification']}"))
 
@@ -204,26 +194,13 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None
-    overflowed = any(
-        (p.diag.get("nonfinite") or {}).get("forward") for p in probes.values() if p.name != "fp32"
-    )
+    overflowed = any(p.forward for p in probes.values() if p.name != "fp32")
     # the divergence finder ranks the fp32_modules candidates; the fixes still run to verify
     numerics = for_doctor(args.overrides, doctor.low) if overflowed else None
     if args.search_fp32 and overflowed:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
-    advice = Advice(
-        s.scaler.init_scale,
-        s.scaler.growth_interval,
-        s.lr.scale,
-        s.lr.warmup_steps,
-        args.steps,
-        doctor.low,
-        doctor.user_scaled,
-        s.trainer.clip_grad,
-        tuple(s.precision.fp32_modules),
-        doctor.health,
-        fp32_candidates=tuple(numerics["fp32_candidates"]) if numerics else (),
-    )
+    candidates = tuple(numerics["fp32_candidates"]) if numerics else ()
+    advice = Advice(s, args.steps, doctor.low, doctor.user_scaled, candidates)
     recs = recommend(
         probes,
         advice,
@@ -233,7 +210,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     next_line = verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
-    print_report(console, doctor.health, probes, recs, search, args.overrides)
+    check = probes.get(mechanism.NAME)
+    scaler_check = mechanism.observed(check) if check and not check.crashed else None
+    print_report(console, doctor.health, probes, recs, search, scaler_check)
     if numerics and any(r["cause"] == "forward_overflow" for r in recs):
         console.print(escape(numerics_line(numerics)), soft_wrap=True)
     if next_line:  # no fix verified: what to run next, and why the doctor did not
@@ -264,9 +243,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "next": next_line,
         "search_fp32": search,
         "numerics": numerics,
-        "scaler_check": mechanism.observed(probes[mechanism.NAME])
-        if mechanism.NAME in probes and not probes[mechanism.NAME].crashed
-        else None,
+        "scaler_check": scaler_check,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 from amp_lab.compose import compose_settings
@@ -77,7 +77,7 @@ def next_step(
         return None
     over = f"not run: over --budget={budget_s:g} s"
     if runnable[0]["cause"] == "baseline":  # the gentlest fixes failed: a lower LR still
-        lower = baseline_fixes(replace(advice, lr_scale=advice.lr_scale / 10))[-1]
+        lower = baseline_fixes(advice, advice.settings.lr.scale / 10)[-1]
         return (
             f"next: {command(doctor.user, lower)} (fp32 did not train with any fix tried; "
             "this LR is below the doctor's lowest)"

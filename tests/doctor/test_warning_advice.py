@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from amp_lab.compose import compose_settings
 from amp_lab.doctor.advice import WARNINGS, Advice, recommend
 from amp_lab.doctor.cli import main
 from amp_lab.doctor.fixes import verify_fix
@@ -31,7 +32,7 @@ def _probe(name: str, *rules: str) -> Probe:
 
 
 def _advice() -> Advice:
-    return Advice(65536.0, 2000, 1.0, 0, 20, "bf16", user_scaled=False)
+    return Advice(compose_settings([*TINY, "precision=bf16"]), 20, "bf16", user_scaled=False)
 
 
 def test_each_warning_class_gets_its_fix_once():
