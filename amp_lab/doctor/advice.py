@@ -224,12 +224,12 @@ def _precision_recs(
     mine = user_probe(probes, advice)
     low = [p for p in (mine, scaled, noscale) if not p.unavailable and not p.crashed]
     seen = _signatures(probes, low)
-    recs: list[dict[str, Any]] = []
+    recs: list[dict[str, Any] | None] = []
     for name, evidence in seen.items():
         score, problem, fix = SIGNATURE_FIXES[name]
         recs.append(_rec(name, evidence, "pitfall=none", score=score, problem=problem, fix=fix))
     forward = _forward_rec(low, advice, fp32_set)
-    recs += [forward] if forward else []
+    recs.append(forward)
     if said["autocast"] in ("underflow", "stalls", "deviates") and said[scaled.name] in HEALTHY:
         evidence = (
             f"{noscale.name}: {_pct(noscale.flushed)} of gradient elements are zero (fp32: "
@@ -239,16 +239,17 @@ def _precision_recs(
         override = f"precision={advice.low_dtype} scaler.enabled=true"
         recs.append(_rec("underflow_no_scaler", evidence, override))
     if not forward and not seen:
-        recs += _scaler_recs(scaled, base, said[scaled.name], advice)
+        recs.append(_scaler_rec(scaled, base, said[scaled.name], advice))
     bf16 = probes.get("bf16")
     fp16_fails = said[mine.name] not in HEALTHY or forward
     if bf16 and not seen and said["bf16"] in HEALTHY and fp16_fails:
         evidence = f"bf16 loss {bf16.curve()} tracks fp32 ({base.curve()})"
         recs.append(_rec("bf16", evidence, "precision=bf16"))
-    return recs
+    return [r for r in recs if r]  # None: no forward overflow, nothing the scale says
 
 
-def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[dict[str, Any]]:
+def _scaler_rec(scaled: Probe, base: Probe, said: str, advice: Advice) -> dict[str, Any] | None:
+    """What the loss scale's course says of the scaler's settings (or None)."""
     lr, scaler = advice.settings.lr, advice.settings.scaler
     final = scaled.summary.get("final_loss_scale") or scaler.init_scale
     # skipped steps from step 1 on (the probes log every step) and none after them, or a scale
@@ -257,41 +258,34 @@ def _scaler_recs(scaled: Probe, base: Probe, said: str, advice: Advice) -> list[
     cumulative = [r.get("amp/skipped_steps", 0) for r in scaled.records]
     leading = next((i for i, n in enumerate(cumulative) if n != i + 1), len(cumulative))
     skipped = scaled.summary.get("skipped_steps", 0)
-    events = scaled.diag.get("scale_events") or []
-    growths = sum(e["kind"] == "growth" for e in events)
+    growths = sum(e["kind"] == "growth" for e in scaled.diag.get("scale_events") or [])
     unstable = final < 1.0 or said == "skips"
     warm = max(lr.warmup_steps * 2, advice.steps // 5)
     scale = f"scale {scaler.init_scale:g} -> {final:g}"
     if leading >= 3 and (leading == skipped or final > 2.0**16):
         evidence = f"{leading} steps skipped from step 1: {scale}"
+        override = f"scaler.init_scale={min(final, 2.0**16):g}"
         score = 72 if "skips" in scaled.findings else 40
-        return [
-            _rec(
-                "init_scale_high",
-                evidence,
-                f"scaler.init_scale={min(final, 2.0**16):g}",
-                score=score,
-            )
-        ]
+        return _rec("init_scale_high", evidence, override, score=score)
     if unstable and growths >= 2 and scaler.growth_interval < 2000:
         # the scale grows back into overflow again and again: growth, not the model, is wrong
         evidence = (
             f"{scaled.name}: {growths} growths and {skipped} skipped steps in "
             f"{advice.steps} (scaler.growth_interval={scaler.growth_interval}), {scale}"
         )
-        return [_rec("eager_growth", evidence, "scaler.growth_interval=2000")]
+        return _rec("eager_growth", evidence, "scaler.growth_interval=2000")
     if unstable:
         evidence = f"{scaled.name}: {_pct(scaled.skip_rate)} of steps skipped, {scale}"
         calmer = (
             f"lr.scale={lr.scale * 0.5:g} lr.warmup_steps={warm} "
             f"scaler.growth_interval={max(5000, scaler.growth_interval * 2)}"
         )
-        return [_rec("unstable_scale", evidence, calmer)]
+        return _rec("unstable_scale", evidence, calmer)
     if said == "deviates":
         evidence = f"{scaled.name}: mean |loss - fp32| / fp32 = {_pct(scaled.deviation(base))}"
         calmer = f"lr.scale={min(0.7, lr.scale * 0.7):g} lr.warmup_steps={warm}"
-        return [_rec("drift", evidence, calmer)]
-    return []
+        return _rec("drift", evidence, calmer)
+    return None
 
 
 def _no_problem(mine: Probe, base: Probe, said: str, advice: Advice) -> dict[str, Any]:

@@ -101,14 +101,9 @@ def print_report(
         console.print(escape(f"scaler check: {mechanism.describe(scaler_check)}"))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
-        modules = ",".join(search["fp32_modules"])
-        console.print(
-            escape(
-                f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
-                f"{search['probe_runs']} probe run"
-                f"{'' if search['probe_runs'] == 1 else 's'})"
-            )
-        )
+        modules, runs = ",".join(search["fp32_modules"]), search["probe_runs"]
+        found = f"precision.fp32_modules=[{modules}] ({state}, {runs} probe run{'s' * (runs != 1)})"
+        console.print(escape(f"fp32 search: {found}"))
     console.print("[bold]Recommendations[/bold] (most urgent first)")
     for i, rec in enumerate(recs, 1):
         console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")

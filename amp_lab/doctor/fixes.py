@@ -83,12 +83,10 @@ def next_step(
             "this LR is below the doctor's lowest)"
         )
     # the grown set of a fix whose overflow moved follows the problem: it comes first
-    grown = next((r for r in runnable if (r.get("grown") or {}).get("stopped")), None)
-    if grown:
-        return f"next: {command(doctor.user, grown['grown']['next'])} ({over})"
-    pending = next((r for r in runnable if r.get("verified") is None), None)
-    if pending:
-        return f"next: {command(doctor.user, pending['override'])} ({over})"
+    grown = [r["grown"]["next"] for r in runnable if (r.get("grown") or {}).get("stopped")]
+    pending = [r["override"] for r in runnable if r.get("verified") is None]
+    if grown or pending:
+        return f"next: {command(doctor.user, [*grown, *pending][0])} ({over})"
     return (
         f"next: {command(doctor.user, 'precision=fp32')} (every fix above was run and none "
         "verified; fp32 trains)"

@@ -59,7 +59,7 @@ class Doctor:
     """Runs the probes of one user config and collects what they saw."""
 
     def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
-        self.user, self.steps, self.out = overrides, steps, out
+        self.user, self.out = overrides, out
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
         self.health = self.settings.health  # the judge's thresholds, the user's own
         import torch  # torch and timm load only after the config parsed
