@@ -16,7 +16,7 @@ from typing import Any
 
 from amp_lab.config import AmpLabConfig
 from amp_lab.doctor import mechanism
-from amp_lab.doctor.verdict import HEALTHY, TRAINS, Probe, first_event, verdict
+from amp_lab.doctor.verdict import HEALTHY, TRAINS, Probe, verdict
 
 
 @dataclass
@@ -200,7 +200,7 @@ def _forward_rec(
 ) -> dict[str, Any] | None:
     """The first forward overflow (the event the table shows as a probe's first non-finite
     value): keep its module in fp32, or the one amp_lab numerics ranks first."""
-    culprit = next(((p, e) for p in low if (e := first_event(p)) and e["phase"] == "forward"), None)
+    culprit = next(((p, e) for p in low if (e := p.first_event) and e["phase"] == "forward"), None)
     if not culprit:
         return None
     probe, event = culprit

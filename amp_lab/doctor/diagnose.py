@@ -22,7 +22,7 @@ from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor, command, key
-from amp_lab.doctor.verdict import Probe, first_event, verdict
+from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.numerics.finder import for_doctor
 
 
@@ -50,7 +50,7 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
             why = p.unavailable or p.crashed or ""
             table.add_row(name, verdict(p, base, health), "", escape(why), *[""] * 7)
             continue
-        event = first_event(p)  # the same event the advice reads
+        event = p.first_event  # the same event the advice reads
         where = "-"
         if event:  # no module: the weight gradients overflowed, or the scale did, while no
             # activation or input gradient was non-finite
@@ -181,8 +181,11 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     doctor = Doctor(args.overrides, args.steps, out)
     probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
-        if why := doctor.skip(name, probes):
-            console.print(escape(f"probe {name}: {why}"))
+        # the scaler check of a step that overflows in the forward pass cannot change the
+        # ranking: every step skips whatever the scaler does
+        if name == mechanism.NAME and (event := probes["autocast+scaler"].forward):
+            why = f"the forward pass overflows ({event['module']}), every step skips"
+            console.print(escape(f"probe {name}: skipped: {why}"))
             continue
         steps = next((o.split("=")[1] for o in extra if key(o) == "trainer.max_steps"), args.steps)
         console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))

@@ -18,7 +18,7 @@ from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.doctor.advice import Advice, baseline_fixes
 from amp_lab.doctor.probes import FP32, Doctor, command, key
-from amp_lab.doctor.verdict import HEALTHY, Probe, first_event, verdict
+from amp_lab.doctor.verdict import HEALTHY, Probe, verdict
 
 
 def _normalised(settings: AmpLabConfig) -> dict[str, Any]:
@@ -110,10 +110,10 @@ def verify_fix(
     # compared with fp32 under the same change
     if any(key(o).startswith(("lr.", "model.", "optim.", "data.")) for o in new):
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
-    event = first_event(fix)
+    event = fix.first_event
     if rec["cause"] == "forward_overflow" and event and event["phase"] == "forward":
         fix = _grow(doctor, rec, fix, i, deadline)
-        event = first_event(fix)
+        event = fix.first_event
     said = verdict(fix, base, doctor.health)
     rec["fix_probe"] = {
         "name": fix.name,
@@ -168,15 +168,16 @@ def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: flo
         if search["stopped"]
         else f"the kept set grew {steps}"
     )
+    kept = f"precision.fp32_modules=[{','.join(grown)}]"
     rec["grown"] = {
         "from": start,
         "tried": search["tried"],
         "stopped": search["stopped"],
-        "next": f"precision.fp32_modules=[{','.join(grown)}]",
+        "next": kept,
         "said": said,
     }
     if search["found"] and grown != start:
-        rec["override"] = f"precision.fp32_modules=[{','.join(grown)}]"
+        rec["override"] = kept
         return doctor.fp32_runs.get((tuple(doctor.own), tuple(grown))) or fix
     return fix
 

@@ -96,14 +96,6 @@ class Doctor:
         # the user's own step runs a dynamic scaler: its mechanism is probed actively
         self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled
 
-    def skip(self, name: str, probes: dict[str, Probe]) -> str | None:
-        """Why probe `name` cannot change the ranking after `probes`, or None: the scaler check
-        of a step that overflows in the forward pass skips every step whatever the scaler does."""
-        scaled = probes.get("autocast+scaler")
-        if name == mechanism.NAME and scaled and (event := scaled.forward):
-            return f"skipped: the forward pass overflows ({event['module']}), every step skips"
-        return None
-
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [
             ("fp32", FP32),
@@ -149,11 +141,8 @@ class Doctor:
                 ) from err
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
-        rows = [
-            json.loads(line)
-            for line in (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
-        ]
-        probe.records = [r for r in rows if r["kind"] == "train"]
+        rows = (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
+        probe.records = [r for r in map(json.loads, rows) if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
         if config:
             BASELINES[config] = probe

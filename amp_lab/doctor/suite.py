@@ -99,18 +99,8 @@ def run_case(
 ) -> dict[str, Any]:
     """The doctor on one case (`steps` per probe, default CASE_STEPS), its output in
     <out>/<case>.txt; the figures the table shows."""
-    args = parse_args(
-        [
-            *case.base,
-            *case.overrides,
-            "--steps",
-            str(steps or CASE_STEPS),
-            "--budget",
-            f"{budget_s:g}",
-            "--out",
-            str(out / case.name),
-        ]
-    )
+    flags = ["--steps", str(steps or CASE_STEPS), "--budget", f"{budget_s:g}"]
+    args = parse_args([*case.base, *case.overrides, *flags, "--out", str(out / case.name)])
     started = time.monotonic()
     with (out / f"{case.name}.txt").open("w", encoding="utf-8") as text:  # the doctor's output
         report = run(args, Console(file=text, width=200))
