@@ -22,7 +22,5 @@ class Case:
     name: str
     overrides: tuple[str, ...]
     cause: str  # the `cause` of the recommendation that must rank first
-    steps: int = 12
-    flags: tuple[str, ...] = ()  # extra doctor flags (e.g. --search-fp32)
     base: tuple[str, ...] = tuple(SUITE_BASE)  # the model and data it runs on
     kind: str = ""  # its failure class (draw.py); "": the case's own name

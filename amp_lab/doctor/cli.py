@@ -20,25 +20,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_tool(parse_args, _doctor, argv)
 
 
+# their warnings about each probe go to doctor.json, not the terminal
+QUIET = (
+    "amp_lab.build",
+    "amp_lab.trainer",
+    "amp_lab.numerics.diagnostics",
+    "amp_lab.audit.audit",  # each probe's precision_audit.json keeps its audit
+)
+
+
 def _doctor(args: argparse.Namespace) -> int:
-    quiet = [
-        logging.getLogger(name)
-        for name in (
-            "amp_lab.build",
-            "amp_lab.trainer",
-            "amp_lab.numerics.diagnostics",
-            "amp_lab.audit.audit",  # each probe's precision_audit.json keeps its audit
-        )
-    ]
-    levels = [logger.level for logger in quiet]
-    for logger in quiet:  # the probes' warnings go to doctor.json
-        logger.setLevel(logging.ERROR)
+    levels = {name: logging.getLogger(name).level for name in QUIET}
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.ERROR)
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
         if args.suite:
             return suite.main(args, console)
         run(args, console)
     finally:  # as they were: `amp_lab doctor` may run inside a longer-lived process
-        for logger, level in zip(quiet, levels):
-            logger.setLevel(level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     return 0

@@ -22,7 +22,7 @@ from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor, command, key
-from amp_lab.doctor.verdict import Probe, first_event, verdict
+from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.numerics.finder import for_doctor
 
 
@@ -50,38 +50,31 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
             why = p.unavailable or p.crashed or ""
             table.add_row(name, verdict(p, base, health), "", escape(why), *[""] * 7)
             continue
-        event = first_event(p)  # the same event the advice reads
-        where = (
-            "-"
-            if not event
-            else (
-                f"step {event['step']}: {event['module']} ({event['phase']})"
-                if event["module"]
-                else f"step {event['step']}: skipped, no module named"
-            )
-        )  # the weight gradients
-        # overflowed, or the scale did, while no activation or input gradient was non-finite
+        event = p.first_event  # the same event the advice reads
+        where = "-"
+        if event:  # no module: the weight gradients overflowed, or the scale did, while no
+            # activation or input gradient was non-finite
+            named = f"{event['module']} ({event['phase']})" if event["module"] else None
+            where = f"step {event['step']}: {named or 'skipped, no module named'}"
         ratio = p.mean("diag/update_ratio")
         table.add_row(
             name,
             verdict(p, base, health),
             escape("; ".join(p.health) or "ok"),
             p.curve(4) if p.losses else "-",
-            _fmt(p.deviation(base), "%"),
+            _fmt(p.deviation(base)),
             where,
             f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
             f"{p.summary.get('final_loss_scale', 0):g}",
-            _fmt(p.flushed, "%"),
-            _fmt(p.would_flush, "%"),
+            _fmt(p.flushed),
+            _fmt(p.would_flush),
             "-" if ratio is None else f"{ratio:.2e}",
         )
     return table
 
 
-def _fmt(value: float | None, kind: str) -> str:
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:.1%}" if kind == "%" else f"{value:.3g}"
+def _fmt(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.1%}"
 
 
 def numerics_line(numerics: dict[str, Any]) -> str:
@@ -101,31 +94,23 @@ def print_report(
     probes: dict[str, Probe],
     recs: list[dict],
     search: dict | None,
-    user: list[str],
+    scaler_check: dict[str, Any] | None,
 ) -> None:
     console.print(verdict_table(probes, health))
-    if mechanism.NAME in probes and not probes[mechanism.NAME].crashed:
-        seen = mechanism.observed(probes[mechanism.NAME])
-        console.print(escape(f"scaler check: {mechanism.describe(seen)}"))
+    if scaler_check:
+        console.print(escape(f"scaler check: {mechanism.describe(scaler_check)}"))
     if search:
         state = "verified: no non-finite value with it" if search["verified"] else "NOT found"
-        modules = ",".join(search["fp32_modules"])
-        console.print(
-            escape(
-                f"fp32 search: precision.fp32_modules=[{modules}] ({state}, "
-                f"{search['probe_runs']} probe run"
-                f"{'' if search['probe_runs'] == 1 else 's'})"
-            )
-        )
+        modules, runs = ",".join(search["fp32_modules"]), search["probe_runs"]
+        found = f"precision.fp32_modules=[{modules}] ({state}, {runs} probe run{'s' * (runs != 1)})"
+        console.print(escape(f"fp32 search: {found}"))
     console.print("[bold]Recommendations[/bold] (most urgent first)")
     for i, rec in enumerate(recs, 1):
         console.print(f"{i}. [bold]{escape(rec['problem'])}[/bold]: {escape(rec['evidence'])}")
         if rec["fix"]:
             console.print(escape(f"   fix: {rec['fix']}"))
-        if rec["override"]:
-            console.print(
-                escape(f"   try: {command(user, rec['override'])}"), soft_wrap=True
-            )  # one line: copy and paste it
+        if rec["command"]:  # one line: copy and paste it
+            console.print(escape(f"   try: {rec['command']}"), soft_wrap=True)
         if rec.get("verification"):
             console.print(escape(f"   {rec['verification']}"))
 
@@ -141,7 +126,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--steps",
         type=int,
         default=None,
-        help="optimizer steps per probe (40; with --suite each case's own, 12)",
+        help="optimizer steps per probe (40; with --suite 12)",
     )
     cli.add_argument(
         "--search-fp32",
@@ -196,34 +181,24 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     doctor = Doctor(args.overrides, args.steps, out)
     probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
-        if why := doctor.skip(name, probes):
-            console.print(escape(f"probe {name}: {why}"))
+        # the scaler check of a step that overflows in the forward pass cannot change the
+        # ranking: every step skips whatever the scaler does
+        if name == mechanism.NAME and (event := probes["autocast+scaler"].forward):
+            why = f"the forward pass overflows ({event['module']}), every step skips"
+            console.print(escape(f"probe {name}: skipped: {why}"))
             continue
         steps = next((o.split("=")[1] for o in extra if key(o) == "trainer.max_steps"), args.steps)
         console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
     search = None
-    overflowed = any(
-        (p.diag.get("nonfinite") or {}).get("forward") for p in probes.values() if p.name != "fp32"
-    )
+    overflowed = any(p.forward for p in probes.values() if p.name != "fp32")
     # the divergence finder ranks the fp32_modules candidates; the fixes still run to verify
     numerics = for_doctor(args.overrides, doctor.low) if overflowed else None
     if args.search_fp32 and overflowed:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
-    advice = Advice(
-        s.scaler.init_scale,
-        s.scaler.growth_interval,
-        s.lr.scale,
-        s.lr.warmup_steps,
-        args.steps,
-        doctor.low,
-        doctor.user_scaled,
-        s.trainer.clip_grad,
-        tuple(s.precision.fp32_modules),
-        doctor.health,
-        fp32_candidates=tuple(numerics["fp32_candidates"]) if numerics else (),
-    )
+    candidates = tuple(numerics["fp32_candidates"]) if numerics else ()
+    advice = Advice(s, args.steps, doctor.low, doctor.user_scaled, candidates)
     recs = recommend(
         probes,
         advice,
@@ -233,7 +208,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     next_line = verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
-    print_report(console, doctor.health, probes, recs, search, args.overrides)
+    check = probes.get(mechanism.NAME)
+    scaler_check = mechanism.observed(check) if check and not check.crashed else None
+    print_report(console, doctor.health, probes, recs, search, scaler_check)
     if numerics and any(r["cause"] == "forward_overflow" for r in recs):
         console.print(escape(numerics_line(numerics)), soft_wrap=True)
     if next_line:  # no fix verified: what to run next, and why the doctor did not
@@ -264,9 +241,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "next": next_line,
         "search_fp32": search,
         "numerics": numerics,
-        "scaler_check": mechanism.observed(probes[mechanism.NAME])
-        if mechanism.NAME in probes and not probes[mechanism.NAME].crashed
-        else None,
+        "scaler_check": scaler_check,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "doctor.json").write_text(

@@ -11,16 +11,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.doctor.advice import Advice, baseline_fixes
-from amp_lab.doctor.probes import Doctor, command, key
-from amp_lab.doctor.verdict import HEALTHY, Probe, first_event, verdict
-
-FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]
+from amp_lab.doctor.probes import FP32, Doctor, command, key
+from amp_lab.doctor.verdict import HEALTHY, Probe, verdict
 
 
 def _normalised(settings: AmpLabConfig) -> dict[str, Any]:
@@ -79,18 +77,16 @@ def next_step(
         return None
     over = f"not run: over --budget={budget_s:g} s"
     if runnable[0]["cause"] == "baseline":  # the gentlest fixes failed: a lower LR still
-        lower = baseline_fixes(replace(advice, lr_scale=advice.lr_scale / 10))[-1]
+        lower = baseline_fixes(advice, advice.settings.lr.scale / 10)[-1]
         return (
             f"next: {command(doctor.user, lower)} (fp32 did not train with any fix tried; "
             "this LR is below the doctor's lowest)"
         )
     # the grown set of a fix whose overflow moved follows the problem: it comes first
-    grown = next((r for r in runnable if (r.get("grown") or {}).get("stopped")), None)
-    if grown:
-        return f"next: {command(doctor.user, grown['grown']['next'])} ({over})"
-    pending = next((r for r in runnable if r.get("verified") is None), None)
-    if pending:
-        return f"next: {command(doctor.user, pending['override'])} ({over})"
+    grown = [r["grown"]["next"] for r in runnable if (r.get("grown") or {}).get("stopped")]
+    pending = [r["override"] for r in runnable if r.get("verified") is None]
+    if grown or pending:
+        return f"next: {command(doctor.user, [*grown, *pending][0])} ({over})"
     return (
         f"next: {command(doctor.user, 'precision=fp32')} (every fix above was run and none "
         "verified; fp32 trains)"
@@ -114,50 +110,46 @@ def verify_fix(
     # compared with fp32 under the same change
     if any(key(o).startswith(("lr.", "model.", "optim.", "data.")) for o in new):
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
-    event = first_event(fix)
+    event = fix.first_event
     if rec["cause"] == "forward_overflow" and event and event["phase"] == "forward":
         fix = _grow(doctor, rec, fix, i, deadline)
-        event = first_event(fix)
+        event = fix.first_event
+    said = verdict(fix, base, doctor.health)
     rec["fix_probe"] = {
         "name": fix.name,
         "losses": fix.losses,
-        "verdict": verdict(fix, base, doctor.health),
+        "verdict": said,
         "health": fix.summary.get("health"),
         "deviation_from_fp32": fix.deviation(base) if fix.losses else None,
     }
-    target = rec.get("module")  # the module a forward-overflow fix keeps in fp32
-    if fix.crashed:
-        rec.update(verified=False, verification=f"the fix crashed: {fix.crashed}")
-    elif event and event["phase"] == "forward":
-        moved = f" moved to {event['module']}" if event["module"] != target else " remains"
-        rec.update(
-            verified=False,
-            verification=(f"not verified: the overflow{moved} (step {event['step']}, forward)"),
-        )
-    elif rec["cause"] in fix.findings:  # an early warning's fix must silence it
-        rec.update(
-            verified=False,
-            verification=f"not verified: the warning remains ({'; '.join(fix.health)})",
-        )
-    elif (said := verdict(fix, base, doctor.health)) not in HEALTHY:
-        rec.update(
-            verified=False,
-            verification=(
-                f"not verified: with it the run {said} (loss {fix.curve()}, "
-                f"health: {'; '.join(fix.health) or 'ok'})"
-            ),
-        )
-    else:
-        rec.update(
-            verified=True,
-            verification=(
-                f"verified: loss {fix.curve()}, within {fix.deviation(base):.0%} of fp32 "
-                f"(tolerance health.deviation={doctor.health.deviation:.0%}), "
-                + ("no health finding" if said == "ok" else f"health: {'; '.join(fix.health)}")
-            ),
-        )
+    rec["verified"], rec["verification"] = _outcome(rec, fix, base, said, event, doctor)
     if rec.get("grown"):
         rec["verification"] += f"; {rec['grown']['said']}"
+
+
+def _outcome(
+    rec: dict[str, Any], fix: Probe, base: Probe, said: str, event: dict | None, doctor: Doctor
+) -> tuple[bool, str]:
+    """Whether the fix probe verifies the recommendation, and the sentence that says so."""
+    if fix.crashed:
+        return False, f"the fix crashed: {fix.crashed}"
+    if event and event["phase"] == "forward":
+        moved = (
+            f" moved to {event['module']}" if event["module"] != rec.get("module") else " remains"
+        )
+        return False, f"not verified: the overflow{moved} (step {event['step']}, forward)"
+    if rec["cause"] in fix.findings:  # an early warning's fix must silence it
+        return False, f"not verified: the warning remains ({'; '.join(fix.health)})"
+    if said not in HEALTHY:
+        return False, (
+            f"not verified: with it the run {said} (loss {fix.curve()}, "
+            f"health: {'; '.join(fix.health) or 'ok'})"
+        )
+    return True, (
+        f"verified: loss {fix.curve()}, within {fix.deviation(base):.0%} of fp32 "
+        f"(tolerance health.deviation={doctor.health.deviation:.0%}), "
+        + ("no health finding" if said == "ok" else f"health: {'; '.join(fix.health)}")
+    )
 
 
 def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: float) -> Probe:
@@ -176,16 +168,17 @@ def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: flo
         if search["stopped"]
         else f"the kept set grew {steps}"
     )
+    kept = f"precision.fp32_modules=[{','.join(grown)}]"
     rec["grown"] = {
         "from": start,
         "tried": search["tried"],
         "stopped": search["stopped"],
-        "next": f"precision.fp32_modules=[{','.join(grown)}]",
+        "next": kept,
         "said": said,
     }
     if search["found"] and grown != start:
-        rec["override"] = f"precision.fp32_modules=[{','.join(grown)}]"
-        return doctor.fp32_run(doctor.own, grown) or fix
+        rec["override"] = kept
+        return doctor.fp32_runs.get((tuple(doctor.own), tuple(grown))) or fix
     return fix
 
 
@@ -194,16 +187,9 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
     tried: list[dict[str, Any]] = []
     for k, candidate in enumerate(baseline_fixes(advice), 1):
         probe = doctor.run_probe(f"baseline_fix_{k}", [*FP32, *candidate.split()])
-        said = verdict(probe, probe, doctor.health)
-        ok = not probe.crashed and said == "ok"
-        tried.append(
-            {
-                "override": candidate,
-                "verdict": said,
-                "losses": probe.losses,
-            }
-        )
-        if ok:
+        said = verdict(probe, probe, doctor.health)  # a crashed probe's is "crashed"
+        tried.append({"override": candidate, "verdict": said, "losses": probe.losses})
+        if said == "ok":
             rec.update(
                 override=candidate,
                 verified=True,

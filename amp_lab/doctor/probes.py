@@ -22,25 +22,34 @@ from amp_lab.doctor import mechanism
 from amp_lab.doctor.verdict import Probe
 from amp_lab.records import METRICS_FILE
 
+
+def key(override: str) -> str:
+    """The config key an override sets (`+a.b=1` -> `a.b`)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]  # the baseline probe's
+# what every probe sets besides its length; every probe starts afresh (an earlier doctor's
+# files in --out are set aside)
+PROBE_SETTINGS = [
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.progress=false",
+    "diagnostics=full",
+    "diagnostics.every=1",
+    "trainer.resume=false",
+    "trainer.strategy=single",  # the probes are short runs on one process
+    "checkpoint.enabled=false",
+    "logger=disabled",  # a probe is no run of the user's: nothing goes to W&B
+]
 # keys the doctor sets itself; the user's values for them are replaced per probe
-PROBE_KEYS = (
-    "precision",
-    "scaler.enabled",
-    "trainer.max_steps",
-    "trainer.log_every",
-    "trainer.eval_every",
-    "trainer.progress",
-    "trainer.resume",
-    "trainer.strategy",
-    "checkpoint.enabled",
-    "logger",
-    "logger.mode",
-    "diagnostics",
-    "diagnostics.mode",
-    "diagnostics.every",
+PROBE_KEYS = {
+    *map(key, PROBE_SETTINGS),
+    *("precision", "scaler.enabled", "trainer.max_steps", "logger.mode", "diagnostics.mode"),
     "hydra.run.dir",
-)
+}
 log = logging.getLogger("amp_lab.doctor")
+SEARCH_ROUNDS = 6  # the fp32 search adds at most this many modules
 # the fp32 baseline probe per composed config (its JSON): deterministic for its seed, so a
 # process that diagnoses several configs (the suite) runs each baseline once
 BASELINES: dict[str, Probe] = {}
@@ -50,7 +59,7 @@ class Doctor:
     """Runs the probes of one user config and collects what they saw."""
 
     def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
-        self.user, self.steps, self.out = overrides, steps, out
+        self.user, self.out = overrides, out
         self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
         self.health = self.settings.health  # the judge's thresholds, the user's own
         import torch  # torch and timm load only after the config parsed
@@ -59,20 +68,7 @@ class Doctor:
         from amp_lab.precision.modes import PRECISION_MODES
 
         kept = [o for o in overrides if key(o) not in PROBE_KEYS]
-        # every probe starts afresh (an earlier doctor's files in --out are set aside)
-        self.common = [
-            *kept,
-            f"trainer.max_steps={steps}",
-            "trainer.log_every=1",
-            "trainer.eval_every=0",
-            "trainer.progress=false",
-            "diagnostics=full",
-            "diagnostics.every=1",
-            "trainer.resume=false",
-            "trainer.strategy=single",  # the probes are short runs on one process
-            "checkpoint.enabled=false",
-            "logger=disabled",  # a probe is no run of the user's: nothing goes to W&B
-        ]
+        self.common = [*kept, f"trainer.max_steps={steps}", *PROBE_SETTINGS]
         if self.settings.trainer.strategy == "fsdp":  # its policy is checked, its probes not
             from amp_lab.components.fsdp import resolve_plan
 
@@ -85,38 +81,26 @@ class Doctor:
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
         mode = PRECISION_MODES[self.settings.precision.name]
         self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
+        self.scaled = [f"precision={self.low}", "scaler.enabled=true"]  # autocast+scaler's
         # what the user runs (a fix is verified on it): their precision and scaler, or, for
         # an fp32 config, the autocast+scaler probe's
         own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
-        self.own = (
-            own
-            if mode.autocast_dtype is not None
-            else [f"precision={self.low}", "scaler.enabled=true"]
-        )
+        self.own = own if mode.autocast_dtype is not None else self.scaled
         scaler = self.settings.scaler
         self.user_scaled = mode.autocast_dtype is None or (
             scaler.kind != "static"
             and (mode.dynamic_scaling if scaler.enabled is None else scaler.enabled)
         )
-        # every probe of the fp32 search, per base overrides and module set (deterministic)
-        self.fp32_runs: dict[tuple[str, ...], dict[tuple[str, ...], Probe]] = {}
+        # every probe of the fp32 search, per (base overrides, module set): deterministic
+        self.fp32_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], Probe] = {}
         # the user's own step runs a dynamic scaler: its mechanism is probed actively
         self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled
 
-    def skip(self, name: str, probes: dict[str, Probe]) -> str | None:
-        """Why probe `name` cannot change the ranking after `probes`, or None: the scaler check
-        of a step that overflows in the forward pass skips every step whatever the scaler does."""
-        scaled = probes.get("autocast+scaler")
-        event = scaled and (scaled.diag.get("nonfinite") or {}).get("forward")
-        if name == mechanism.NAME and event:
-            return f"skipped: the forward pass overflows ({event['module']}), every step skips"
-        return None
-
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [
-            ("fp32", ["precision=fp32", "pitfall=none", "scaler.enabled=false"]),
+            ("fp32", FP32),
             ("autocast", [f"precision={self.low}", "scaler.enabled=false"]),
-            ("autocast+scaler", [f"precision={self.low}", "scaler.enabled=true"]),
+            ("autocast+scaler", self.scaled),
         ]
         if self.low != "bf16":
             plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
@@ -157,11 +141,8 @@ class Doctor:
                 ) from err
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
-        rows = [
-            json.loads(line)
-            for line in (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
-        ]
-        probe.records = [r for r in rows if r["kind"] == "train"]
+        rows = (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
+        probe.records = [r for r in map(json.loads, rows) if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
         if config:
             BASELINES[config] = probe
@@ -172,7 +153,6 @@ class Doctor:
         self,
         start: list[str],
         scaled: Probe,
-        max_rounds: int = 6,
         base: list[str] | None = None,
         name: str = "search",
         deadline: float = math.inf,
@@ -181,73 +161,55 @@ class Doctor:
         `scaled` is the run of `base` (default: autocast+scaler) with the `start` set; a set
         already run is not run again (the probes are deterministic for a seed). No new probe
         starts after `deadline` (time.monotonic()); the result then says `stopped`."""
-        extra = base or [f"precision={self.low}", "scaler.enabled=true"]
-        runs = self.fp32_runs.setdefault(tuple(extra), {})
-        runs.setdefault(tuple(start), scaled)
+        extra = tuple(base or self.scaled)
+        self.fp32_runs.setdefault((extra, tuple(start)), scaled)
         chosen = list(start)
         tried: list[dict[str, Any]] = []
         ran = 0
 
         def clean(modules: list[str]) -> bool | None:
             nonlocal ran
-            key = tuple(modules)
-            if key not in runs:
+            at = (extra, tuple(modules))
+            if at not in self.fp32_runs:
                 if time.monotonic() > deadline:
                     return None
                 ran += 1
-                runs[key] = self.run_probe(
+                self.fp32_runs[at] = self.run_probe(
                     f"{name}_{ran}", [*extra, f"precision.fp32_modules=[{','.join(modules)}]"]
                 )
-            probe = runs[key]
-            forward = (probe.diag.get("nonfinite") or {}).get("forward")
-            ok = not (forward or probe.crashed or probe.summary.get("diverged"))
+            probe = self.fp32_runs[at]
+            ok = not (probe.forward or probe.crashed or probe.summary.get("diverged"))
             if not tried or tried[-1]["fp32_modules"] != list(modules):
                 tried.append(
                     {
                         "fp32_modules": list(modules),
                         "clean": ok,
-                        "forward_nonfinite": forward,
+                        "forward_nonfinite": probe.forward,
                         "crashed": probe.crashed,
                     }
                 )
             return ok
 
-        def result(found: bool, stopped: bool = False) -> dict[str, Any]:
-            return {
-                "found": found,
-                "verified": found,
-                "fp32_modules": chosen,
-                "tried": tried,
-                "probe_runs": ran,
-                "stopped": "over the budget" if stopped else None,
-            }
-
-        for _ in range(max_rounds):
+        for _ in range(SEARCH_ROUNDS):  # until clean, stopped, or no module left to add
             ok = clean(chosen)
-            if ok is None:
-                return result(False, stopped=True)
-            if ok:
-                break
-            culprit = tried[-1]["forward_nonfinite"]
+            culprit = tried[-1]["forward_nonfinite"] if ok is False else None
             if culprit is None or culprit["module"] in chosen:
-                return result(False)
+                break
             chosen.append(culprit["module"])
-        else:
-            return result(False)
-        for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
-            smaller = [m for m in chosen if m != module]
-            if clean(smaller):  # drop modules the others already cover (None: not run)
-                chosen = smaller
-        return result(bool(clean(chosen)))  # the final set, run with every module of it
-
-    def fp32_run(self, base: list[str], modules: list[str]) -> Probe | None:
-        """The probe the search ran for this set on top of `base`, if it ran one."""
-        return self.fp32_runs.get(tuple(base), {}).get(tuple(modules))
-
-
-def key(override: str) -> str:
-    """The config key an override sets (`+a.b=1` -> `a.b`)."""
-    return override.lstrip("+~").split("=", 1)[0]
+        if ok:
+            for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
+                smaller = [m for m in chosen if m != module]
+                if clean(smaller):  # drop modules the others already cover (None: not run)
+                    chosen = smaller
+            ok = clean(chosen)  # the final set, run with every module of it
+        return {
+            "found": bool(ok),
+            "verified": bool(ok),
+            "fp32_modules": chosen,
+            "tried": tried,
+            "probe_runs": ran,
+            "stopped": "over the budget" if ok is None else None,
+        }
 
 
 def command(user: list[str], override: str | None) -> str:

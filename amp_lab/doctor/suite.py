@@ -27,6 +27,7 @@ TARGET_RIGHT_FIRST = 0.9
 # seconds for fixes after the top one's first probe: a moved overflow's grown set, the next
 # fix when the top one fails (the budget covers the whole verdict)
 BUDGET_S = 30.0
+CASE_STEPS = 12  # probe steps per case (--steps sets others)
 CLASS_KEYS = ("cases", "right_first", "alarms", "fix_verified", "next_line")
 
 FP16 = ("precision=fp16",)
@@ -96,21 +97,10 @@ CASES = [
 def run_case(
     case: Case, out: Path, steps: int | None = None, budget_s: float = BUDGET_S
 ) -> dict[str, Any]:
-    """The doctor on one case (`steps` per probe, default the case's), its output in
+    """The doctor on one case (`steps` per probe, default CASE_STEPS), its output in
     <out>/<case>.txt; the figures the table shows."""
-    args = parse_args(
-        [
-            *case.base,
-            *case.overrides,
-            "--steps",
-            str(steps or case.steps),
-            "--budget",
-            f"{budget_s:g}",
-            *case.flags,
-            "--out",
-            str(out / case.name),
-        ]
-    )
+    flags = ["--steps", str(steps or CASE_STEPS), "--budget", f"{budget_s:g}"]
+    args = parse_args([*case.base, *case.overrides, *flags, "--out", str(out / case.name)])
     started = time.monotonic()
     with (out / f"{case.name}.txt").open("w", encoding="utf-8") as text:  # the doctor's output
         report = run(args, Console(file=text, width=200))

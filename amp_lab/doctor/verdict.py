@@ -36,6 +36,23 @@ class Probe:
         return self.summary.get("diagnostics") or {}
 
     @property
+    def first_event(self) -> dict[str, Any] | None:
+        """The first non-finite event: its step and the first module (and phase) that went
+        inf/nan there. The table, the advice and the fixes all read this one event."""
+        nf = self.diag.get("nonfinite") or {}
+        if not nf.get("first_step"):
+            return None
+        return {
+            "step": nf["first_step"],
+            **{k: nf.get(k) for k in ("module", "phase", "dtype", "max_abs")},
+        }
+
+    @property
+    def forward(self) -> dict[str, Any] | None:
+        """The first non-finite value of the forward pass (its module), or None."""
+        return (self.diag.get("nonfinite") or {}).get("forward")
+
+    @property
     def skip_rate(self) -> float:
         return self.summary.get("skipped_steps", 0) / max(1, self.summary.get("steps", 1))
 
@@ -81,21 +98,6 @@ class Probe:
         return statistics.mean(
             abs(a - b) / abs(b) if math.isfinite(a) else math.inf for a, b in pairs
         )
-
-
-def first_event(probe: Probe) -> dict[str, Any] | None:
-    """The first non-finite event of a probe: its step and the first module (and phase) that
-    went inf/nan there. The table and the advice both read this one event."""
-    nf = probe.diag.get("nonfinite") or {}
-    if not nf.get("first_step"):
-        return None
-    return {
-        "step": nf["first_step"],
-        "module": nf.get("module"),
-        "phase": nf.get("phase"),
-        "dtype": nf.get("dtype"),
-        "max_abs": nf.get("max_abs"),
-    }
 
 
 # health rules (amp_lab/health/rules.py) -> verdict, most severe first

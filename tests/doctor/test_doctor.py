@@ -256,7 +256,7 @@ def _moved_overflow(tmp_path, monkeypatch, budget_s: float) -> tuple[dict, str |
         "override": "precision.fp32_modules=[blocks.0.mlp.fc2]",
     }
     probes = {"fp32": Probe("fp32", [], losses=[2.3] * 4)}
-    advice = Advice(65536.0, 2000, 1.0, 0, 4, "fp16")
+    advice = Advice(doctor.settings, 4, "fp16")
     return rec, verify(doctor, [rec], probes, advice, budget_s), ran
 
 
