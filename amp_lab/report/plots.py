@@ -56,7 +56,8 @@ def _draw(ax: Axes, c: Curve, stop: float | None, color: str, label: str, band: 
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2)
     if stop is None:
         return
-    top = {"transform": ax.get_xaxis_transform(), "clip_on": False}  # y in axes fractions
+    # y in axes fractions
+    top: dict[str, Any] = {"transform": ax.get_xaxis_transform(), "clip_on": False}
     x, y, where = (xs[-1:], mean[-1:], {}) if len(xs) else ([stop], [0.97], top)
     ax.plot(x, y, "x", color=color, markersize=10, markeredgewidth=2, **where)
 
