@@ -52,7 +52,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: also the wait before a requeued job may start again (default 120 s)
-AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=${SLURM_CLUSTER_REQUEUE_DELAY:-20}
+AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=${SLURM_CLUSTER_REQUEUE_DELAY:-10}
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/run/slurmctld.pid
@@ -71,7 +71,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/backfill
 # look for startable jobs every few seconds (a requeued job becomes eligible on a timer)
-SchedulerParameters=sched_interval=5,bf_interval=5
+SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 # finished jobs leave the queue after 10 s; a killed job gets 10 s between TERM and KILL
 MinJobAge=10
