@@ -11,7 +11,7 @@
 #   SLURM_CLUSTER_CPUS  CPUs the node offers; may exceed the cores, e.g. 4 on a 2-core machine so
 #                       two 2-CPU tasks fit (default: nproc)
 #   SLURM_CLUSTER_PORT  slurmctld port; slurmd uses the next one                 (6817)
-#   SLURM_CLUSTER_REQUEUE_DELAY  seconds before a requeued job may start again     (20)
+#   SLURM_CLUSTER_REQUEUE_DELAY  seconds before a requeued job may start again     (10)
 # Clients find the cluster through /etc/slurm/slurm.conf (written when absent or ours) or
 # SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf.
 set -euo pipefail
@@ -51,7 +51,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire: also the wait before a requeued job may start again (default 120 s)
+# cred_expire: also the wait before a requeued job may start again (SLURM's default 120 s;
+# a job step must launch within it)
 AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=${SLURM_CLUSTER_REQUEUE_DELAY:-10}
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
