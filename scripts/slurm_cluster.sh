@@ -11,7 +11,7 @@
 #   SLURM_CLUSTER_CPUS  CPUs the node offers; may exceed the cores, e.g. 4 on a 2-core machine so
 #                       two 2-CPU tasks fit (default: nproc)
 #   SLURM_CLUSTER_PORT  slurmctld port; slurmd uses the next one                 (6817)
-#   SLURM_CLUSTER_REQUEUE_DELAY  seconds before a requeued job may start again     (20)
+#   SLURM_CLUSTER_REQUEUE_DELAY  seconds before a requeued job may start again     (10)
 # Clients find the cluster through /etc/slurm/slurm.conf (written when absent or ours) or
 # SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf.
 set -euo pipefail
@@ -51,8 +51,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire: also the wait before a requeued job may start again (default 120 s)
-AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=${SLURM_CLUSTER_REQUEUE_DELAY:-20}
+# cred_expire: also the wait before a requeued job may start again (SLURM's default 120 s;
+# a job step must launch within it)
+AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=${SLURM_CLUSTER_REQUEUE_DELAY:-10}
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/run/slurmctld.pid
@@ -71,7 +72,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/backfill
 # look for startable jobs every few seconds (a requeued job becomes eligible on a timer)
-SchedulerParameters=sched_interval=5,bf_interval=5
+SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 # finished jobs leave the queue after 10 s; a killed job gets 10 s between TERM and KILL
 MinJobAge=10

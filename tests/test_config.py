@@ -181,29 +181,22 @@ def test_cli_errors_are_short_and_write_no_run(args, expected, tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
-    result = run_cli("-m", "lr.base=1e-3,-1", *FAST, "hydra.sweep.dir=sweep", cwd=tmp_path)
+    folders = ["hydra.sweep.dir=sweep", "hydra.sweep.subdir=${hydra.job.num}"]
+    result = run_cli("-m", "lr.base=1e-3,-1", *FAST, *folders, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0"
     )
     assert "lr.base=-1.0 must be > 0" in result.stderr
-    (first,) = (tmp_path / "sweep").glob("0_*")  # job dirs are named after their overrides
-    assert json.loads((first / "summary.json").read_text())["status"] == "completed"
-    # A relaunch into the same folder: only this launch's refusals count, also those of a job
-    # whose folder holds a finished run (here with other settings).
-    same = ["hydra.sweep.dir=sweep", "hydra.sweep.subdir=${hydra.job.num}"]
-    assert run_cli("-m", "lr.base=1e-3", *FAST, *same, cwd=tmp_path).returncode == 0
-    result = run_cli("-m", "lr.base=1e-3", *FAST, *same, "trainer.max_steps=8", cwd=tmp_path)
+    summary = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    # A relaunch into the same folder: only this launch's refusals count (not job 1's above),
+    # also that of a job whose folder holds a finished run with other settings.
+    result = run_cli("-m", "lr.base=1e-3", *FAST, *folders, "trainer.max_steps=8", cwd=tmp_path)
     assert result.returncode == 2
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .startswith("amp_lab: error: 1 sweep job(s) did not run: job 0: ")
-    )
-    assert (
-        "holds a finished run with other settings: trainer.max_steps 6 -> 8"
-        in result.stderr.strip().splitlines()[-1]
-    )
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("amp_lab: error: 1 sweep job(s) did not run: job 0: ")
+    assert "holds a finished run with other settings: trainer.max_steps 6 -> 8" in last
 
 
 @pytest.mark.slow

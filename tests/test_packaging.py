@@ -154,11 +154,14 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
     records = [json.loads(line) for line in (work / "run" / "metrics.jsonl").open()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10]
 
-    result = _run(command, "-m", "+experiment/cpu=precision_modes", "trainer.max_steps=5", cwd=work)
+    # a packaged study, narrowed to one model and two seeds (its 18 jobs compose and build in
+    # tests/test_experiments.py)
+    study = ["+experiment/cpu=precision_modes", "model=test_vit_patch16", "trainer.seed=0,1"]
+    result = _run(command, "-m", *study, "trainer.max_steps=5", cwd=work)
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (work / "multirun").glob("*/*")  # the default sweep dir, in the user's folder
     jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").exists())
-    assert len(jobs) == 18  # test_convnext and test_vit, each in fp32, fp16, bf16, 3 seeds
+    assert len(jobs) == 6  # fp32, fp16, bf16, 2 seeds each
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["steps"] == 5, job.name
@@ -166,11 +169,10 @@ def test_the_installed_wheel_trains_sweeps_and_reports_outside_the_repo(wheel, t
     result = _run(command, "report", sweep, cwd=work)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((sweep / "report" / "report.json").read_text())
-    assert len(report["groups"]) == 2  # one per model, each against its own fp32
-    for group in report["groups"]:
-        cells = {cell["value"]: cell for cell in group["cells"]}
-        assert set(cells) == {"fp32", "fp16", "bf16"} and cells["fp32"]["reference"]
-        assert all(cell["n"] == 3 for cell in cells.values())  # the seeds
+    [group] = report["groups"]
+    cells = {cell["value"]: cell for cell in group["cells"]}
+    assert set(cells) == {"fp32", "fp16", "bf16"} and cells["fp32"]["reference"]
+    assert all(cell["n"] == 2 for cell in cells.values())  # the seeds
     assert list((sweep / "report").glob("*.png"))
 
     result = _run(command, "doctor", "--help", cwd=work)

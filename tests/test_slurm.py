@@ -204,7 +204,6 @@ def test_the_readme_gpu_command_is_refused_in_one_line_whose_override_runs_as_ty
         *JOB,
         "trainer.max_steps=4",
         "trainer.log_every=2",
-        "logger.mode=disabled",
         cwd=tmp_path,
         timeout=600,
     )

@@ -7,11 +7,13 @@ go through a DataLoader, or with `data.decode=device|gpu` are decoded on the dev
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
@@ -147,15 +149,28 @@ def _split(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]
     return order[n_val:], order[:n_val]
 
 
-def _digits(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec]:
-    from sklearn.datasets import load_digits
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1797 8x8 grey digits (values 0-16) and their labels, as its load_digits."""
+    # Read the file scikit-learn ships without importing scikit-learn: its import (scipy with
+    # it) costs a run ~3 s of CPU, more than this file's parse.
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            "data=digits reads scikit-learn's digits: pip install scikit-learn"
+        )
+    rows = np.loadtxt(
+        Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz", delimiter=","
+    )
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
 
-    digits = load_digits()  # 1797 8x8 grey images, shipped inside scikit-learn
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+
+def _digits(cfg: DataConfig, seed: int) -> tuple[MapData, MapData, DataSpec]:
+    pixels, target = load_digits()
+    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
     images = torch.nn.functional.interpolate(
         images, size=cfg.img_size, mode="bilinear", align_corners=False
     )
-    labels = torch.tensor(digits.target, dtype=torch.long)
+    labels = torch.tensor(target, dtype=torch.long)
     train_idx, val_idx = _split(len(labels), cfg.val_fraction, seed)
     mean, std = images[train_idx].mean(), images[train_idx].std()
     images = (images - mean) / std

@@ -9,7 +9,7 @@ from helpers import settings
 from PIL import Image
 
 from amp_lab.build import build
-from amp_lab.components.data import EpochBatchSampler, build_data
+from amp_lab.components.data import EpochBatchSampler, build_data, load_digits
 from amp_lab.trainer import Trainer
 
 
@@ -23,6 +23,14 @@ def test_sampler_is_a_function_of_seed_and_epoch():
     full = list(a)
     a.set_epoch(2, start_batch=5)
     assert list(a) == full[5:]  # resuming mid-epoch continues the same order
+
+
+def test_digits_are_scikit_learns():
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    pixels, target = load_digits()
+    digits = sklearn_digits()
+    assert np.array_equal(pixels, digits.images) and np.array_equal(target, digits.target)
 
 
 def test_digits_split_is_deterministic_and_disjoint():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ COMMON = [
     "trainer.progress=false",
     "trainer.device=cpu",
     "trainer.timing_warmup=1",
+    "logger.mode=disabled",
 ]
 
 
@@ -57,8 +59,8 @@ def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path
         *COMMON, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp", cwd=tmp_path
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    single = run_cli(*COMMON, "trainer.batch_size=16", "hydra.run.dir=one", cwd=tmp_path)
-    assert single.returncode == 0, single.stderr[-3000:]
+    # the reference in this process: the CLI's own run is tested elsewhere
+    Trainer(build(settings(*COMMON, "trainer.batch_size=16"), tmp_path / "one")).fit()
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["lr"]["global_batch"] == 16
     assert _losses(tmp_path / "ddp") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
@@ -70,9 +72,7 @@ def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path
     )
 
 
-def _rank_worker(rank: int, port: int, out_dir: str) -> None:
-    as_rank(rank, port)
-    torch.set_num_threads(1)
+def _inf_run(rank: int, out_dir: str) -> None:
     trainer = Trainer(
         build(
             settings(
@@ -106,9 +106,30 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
     )
 
 
+def _first_runs_worker(rank: int, ports: tuple[int, int], out_dir: str) -> None:
+    """The runs of the tests below on one pair of spawned ranks (a spawn costs each rank an
+    import of torch): the inf run, then the resume test's first run, each with a rendezvous
+    port of its own (a rank done first would otherwise join the group its peer is closing)."""
+    torch.set_num_threads(1)
+    as_rank(rank, ports[0])
+    _inf_run(rank, os.path.join(out_dir, "inf"))
+    as_rank(rank, ports[1])
+    _resume_run(rank, os.path.join(out_dir, "resume"))
+
+
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory) -> Path:
+    out_dir = tmp_path_factory.mktemp("ddp")
+    for name in ("inf", "resume"):
+        (out_dir / name).mkdir()
+    ports = (free_port(), free_port())
+    mp.spawn(_first_runs_worker, args=(ports, str(out_dir)), nprocs=2, join=True)
+    return out_dir
+
+
 @pytest.mark.slow
-def test_an_inf_on_one_rank_makes_every_rank_skip(tmp_path):
-    mp.spawn(_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+def test_an_inf_on_one_rank_makes_every_rank_skip(first_runs):
+    tmp_path = first_runs / "inf"
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1
     assert ranks[0]["scale"] == ranks[1]["scale"] == 512.0  # 1024 x backoff, on both ranks
@@ -153,8 +174,7 @@ def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
     ] == [2, 4]  # rank 0 alone wrote, once per log step
 
 
-def _resume_worker(rank: int, port: int, out_dir: str) -> None:
-    as_rank(rank, port)
+def _resume_run(rank: int, out_dir: str) -> None:
     trainer = Trainer(
         build(
             settings(
@@ -175,14 +195,19 @@ def _resume_worker(rank: int, port: int, out_dir: str) -> None:
     trainer.fit()
 
 
+def _rerun_worker(rank: int, port: int, out_dir: str) -> None:
+    as_rank(rank, port)
+    _resume_run(rank, out_dir)
+
+
 @pytest.mark.slow
-def test_ddp_run_resumes_on_every_rank_from_rank_0s_checkpoint(tmp_path):
+def test_ddp_run_resumes_on_every_rank_from_rank_0s_checkpoint(first_runs):
     """Rank 0 writes the checkpoint; a rerun in the same directory resumes every rank from it."""
-    mp.spawn(_resume_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    tmp_path = first_runs / "resume"
     first = _losses(tmp_path)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000000003.pt"]
     (tmp_path / "summary.json").unlink()  # as if killed before the end: not a finished run
-    mp.spawn(_resume_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rerun_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
     assert _losses(tmp_path) == first  # steps 4-6 retrained from the step-3 state: identical

@@ -121,12 +121,6 @@ RUN = [
 ]
 
 
-def _torchrun(tmp_path: Path, name: str, *overrides: str) -> Path:
-    result = torchrun(*RUN, *overrides, f"hydra.run.dir={name}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return tmp_path / name
-
-
 def _torchrun_sweep(tmp_path: Path, parallels: list[str], *overrides: str) -> dict[str, Path]:
     """One torchrun launch whose ranks run a job per conf/parallel preset (as the fsdp_precision
     study runs), each in its own process group: the run folder per preset."""
@@ -190,11 +184,39 @@ INF_SCALERS = {
 }
 
 
-def _inf_worker(rank: int, port: int, out_dir: str) -> None:
-    as_rank(rank, port)
+# the lab's mistake under FSDP: clipping the scaled gradient shards
+PITFALL = [
+    "trainer.strategy=fsdp",
+    "precision=fp16",
+    "trainer.clip_grad=1.0",
+    "pitfall=clip_before_unscale",
+    "trainer.batch_size=8",
+    "trainer.max_steps=4",
+    "trainer.log_every=1",
+    "diagnostics.every=2",
+    "checkpoint.enabled=false",
+]
+
+
+def _spawned_worker(rank: int, ports: list[int], out_dir: str) -> None:
+    """The in-process runs of this file's tests on one pair of spawned ranks (a spawn costs
+    each rank an import of torch): one inf run per scaler kind, then the pitfall run; each in
+    a group of its own, on a port of its own (a rank done first would otherwise join the group
+    its peer is closing)."""
     torch.set_num_threads(1)
-    for kind, (scaler, _) in INF_SCALERS.items():  # one run per kind, each in a group of its own
+    for port, (kind, (scaler, _)) in zip(ports, INF_SCALERS.items()):
+        as_rank(rank, port)
         _inf_run(rank, os.path.join(out_dir, kind), scaler)
+    as_rank(rank, ports[-1])
+    Trainer(build(settings(*PITFALL), os.path.join(out_dir, "pitfall"))).fit()
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out_dir = tmp_path_factory.mktemp("fsdp")
+    ports = [free_port() for _ in range(len(INF_SCALERS) + 1)]
+    mp.spawn(_spawned_worker, args=(ports, str(out_dir)), nprocs=2, join=True)
+    return out_dir
 
 
 def _inf_run(rank: int, out_dir: str, scaler: list[str]) -> None:
@@ -246,19 +268,18 @@ def _inf_run(rank: int, out_dir: str, scaler: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_an_inf_on_one_fsdp_rank_makes_both_skip_with_equal_scales(tmp_path):
+def test_an_inf_on_one_fsdp_rank_makes_both_skip_with_equal_scales(spawned):
     """The found-inf flag of the sharded gradients is reduced over the ranks (torch's DTensor
     dispatch does it inside GradScaler.unscale_), so rank 0, whose own shards are finite,
     skips too: under each scaler kind."""
-    mp.spawn(_inf_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     for kind, (_, scales) in INF_SCALERS.items():
-        ranks = [torch.load(tmp_path / kind / f"rank{r}.pt") for r in range(2)]
+        ranks = [torch.load(spawned / kind / f"rank{r}.pt") for r in range(2)]
         assert ranks[0]["skipped"] == ranks[1]["skipped"] == 1, kind
         assert ranks[0]["scales"] == ranks[1]["scales"] == scales, kind
         before, skipped, after = ranks[0]["weights"][:3]
         assert torch.equal(skipped, before), kind  # the step with the inf changed no shard
         assert not torch.equal(after, skipped), kind  # the next one trains again
-        lines = (tmp_path / kind / "metrics.jsonl").read_text().splitlines()
+        lines = (spawned / kind / "metrics.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
         assert [r["amp/skipped_steps"] for r in rows if r["kind"] == "train"] == [0, 1, 1, 1]
 
@@ -287,19 +308,10 @@ def test_bf16_policy_tracks_bf16_autocast_ddp_with_accumulation(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_pitfall_lab_names_clipping_before_unscale_under_fsdp(tmp_path):
+def test_the_pitfall_lab_names_clipping_before_unscale_under_fsdp(spawned):
     """The lab's mistake clips the scaled gradient shards; the probe's norm over the shards
     shows the optimizer got clip / scale, and the run's signature names the pitfall."""
-    run = _torchrun(
-        tmp_path,
-        "pitfall",
-        "trainer.strategy=fsdp",
-        "precision=fp16",
-        "trainer.clip_grad=1.0",
-        "pitfall=clip_before_unscale",
-        "trainer.max_steps=4",
-        "diagnostics.every=2",
-    )
+    run = spawned / "pitfall"
     summary = json.loads((run / "summary.json").read_text())
     assert "clip_before_unscale" in summary["diagnostics"]["signatures"]
     applied = _column(_train_rows(run), "diag/applied_grad_norm")

@@ -13,6 +13,7 @@ JOB = [
     "trainer.device=cpu",
     "trainer.progress=false",
     "data.val_fraction=0.05",
+    "logger.mode=disabled",  # no assertion reads W&B here; its offline run costs a job ~1-2 s
 ]
 # the slurm preset asks for a GPU node; this test cluster has 1-CPU slots and no GPUs
 ON_TEST_CLUSTER = [

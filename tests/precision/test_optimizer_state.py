@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import ROOT, run_cli, settings
-from helpers.distributed import torchrun_amp_lab
+from helpers import run_cli, settings
+from helpers.distributed import torchrun
 from helpers.host_reads import LOOP, watched_fit
 
 from amp_lab.bench import cli as bench
@@ -185,17 +184,6 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
         if state_dtype == "bf16"
         else any(k.startswith("OptimState") for k in kinds)
     )  # torchao's subclasses, loaded weights_only
-    if state_dtype != "bf16":  # torchao marks its state classes safe when torchao.optim loads
-        load = "import sys, torch; {}torch.load(sys.argv[1], weights_only=True)"
-        for first, works in [("", False), ("import torchao.optim; ", True)]:
-            done = subprocess.run(
-                [sys.executable, "-c", load.format(first), str(path)],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            assert (done.returncode == 0) is works, done.stderr[-2000:]
     resumed = Trainer(build(settings(*run), tmp_path / "split"))
     assert resumed.run.state.step == 3
     resumed.fit()
@@ -211,6 +199,45 @@ def test_low_precision_state_resumes_to_the_bit(state_dtype, tmp_path):
                 a.dequantize() if hasattr(a, "dequantize") else a,
                 b.dequantize() if hasattr(b, "dequantize") else b,
             )
+
+
+# in a fresh process: whether each checkpoint loads weights_only, before and after torchao.optim
+LOADS = """
+import json, pickle, sys, torch
+
+def loads(path):
+    try:
+        torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:  # a class not marked safe
+        return False
+    return True
+
+before = [loads(path) for path in sys.argv[1:]]
+import torchao.optim
+print(json.dumps({"before": before, "after": [loads(path) for path in sys.argv[1:]]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_low_bit_checkpoint_loads_weights_only_once_torchao_optim_is_imported(tmp_path):
+    """What docs/precision.md says: torchao marks its state classes safe for torch.load when
+    torchao.optim is imported, so a script reading such a checkpoint imports it first."""
+    paths = []
+    for state_dtype in ["int8", "int4", "fp8"]:
+        run = [
+            f"optim.state_dtype={state_dtype}",
+            "trainer.max_steps=2",  # a periodic checkpoint at step 1 (none at the last step)
+            "checkpoint.every_steps=1",
+            "checkpoint.every_minutes=0",
+        ]
+        Trainer(build(settings(*run), tmp_path / state_dtype)).fit()
+        [path] = (tmp_path / state_dtype / "checkpoints").glob("step_*.pt")
+        paths.append(str(path))
+    done = subprocess.run(
+        [sys.executable, "-c", LOADS, *paths], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"before": [False] * 3, "after": [True] * 3}
 
 
 @pytest.mark.slow
@@ -353,7 +380,6 @@ def test_bench_throughput_table_shows_the_state_memory(tmp_path):
 @pytest.mark.slow
 def test_int8_state_under_ddp_matches_one_process(tmp_path):
     """Two gloo ranks with half the batch each step exactly as one process with the whole."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     common = [
         "model=test_vit",
         "data.img_size=16",
@@ -364,24 +390,13 @@ def test_int8_state_under_ddp_matches_one_process(tmp_path):
         "logger.mode=disabled",
         "optim.state_dtype=int8",
     ]
-    runs = {
-        "ddp": torchrun_amp_lab(
-            *common, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp"
-        ),
-        "one": [
-            sys.executable,
-            "-m",
-            "amp_lab",
-            *common,
-            "trainer.batch_size=16",
-            "hydra.run.dir=one",
-        ],
-    }
-    for command in runs.values():
-        done = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+    launched = torchrun(
+        *common, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp", cwd=tmp_path
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    # the one-process reference in this process
+    Trainer(build(settings(*common, "trainer.batch_size=16"), tmp_path / "one")).fit()
+    runs = ["ddp", "one"]
     ddp, one = (json.loads((tmp_path / n / "summary.json").read_text()) for n in runs)
     assert ddp["world_size"] == 2 and ddp["optimizer_state_dtype"] == "int8"
     assert ddp["optimizer_state_bytes"] == one["optimizer_state_bytes"]  # per rank: all of it

@@ -159,7 +159,7 @@ def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     """Ctrl-C mid-trial stops the sweep; the same command again fails the interrupted trial,
     runs its settings again and completes the study, leaving the finished trials as they were."""
     sweep = tmp_path / "sweep"  # given relative to the working directory, as users do
-    args = ["+search=lr", "precision=fp32", "hydra.sweeper.n_trials=3", "hydra.sweep.dir=sweep"]
+    args = ["+search=lr", "precision=fp32", "hydra.sweeper.n_trials=2", "hydra.sweep.dir=sweep"]
     long_runs = [*TINY, "trainer.max_steps=150", "trainer.eval_every=50"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
     cmd = [sys.executable, "-m", "amp_lab", "-m", *args, *long_runs]
@@ -186,10 +186,10 @@ def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     assert [t.state.name for t in after[:2]] == ["COMPLETE", "FAIL"]
     assert RESULT not in after[1].user_attrs  # interrupted: counts toward nothing
     assert after[2].params == before[1].params  # its settings, tried again first
-    assert [t.state.name for t in after[2:]] == ["COMPLETE", "COMPLETE"]
+    assert [t.state.name for t in after[2:]] == ["COMPLETE"]
     assert (sweep / before[0].user_attrs[JOB_DIR] / "summary.json").read_text() == first
     [line] = [x for x in result.stderr.splitlines() if x.startswith("amp_lab: search ")]
-    assert line.startswith("amp_lab: search all: best") and "3 trials: 3 completed)" in line
+    assert line.startswith("amp_lab: search all: best") and "2 trials: 2 completed)" in line
 
 
 def test_a_search_hands_its_trials_to_submitit_local(tmp_path):
