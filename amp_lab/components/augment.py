@@ -6,6 +6,7 @@ when the settings leave them open, as a DeiT or ConvNeXt recipe runs them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,36 +49,31 @@ def resolve_normalisation(
 ) -> Normalisation:
     """The settings' values first, then the model's pretrained config, then the data set's."""
     pretrained = timm.models.get_pretrained_cfg(model_name) if model_name else None
-    mean = cfg.mean or (pretrained.mean if pretrained else None) or data_mean
-    std = cfg.std or (pretrained.std if pretrained else None) or data_std
+    mean = cfg.mean or getattr(pretrained, "mean", None) or data_mean
+    std = cfg.std or getattr(pretrained, "std", None) or data_std
     interpolation = str(cfg.interpolation)
     if interpolation == "model":
-        interpolation = (pretrained.interpolation if pretrained else None) or "bilinear"
-    crop_pct = cfg.crop_pct or (pretrained.crop_pct if pretrained else None) or DEFAULT_CROP_PCT
+        interpolation = getattr(pretrained, "interpolation", None) or "bilinear"
+    crop_pct = cfg.crop_pct or getattr(pretrained, "crop_pct", None) or DEFAULT_CROP_PCT
     return Normalisation(tuple(mean), tuple(std), interpolation, crop_pct)
 
 
 def build_transforms(cfg: DataConfig, norm: Normalisation) -> tuple[T.Compose, T.Compose]:
     """(train, eval) transforms from timm.data.create_transform; a policy timm cannot parse is a
     one-line ConfigError."""
-    size = (3, cfg.img_size, cfg.img_size)
-    evaluation = create_transform(
-        size,
-        is_training=False,
+    transform = functools.partial(
+        create_transform,
+        (3, cfg.img_size, cfg.img_size),
         mean=norm.mean,
         std=norm.std,
         interpolation=norm.interpolation,
-        crop_pct=norm.crop_pct,
     )
+    evaluation = transform(is_training=False, crop_pct=norm.crop_pct)
     if not cfg.augment:
         return evaluation, evaluation
     try:
-        train = create_transform(
-            size,
+        train = transform(
             is_training=True,
-            mean=norm.mean,
-            std=norm.std,
-            interpolation=norm.interpolation,
             scale=(cfg.scale[0], cfg.scale[1]),
             hflip=cfg.hflip,
             color_jitter=cfg.color_jitter,

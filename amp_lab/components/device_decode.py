@@ -24,12 +24,7 @@ from amp_lab.config import ConfigError, DataConfig
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 # timm's `random` interpolation draws bilinear or bicubic per image; the device path resizes
 # with one kernel, and bilinear is timm's fallback
-INTERPOLATION = {
-    "bilinear": v2.InterpolationMode.BILINEAR,
-    "bicubic": v2.InterpolationMode.BICUBIC,
-    "nearest": v2.InterpolationMode.NEAREST,
-    "random": v2.InterpolationMode.BILINEAR,
-}
+RANDOM_AS = "bilinear"
 
 
 def encoded_folder(root: Path, decode: str) -> datasets.ImageFolder:
@@ -64,7 +59,8 @@ class DeviceDecoder:
         self, cfg: DataConfig, norm: Normalisation, device: torch.device, train: bool
     ) -> None:
         self.device = device
-        interpolation = INTERPOLATION[norm.interpolation]
+        name = RANDOM_AS if norm.interpolation == "random" else norm.interpolation
+        interpolation = v2.InterpolationMode(name)
         size = cfg.img_size
         if train and cfg.augment:
             steps: list[torch.nn.Module] = [

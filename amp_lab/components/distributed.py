@@ -10,7 +10,7 @@ import contextlib
 import functools
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -34,15 +34,8 @@ def resolve_device(requested: str) -> torch.device:
 def world_from_environment() -> dict[str, Any]:
     """rank, local_rank, world_size, master_addr and master_port, torchrun first, then SLURM."""
     env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return {
-            "rank": int(env["RANK"]),
-            "local_rank": int(env.get("LOCAL_RANK", 0)),
-            "world_size": int(env["WORLD_SIZE"]),
-            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-            "master_port": int(env.get("MASTER_PORT", 29500)),
-        }
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+    torchrun = "RANK" in env and "WORLD_SIZE" in env
+    if not torchrun and int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
         from submitit.slurm.slurm import SlurmJobEnvironment  # expands SLURM's node list
 
         slurm = SlurmJobEnvironment()
@@ -55,12 +48,13 @@ def world_from_environment() -> dict[str, Any]:
             # one port per job, so two jobs sharing a node do not collide
             "master_port": int(env.get("MASTER_PORT", 20000 + job_id % 20000)),
         }
+    given: Mapping[str, str] = env if torchrun else {}  # a single process: the defaults
     return {
-        "rank": 0,
-        "local_rank": 0,
-        "world_size": 1,
-        "master_addr": "127.0.0.1",
-        "master_port": 29500,
+        "rank": int(given.get("RANK", 0)),
+        "local_rank": int(given.get("LOCAL_RANK", 0)),
+        "world_size": int(given.get("WORLD_SIZE", 1)),
+        "master_addr": given.get("MASTER_ADDR", "127.0.0.1"),
+        "master_port": int(given.get("MASTER_PORT", 29500)),
     }
 
 

@@ -19,10 +19,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from amp_lab.config import AmpLabConfig, ConfigError
-from amp_lab.precision.modes import PRECISION_MODES
+from amp_lab.precision.modes import PRECISION_MODES, dtype_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-NAMES = {dtype: name for name, dtype in DTYPES.items()}
 DEFAULT_UNITS = ("blocks", "stages")  # timm: ViT/DeiT/Swin blocks, ConvNeXt/ResNet-style stages
 
 
@@ -39,8 +38,8 @@ class FsdpPlan:
 
     def describe(self) -> dict[str, object]:
         return {
-            "param_dtype": NAMES[self.param_dtype],
-            "reduce_dtype": NAMES[self.reduce_dtype],
+            "param_dtype": dtype_name(self.param_dtype),
+            "reduce_dtype": dtype_name(self.reduce_dtype),
             "reshard_after_forward": self.reshard_after_forward,
         }
 
@@ -65,8 +64,8 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
     if param not in (torch.float32, compute):
         raise ConfigError(
             f"fsdp.param_dtype={cfg.param_dtype} under precision={name}, which computes in "
-            f"{NAMES[compute]}; use fsdp.param_dtype={NAMES[compute]} or fp32 (or pick the "
-            "precision mode of that dtype)"
+            f"{dtype_name(compute)}; use fsdp.param_dtype={dtype_name(compute)} or fp32 (or pick "
+            "the precision mode of that dtype)"
         )
     reduce = torch.float32 if cfg.reduce_dtype == "auto" else DTYPES[str(cfg.reduce_dtype)]
     if reduce == torch.float16 and not mode.dynamic_scaling:
@@ -76,7 +75,7 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
         )
     if param != torch.float32 and settings.precision.fp32_modules:
         raise ConfigError(
-            f"precision.fp32_modules under fsdp.param_dtype={NAMES[param]}: those modules' "
+            f"precision.fp32_modules under fsdp.param_dtype={dtype_name(param)}: those modules' "
             "weights would be gathered in 16 bits; set fsdp.param_dtype=fp32"
         )
     if settings.trainer.ema.decay > 0:
@@ -117,9 +116,9 @@ def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Mod
 def shard_model(model: torch.nn.Module, patterns: list[str], plan: FsdpPlan) -> None:
     """fully_shard each unit, innermost first, then the root (in place: the parameters become
     DTensor shards, so this runs before the optimizer is built)."""
-    for unit in reversed(wrap_units(model, patterns)):  # named_modules lists parents first
+    # innermost first (named_modules lists parents first), the root last
+    for unit in [*reversed(wrap_units(model, patterns)), model]:
         fully_shard(unit, mp_policy=plan.policy(), reshard_after_forward=plan.reshard_after_forward)
-    fully_shard(model, mp_policy=plan.policy(), reshard_after_forward=plan.reshard_after_forward)
 
 
 def full_value(tensor: torch.Tensor) -> torch.Tensor:

@@ -19,40 +19,36 @@ from amp_lab.step import loss_fn
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class Fp32Loss(torch.nn.Module):
+def fp32_loss(loss: torch.nn.Module) -> LossFn:
     """A timm loss fed fp32 logits (and fp32 soft targets): log-softmax over fp16/bf16 logits
     loses the small probabilities, and a soft target of 0.1/1000 classes is itself tiny."""
 
-    def __init__(self, loss: torch.nn.Module) -> None:
-        super().__init__()
-        self.loss = loss
-
-    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if target.is_floating_point():
             target = target.float()
-        return self.loss(logits.float(), target)
+        return loss(logits.float(), target)
+
+    return forward
 
 
-class ZLoss(torch.nn.Module):
+def with_z_loss(loss: LossFn, z: float) -> LossFn:
     """A loss plus z * mean(logsumexp(logits)^2), in fp32: the penalty pulls the softmax's
     normaliser towards 1, so the logits cannot drift upwards together."""
 
-    def __init__(self, loss: LossFn, z: float) -> None:
-        super().__init__()
-        self.loss, self.z = loss, z
-
-    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         log_z = torch.logsumexp(logits.float(), dim=-1)
-        return self.loss(logits, target) + self.z * log_z.square().mean()
+        return loss(logits, target) + z * log_z.square().mean()
+
+    return forward
 
 
 def build_loss(cfg: DataConfig) -> LossFn:
     """The recipe's training loss: soft-target, label-smoothing or plain cross-entropy, with
     the z-loss when `data.z_loss` > 0."""
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
-        loss: LossFn = Fp32Loss(SoftTargetCrossEntropy())
+        loss = fp32_loss(SoftTargetCrossEntropy())
     elif cfg.label_smoothing > 0:
-        loss = Fp32Loss(LabelSmoothingCrossEntropy(smoothing=cfg.label_smoothing))
+        loss = fp32_loss(LabelSmoothingCrossEntropy(smoothing=cfg.label_smoothing))
     else:
         loss = loss_fn
-    return ZLoss(loss, cfg.z_loss) if cfg.z_loss > 0 else loss
+    return with_z_loss(loss, cfg.z_loss) if cfg.z_loss > 0 else loss

@@ -4,8 +4,6 @@ low-precision state `optim.state_dtype` chooses (amp_lab/precision/optimizer_sta
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from timm.optim import (
@@ -19,16 +17,6 @@ from amp_lab.config import ConfigError, OptimConfig
 from amp_lab.precision.optimizer_state import build_state_optimizer
 
 _SGD_NAMES = ("sgd", "momentum", "nesterov")
-
-
-def _wants_fused(cfg: OptimConfig, optimizer_cls: Callable[..., Any]) -> bool:
-    # Fused optimizers take GradScaler's inf check on the device: no host sync per step.
-    has_fused = "fused" in inspect.signature(optimizer_cls).parameters
-    if cfg.fused and not has_fused:
-        raise ConfigError(
-            f"optim.fused=true but {cfg.name} has no fused kernel; use optim.fused=null"
-        )
-    return has_fused if cfg.fused is None else cfg.fused
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
@@ -46,7 +34,14 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torc
     kwargs = dict(cfg.kwargs)
     if cfg.name in _SGD_NAMES:
         kwargs.setdefault("nesterov", cfg.nesterov and cfg.momentum > 0)  # torch requires both
-    if _wants_fused(cfg, get_optimizer_class(cfg.name, bind_defaults=False)):
+    # Fused optimizers take GradScaler's inf check on the device: no host sync per step.
+    optimizer_cls = get_optimizer_class(cfg.name, bind_defaults=False)
+    has_fused = "fused" in inspect.signature(optimizer_cls).parameters
+    if cfg.fused and not has_fused:
+        raise ConfigError(
+            f"optim.fused=true but {cfg.name} has no fused kernel; use optim.fused=null"
+        )
+    if cfg.fused or (cfg.fused is None and has_fused):
         kwargs["fused"] = True
     return create_optimizer_v2(
         model,

@@ -28,21 +28,15 @@ class ThreadPlan:
     workers: int  # DataLoader worker processes
 
 
-def cpu_budget() -> tuple[int, str]:
-    """(CPUs this process may use, where the number came from)."""
-    if hasattr(os, "sched_getaffinity"):
-        cpus, source = len(os.sched_getaffinity(0)), "sched_getaffinity"
-    else:  # macOS, Windows: no affinity mask
-        cpus, source = os.cpu_count() or 1, "cpu_count"
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and 0 < int(slurm) < cpus:
-        cpus, source = int(slurm), "SLURM_CPUS_PER_TASK"
-    return cpus, source
-
-
 def plan_threads(threads: int, workers: int) -> ThreadPlan:
     """trainer.threads (0: auto) and data.num_workers, fitted to the CPU budget."""
-    cpus, cpus_from = cpu_budget()
+    if hasattr(os, "sched_getaffinity"):
+        cpus, cpus_from = len(os.sched_getaffinity(0)), "sched_getaffinity"
+    else:  # macOS, Windows: no affinity mask
+        cpus, cpus_from = os.cpu_count() or 1, "cpu_count"
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and 0 < int(slurm) < cpus:
+        cpus, cpus_from = int(slurm), "SLURM_CPUS_PER_TASK"
     # each worker is a process that wants a core of its own; the main process keeps one
     capped = min(workers, max(0, cpus - 1))
     if capped < workers:
