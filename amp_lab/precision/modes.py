@@ -240,17 +240,15 @@ class PrecisionPolicy:
                 self.options.fp8_emulate,
                 matching_modules(model, self.options.fp32_modules),
             )
-        if self.mode.param_dtype == torch.float32:
+        dtype = self.mode.param_dtype
+        if dtype == torch.float32:
             return lambda: None
-        from amp_lab.precision.master_weights import lower_param_precision
+        from amp_lab.precision.master_weights import MasterWeights, RoundedUpdates
 
-        return lower_param_precision(
-            model,
-            optimizer,
-            self.mode.param_dtype,
-            self.options.master_weights,
-            self.options.update_rounding,
-        )
+        if self.options.master_weights:
+            return MasterWeights(model, optimizer, dtype).copy_grads_in
+        RoundedUpdates(model, optimizer, dtype, self.options.update_rounding)
+        return lambda: None
 
 
 def _set_tf32(enabled: bool) -> None:
