@@ -126,7 +126,8 @@ class Checkpointer:
                 self.records.set_aside()
             return False
         unreadable: dict[str, list[str]] = {}  # reason -> files: one reason told once
-        for path in self.checkpoints():
+        found = self.checkpoints()
+        for tried, path in enumerate(found):
             try:
                 payload = sharded.read_state(path) if path.is_dir() else read_checkpoint(path)
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
@@ -137,9 +138,8 @@ class Checkpointer:
             self._load(path, payload)
             if self.dist.is_main:
                 log.warning("resumed from %s at step %d", path, self.state.step)
-                for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
-                    if _step_of(bad) > self.state.step:
-                        bad.rename(bad.with_name(bad.name + ".corrupt"))
+                for bad in found[:tried]:  # newer than the one used: set aside, not deleted
+                    bad.rename(bad.with_name(bad.name + ".corrupt"))
                 self.records.truncate_records(self.state.step)
             return True
         if unreadable:
@@ -322,8 +322,3 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         )
     return payload
 
-
-def _step_of(path: Path) -> int:
-    """The step in a checkpoint's file name (step_N.pt), -1 for any other name."""
-    match = _NAME.match(path.name)
-    return int(match.group(1)) if match else -1

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from amp_lab.config import ConfigError, OptimConfig
 from amp_lab.precision.master_weights import stochastic_round_to_bf16
+from amp_lab.precision.modes import dtype_name
 
 CHOSEN_STATE = "amp_lab_state_dtype"  # attribute on an optimizer whose state dtype was chosen
 MOMENT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -155,14 +156,19 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's per-parameter state (host metadata only: no device sync)."""
-    return sum(
-        tensor_bytes(v)
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's per-parameter state tensors but the step counts."""
+    return [
+        v
         for state in optimizer.state.values()
         for key, v in state.items()
         if torch.is_tensor(v) and key != "step"
-    )
+    ]
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's per-parameter state (host metadata only: no device sync)."""
+    return sum(tensor_bytes(v) for v in _state_tensors(optimizer))
 
 
 def master_weight_bytes(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> int:
@@ -178,11 +184,5 @@ def state_dtype_of(optimizer: torch.optim.Optimizer) -> str:
     chosen = getattr(optimizer, CHOSEN_STATE, None)
     if chosen is not None:
         return chosen
-    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-    dtypes = {
-        names.get(v.dtype, str(v.dtype))
-        for s in optimizer.state.values()
-        for k, v in s.items()
-        if torch.is_tensor(v) and k != "step" and v.is_floating_point()
-    }
-    return ",".join(sorted(dtypes)) or "fp32"
+    floating = {dtype_name(v.dtype) for v in _state_tensors(optimizer) if v.is_floating_point()}
+    return ",".join(sorted(floating)) or "fp32"
