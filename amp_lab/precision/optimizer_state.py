@@ -7,7 +7,7 @@ which keeps tensors under 4096 values in fp32, as bitsandbytes does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -112,17 +112,6 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     state[key] = state[key].to(self.state_dtype)
 
 
-def _torchao_class(cfg: OptimConfig) -> Callable[..., torch.optim.Optimizer]:
-    try:
-        import torchao.optim
-    except ImportError as err:
-        raise ConfigError(
-            f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install 'amp-lab[optim]'"
-        ) from err
-    base = "AdamW" if cfg.name == "adamw" else "Adam"
-    return getattr(torchao.optim, base + LOW_BIT[cfg.state_dtype])
-
-
 def build_state_optimizer(
     groups: list[dict[str, Any]], cfg: OptimConfig, lr: float
 ) -> torch.optim.Optimizer:
@@ -140,7 +129,14 @@ def build_state_optimizer(
     else:
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
-        optimizer = _torchao_class(cfg)(groups, lr=lr, **kwargs)
+        try:
+            import torchao.optim
+        except ImportError as err:
+            raise ConfigError(
+                f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install 'amp-lab[optim]'"
+            ) from err
+        base = "AdamW" if cfg.name == "adamw" else "Adam"  # torchao.optim.AdamW8bit, Adam4bit...
+        optimizer = getattr(torchao.optim, base + LOW_BIT[cfg.state_dtype])(groups, lr=lr, **kwargs)
     setattr(optimizer, CHOSEN_STATE, cfg.state_dtype)
     return optimizer
 
