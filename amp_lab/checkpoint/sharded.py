@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_leaves
 
 STATE_FILE = "state.pt"  # rank 0's non-sharded parts
 METADATA_FILE = ".metadata"  # written by DCP once every rank's shards are complete
@@ -29,16 +30,6 @@ MODEL_PARTS = ("model", "optimizer")  # saved through get_state_dict / set_state
 def is_sharded(model: torch.nn.Module) -> bool:
     """True when the model's parameters are DTensor shards (fully_shard applied)."""
     return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-def _holds_dtensors(state: Any) -> bool:
-    if isinstance(state, DTensor):
-        return True
-    if isinstance(state, Mapping):
-        return any(_holds_dtensors(v) for v in state.values())
-    if isinstance(state, list | tuple):
-        return any(_holds_dtensors(v) for v in state)
-    return False
 
 
 def rng_file(rank: int) -> str:
@@ -58,7 +49,7 @@ def sharded_parts(parts: Mapping[str, Any]) -> dict[str, Any]:
         if name in MODEL_PARTS or isinstance(part, torch.Tensor):
             continue
         part_sd = part.state_dict()
-        if _holds_dtensors(part_sd):
+        if any(isinstance(leaf, DTensor) for leaf in tree_leaves(part_sd)):
             state[name] = part_sd
     return state
 

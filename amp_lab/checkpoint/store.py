@@ -126,7 +126,8 @@ class Checkpointer:
                 self.records.set_aside()
             return False
         unreadable: dict[str, list[str]] = {}  # reason -> files: one reason told once
-        for path in self.checkpoints():
+        found = self.checkpoints()
+        for tried, path in enumerate(found):
             try:
                 payload = sharded.read_state(path) if path.is_dir() else read_checkpoint(path)
             except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle, wrong file...
@@ -137,9 +138,8 @@ class Checkpointer:
             self._load(path, payload)
             if self.dist.is_main:
                 log.warning("resumed from %s at step %d", path, self.state.step)
-                for bad in self.checkpoints():  # newer than the one used: set aside, not deleted
-                    if _step_of(bad) > self.state.step:
-                        bad.rename(bad.with_name(bad.name + ".corrupt"))
+                for bad in found[:tried]:  # newer than the one used: set aside, not deleted
+                    bad.rename(bad.with_name(bad.name + ".corrupt"))
                 self.records.truncate_records(self.state.step)
             return True
         if unreadable:
@@ -160,10 +160,10 @@ class Checkpointer:
     def _load(self, path: Path, payload: Mapping[str, Any]) -> None:
         written_on = payload.get("world_size", self.dist.world_size)  # absent before sharding
         if written_on != self.dist.world_size:  # global batch, LR and data slices depend on it
-            raise ConfigError(
-                f"checkpoint {path} was written by {written_on} rank(s), this run has "
-                f"{self.dist.world_size}; resume it on {written_on}, or set "
-                "trainer.resume=false to start fresh"
+            raise _refused(
+                path,
+                f"was written by {written_on} rank(s), this run has {self.dist.world_size}",
+                f"resume it on {written_on}",
             )
         changed = changed_settings(payload["settings"], self.settings)
         if changed:
@@ -175,9 +175,10 @@ class Checkpointer:
             )
         in_shards = set(payload.get("sharded", []))
         if in_shards and not self.sharded:
-            raise ConfigError(
-                f"checkpoint {path} holds FSDP shards and this run is not sharded; resume it "
-                "with trainer.strategy=fsdp, or set trainer.resume=false to start fresh"
+            raise _refused(
+                path,
+                "holds FSDP shards and this run is not sharded",
+                "resume it with trainer.strategy=fsdp",
             )
         try:
             if in_shards:  # a collective: every rank reads its slices
@@ -192,10 +193,10 @@ class Checkpointer:
                 else:
                     part.load_state_dict(payload["parts"][name])
         except (KeyError, RuntimeError, ValueError, CheckpointException) as err:
-            raise ConfigError(
-                f"checkpoint {path} does not fit this run "
-                f"({str(err).splitlines()[0]}); resume it with the settings it was "
-                "written with, or set trainer.resume=false to start fresh"
+            raise _refused(
+                path,
+                f"does not fit this run ({str(err).splitlines()[0]})",
+                "resume it with the settings it was written with",
             ) from err
         names = {f.name for f in fields(self.state)}
         for key, value in payload["loop"].items():
@@ -210,32 +211,21 @@ class Checkpointer:
     # -- save --------------------------------------------------------------------------------
     def save(self) -> Path:
         """Write a checkpoint for the current step, atomically; then prune beyond `keep`."""
-        path = self._save_sharded() if self.sharded else self._save_file()
-        self.last_save = time.monotonic()
-        return path
-
-    def _save_file(self) -> Path:
-        path = self.dir / f"step_{self.state.step:09d}.pt"
-        if not self.dist.is_main:  # every rank holds the same weights: rank 0 writes them
-            return path
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.dir.glob("*.pt.tmp"):  # left by a job killed mid-write
-            stale.unlink()
-        payload = self._payload(set())
-        write_atomic(path, lambda f: torch.save(payload, f))
-        self._prune()
-        return path
-
-    def _save_sharded(self) -> Path:
-        """Every rank writes its shards (FSDP2); rank 0 the rest, then renames it into place."""
-        path = self.dir / f"step_{self.state.step:09d}.dcp"
-        shards = sharded.sharded_parts(self.parts)  # every rank: its slices
-        main = self._payload(set(shards)) if self.dist.is_main else None
-        if self.dist.is_main:
+        path = self.dir / f"step_{self.state.step:09d}.{'dcp' if self.sharded else 'pt'}"
+        main = self.dist.is_main
+        if main:
             self.dir.mkdir(parents=True, exist_ok=True)
-        sharded.save(path, shards, rng_state(), main)
-        if self.dist.is_main:
+        if self.sharded:  # FSDP2: every rank writes its shards, rank 0 the rest (sharded.py)
+            shards = sharded.sharded_parts(self.parts)
+            sharded.save(path, shards, rng_state(), self._payload(set(shards)) if main else None)
+        elif main:  # every rank holds the same weights: rank 0 writes them
+            for stale in self.dir.glob("*.pt.tmp"):  # left by a job killed mid-write
+                stale.unlink()
+            payload = self._payload(set())
+            write_atomic(path, lambda f: torch.save(payload, f))
+        if main:
             self._prune()
+        self.last_save = time.monotonic()
         return path
 
     def _payload(self, in_shards: set[str]) -> dict[str, Any]:
@@ -309,6 +299,13 @@ class Checkpointer:
             yield
 
 
+def _refused(path: Path, why: str, fix: str) -> ConfigError:
+    """A checkpoint this run cannot resume from, in one line: what is wrong, what to do."""
+    return ConfigError(
+        f"checkpoint {path} {why}; {fix}, or set trainer.resume=false to start fresh"
+    )
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint's payload, loaded with weights_only=True; ValueError if it is not one this
     amp_lab version reads."""
@@ -321,9 +318,3 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"this one reads {FORMAT})"
         )
     return payload
-
-
-def _step_of(path: Path) -> int:
-    """The step in a checkpoint's file name (step_N.pt), -1 for any other name."""
-    match = _NAME.match(path.name)
-    return int(match.group(1)) if match else -1

@@ -60,8 +60,7 @@ def matching_modules(model: torch.nn.Module, patterns: list[str]) -> list[str]:
 def keep_in_fp32(model: torch.nn.Module, patterns: list[str], device: torch.device) -> list[str]:
     """Wrap the matching modules' forward in an fp32, autocast-disabled region; returns names."""
     names = matching_modules(model, patterns)
-    modules = dict(model.named_modules())
     for name in names:
-        module = modules[name]
+        module = model.get_submodule(name)
         module.forward = _fp32_forward(module.forward, device.type)
     return names

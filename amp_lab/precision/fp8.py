@@ -64,20 +64,6 @@ def classifier(model: torch.nn.Module) -> torch.nn.Module | None:
     return get_classifier() if callable(get_classifier) else None
 
 
-def fp8_filter(model: torch.nn.Module, fp32_modules: list[str]) -> Any:
-    """Convert a Linear only if both dims are multiples of 16, it is not the classifier and it
-    is not inside a module that precision.fp32_modules keeps in fp32."""
-    head = classifier(model)
-
-    def keep(module: torch.nn.Module, fqn: str) -> bool:
-        return (
-            isinstance(module, torch.nn.Linear)
-            and fp8_skip_reason(module, fqn, head, fp32_modules) is None
-        )
-
-    return keep
-
-
 def convert_to_fp8(
     model: torch.nn.Module, recipe: str, emulate: bool, fp32_modules: list[str]
 ) -> list[str]:
@@ -90,9 +76,16 @@ def convert_to_fp8(
     config = dataclasses.replace(
         float8.Float8LinearConfig.from_recipe_name(recipe_name), emulate=emulate
     )
-    float8.convert_to_float8_training(
-        model, module_filter_fn=fp8_filter(model, fp32_modules), config=config
-    )
+    head = classifier(model)
+
+    def keep(module: torch.nn.Module, fqn: str) -> bool:
+        """Convert a Linear unless fp8_skip_reason names a reason to leave it in bf16."""
+        return (
+            isinstance(module, torch.nn.Linear)
+            and fp8_skip_reason(module, fqn, head, fp32_modules) is None
+        )
+
+    float8.convert_to_float8_training(model, module_filter_fn=keep, config=config)
     converted = [name for name, m in model.named_modules() if isinstance(m, Float8Linear)]
     if not converted:
         raise ConfigError(

@@ -48,18 +48,10 @@ class HysteresisGradScaler(GradScaler):
             growth_interval=growth_interval,
         )
         self.hysteresis, self.min_scale, self.max_scale = hysteresis, min_scale, max_scale
-        self._init_hysteresis_tracker, self._init_floor_hit = hysteresis, 0
-        self._hysteresis_tracker: torch.Tensor | None = None  # overflows left before a backoff
-        self._floor_hit: torch.Tensor | None = None  # 1 once a backoff was due at min_scale
-
-    def _trackers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The hysteresis count and the floor flag, created on the scale's device on first use."""
-        if self._hysteresis_tracker is None or self._floor_hit is None:
-            self._hysteresis_tracker = torch.full(
-                (), self._init_hysteresis_tracker, dtype=torch.int32, device=device
-            )
-            self._floor_hit = torch.full((), self._init_floor_hit, dtype=torch.int32, device=device)
-        return self._hysteresis_tracker, self._floor_hit
+        # device tensors from the first update() on (the scale's device is known only then);
+        # ints before it and after load_state_dict
+        self._hysteresis_tracker: torch.Tensor | int = hysteresis  # overflows left before a backoff
+        self._floor_hit: torch.Tensor | int = 0  # 1 once a backoff was due at min_scale
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Once per optimizer step, after step(): apply hysteresis, growth and the bounds."""
@@ -71,11 +63,12 @@ class HysteresisGradScaler(GradScaler):
         if not found:
             raise AssertionError("No inf checks were recorded prior to update.")
         overflow = torch.stack(found).sum() > 0
-        tracker, floor_hit = self._trackers(scale.device)
+        tracker = torch.as_tensor(self._hysteresis_tracker, dtype=torch.int32, device=scale.device)
         left = torch.where(overflow, tracker - 1, self.hysteresis)
         backoff = overflow & (left <= 0)
         # a backoff due while already at the floor: loss scaling has run out of room
-        floor_hit |= (backoff & (scale <= self.min_scale)).int()
+        floor_hit = torch.as_tensor(self._floor_hit, dtype=torch.int32, device=scale.device)
+        self._floor_hit = floor_hit | (backoff & (scale <= self.min_scale)).int()
         grown = growth + 1
         due = ~overflow & (grown == self.get_growth_interval())  # torch's test: `==`
         # as torch's kernel: the fp32 scale times the factor in double, rounded to fp32 once
@@ -85,12 +78,12 @@ class HysteresisGradScaler(GradScaler):
         new = torch.where(backoff, smaller, torch.where(grow, larger, scale))
         scale.copy_(new.clamp(self.min_scale, self.max_scale))
         growth.copy_(torch.where(overflow | due, 0, grown))
-        tracker.copy_(left.clamp(min=0))
+        self._hysteresis_tracker = left.clamp(min=0)
         clear_step_state(self)
 
     def floor_reached(self) -> bool:
         """True once a backoff was due at min_scale (a host sync: call at log steps only)."""
-        return self._floor_hit is not None and bool(self._floor_hit.item())
+        return bool(self._floor_hit)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -99,14 +92,10 @@ class HysteresisGradScaler(GradScaler):
                 hysteresis=self.hysteresis,
                 min_scale=self.min_scale,
                 max_scale=self.max_scale,
-                _hysteresis_tracker=self._tracker_value("_hysteresis_tracker"),
-                _floor_hit=self._tracker_value("_floor_hit"),
+                _hysteresis_tracker=int(self._hysteresis_tracker),
+                _floor_hit=int(self._floor_hit),
             )
         return state
-
-    def _tracker_value(self, name: str) -> int:
-        tensor = getattr(self, name)
-        return int(tensor.item()) if tensor is not None else getattr(self, "_init" + name)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict({k: v for k, v in state_dict.items() if k not in _EXTRA})
@@ -114,7 +103,5 @@ class HysteresisGradScaler(GradScaler):
             return  # a plain GradScaler's state: keep this scaler's own settings
         self.hysteresis = state_dict["hysteresis"]
         self.min_scale, self.max_scale = state_dict["min_scale"], state_dict["max_scale"]
-        for name in ("_hysteresis_tracker", "_floor_hit"):
-            setattr(self, "_init" + name, state_dict[name])
-            if getattr(self, name) is not None:
-                getattr(self, name).fill_(state_dict[name])
+        self._hysteresis_tracker = state_dict["_hysteresis_tracker"]
+        self._floor_hit = state_dict["_floor_hit"]

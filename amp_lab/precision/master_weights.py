@@ -11,17 +11,11 @@ in apex O2: a running variance averaged in 16 bits drifts. Two ways to update th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-Hook = Callable[[], None]
 KAHAN_COMP = "kahan_comp"  # optimizer-state key of the Kahan compensation buffer (bf16)
-
-
-def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def to_low_precision(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -106,7 +100,8 @@ class RoundedUpdates:
     ) -> None:
         self.optimizer, self.dtype, self.rounding = optimizer, dtype, rounding
         to_low_precision(model, dtype)  # the optimizer's Parameter objects are the model's
-        self.low = [p for p in _all_params(optimizer) if p.dtype == dtype]  # not BatchNorm's
+        # not BatchNorm's, which stay fp32
+        self.low = [p for g in optimizer.param_groups for p in g["params"] if p.dtype == dtype]
         optimizer.register_step_pre_hook(lambda *_: self._to_fp32())
         optimizer.register_step_post_hook(lambda *_: self._round_back())
         # load_state_dict casts the state to each parameter's dtype: load it against fp32
@@ -147,17 +142,3 @@ class RoundedUpdates:
             comp = self._comp(p)
             if comp is not None:
                 self.optimizer.state[p][KAHAN_COMP] = comp.to(self.dtype)
-
-
-def lower_param_precision(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    dtype: torch.dtype,
-    master_weights: bool,
-    rounding: str,
-) -> Hook:
-    """Put the model's weights in `dtype`; return the hook to run before the scaler unscales."""
-    if master_weights:
-        return MasterWeights(model, optimizer, dtype).copy_grads_in
-    RoundedUpdates(model, optimizer, dtype, rounding)
-    return lambda: None

@@ -28,7 +28,12 @@ DTYPE_NAMES = {
 
 def dtype_name(dtype: torch.dtype) -> str:
     """The lab's short name of a dtype: fp32, fp16, bf16, fp8 (else torch's own, e.g. int64)."""
-    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+    return DTYPE_NAMES.get(dtype, _torch_name(dtype))
+
+
+def _torch_name(dtype: torch.dtype) -> str:
+    """torch's own name of a dtype, without the module: bfloat16, float32."""
+    return str(dtype).replace("torch.", "")
 
 
 @dataclass(frozen=True)
@@ -180,16 +185,23 @@ class PrecisionPolicy:
         )
 
     def describe(self) -> dict:
-        return {
-            "name": self.mode.name,
-            "autocast_dtype": str(self.mode.autocast_dtype).replace("torch.", "")
-            if self.mode.autocast_dtype
-            else None,
-            "dynamic_scaling": self.mode.dynamic_scaling,
-            "tf32": self.mode.tf32,
+        """The mode, the device, where the weights live and how they are updated."""
+        mode, opt = self.mode, self.options
+        info: dict = {
+            "name": mode.name,
+            "autocast_dtype": _torch_name(mode.autocast_dtype) if mode.autocast_dtype else None,
+            "dynamic_scaling": mode.dynamic_scaling,
+            "tf32": mode.tf32,
             "device": str(self.device),
-            **self._describe_weights(),
+            "param_dtype": _torch_name(mode.param_dtype),
+            "reports_mfu": mode.reports_mfu,
         }
+        if mode.param_dtype != torch.float32:
+            info["master_weights"] = opt.master_weights
+            info["update_rounding"] = "nearest" if opt.master_weights else opt.update_rounding
+        if mode.fp8:
+            info["fp8_recipe"], info["fp8_emulate"] = opt.fp8_recipe, opt.fp8_emulate
+        return info
 
     def promise(self, state_dtype: str, dynamic_scaling: bool) -> Promise:
         """What this mode promises for a run whose optimizer keeps its moments in `state_dtype`
@@ -207,20 +219,6 @@ class PrecisionPolicy:
             loss="fp32",  # step.loss_fn: log-softmax over 16-bit logits loses small probabilities
             scaler=dynamic_scaling,
         )
-
-    def _describe_weights(self) -> dict:
-        """Where the weights live and how they are updated, as the optimizer really holds them."""
-        mode, opt = self.mode, self.options
-        info: dict = {
-            "param_dtype": str(mode.param_dtype).replace("torch.", ""),
-            "reports_mfu": mode.reports_mfu,
-        }
-        if mode.param_dtype != torch.float32:
-            info["master_weights"] = opt.master_weights
-            info["update_rounding"] = "nearest" if opt.master_weights else opt.update_rounding
-        if mode.fp8:
-            info["fp8_recipe"], info["fp8_emulate"] = opt.fp8_recipe, opt.fp8_emulate
-        return info
 
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
@@ -240,17 +238,15 @@ class PrecisionPolicy:
                 self.options.fp8_emulate,
                 matching_modules(model, self.options.fp32_modules),
             )
-        if self.mode.param_dtype == torch.float32:
+        dtype = self.mode.param_dtype
+        if dtype == torch.float32:
             return lambda: None
-        from amp_lab.precision.master_weights import lower_param_precision
+        from amp_lab.precision.master_weights import MasterWeights, RoundedUpdates
 
-        return lower_param_precision(
-            model,
-            optimizer,
-            self.mode.param_dtype,
-            self.options.master_weights,
-            self.options.update_rounding,
-        )
+        if self.options.master_weights:
+            return MasterWeights(model, optimizer, dtype).copy_grads_in
+        RoundedUpdates(model, optimizer, dtype, self.options.update_rounding)
+        return lambda: None
 
 
 def _set_tf32(enabled: bool) -> None:

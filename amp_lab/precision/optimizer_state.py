@@ -7,7 +7,7 @@ which keeps tensors under 4096 values in fp32, as bitsandbytes does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from amp_lab.config import ConfigError, OptimConfig
 from amp_lab.precision.master_weights import stochastic_round_to_bf16
+from amp_lab.precision.modes import dtype_name
 
 CHOSEN_STATE = "amp_lab_state_dtype"  # attribute on an optimizer whose state dtype was chosen
 MOMENT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -111,17 +112,6 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     state[key] = state[key].to(self.state_dtype)
 
 
-def _torchao_class(cfg: OptimConfig) -> Callable[..., torch.optim.Optimizer]:
-    try:
-        import torchao.optim
-    except ImportError as err:
-        raise ConfigError(
-            f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install 'amp-lab[optim]'"
-        ) from err
-    base = "AdamW" if cfg.name == "adamw" else "Adam"
-    return getattr(torchao.optim, base + LOW_BIT[cfg.state_dtype])
-
-
 def build_state_optimizer(
     groups: list[dict[str, Any]], cfg: OptimConfig, lr: float
 ) -> torch.optim.Optimizer:
@@ -139,7 +129,14 @@ def build_state_optimizer(
     else:
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
-        optimizer = _torchao_class(cfg)(groups, lr=lr, **kwargs)
+        try:
+            import torchao.optim
+        except ImportError as err:
+            raise ConfigError(
+                f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install 'amp-lab[optim]'"
+            ) from err
+        base = "AdamW" if cfg.name == "adamw" else "Adam"  # torchao.optim.AdamW8bit, Adam4bit...
+        optimizer = getattr(torchao.optim, base + LOW_BIT[cfg.state_dtype])(groups, lr=lr, **kwargs)
     setattr(optimizer, CHOSEN_STATE, cfg.state_dtype)
     return optimizer
 
@@ -155,14 +152,19 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's per-parameter state (host metadata only: no device sync)."""
-    return sum(
-        tensor_bytes(v)
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's per-parameter state tensors but the step counts."""
+    return [
+        v
         for state in optimizer.state.values()
         for key, v in state.items()
         if torch.is_tensor(v) and key != "step"
-    )
+    ]
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's per-parameter state (host metadata only: no device sync)."""
+    return sum(tensor_bytes(v) for v in _state_tensors(optimizer))
 
 
 def master_weight_bytes(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> int:
@@ -178,11 +180,5 @@ def state_dtype_of(optimizer: torch.optim.Optimizer) -> str:
     chosen = getattr(optimizer, CHOSEN_STATE, None)
     if chosen is not None:
         return chosen
-    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-    dtypes = {
-        names.get(v.dtype, str(v.dtype))
-        for s in optimizer.state.values()
-        for k, v in s.items()
-        if torch.is_tensor(v) and k != "step" and v.is_floating_point()
-    }
-    return ",".join(sorted(dtypes)) or "fp32"
+    floating = {dtype_name(v.dtype) for v in _state_tensors(optimizer) if v.is_floating_point()}
+    return ",".join(sorted(floating)) or "fp32"
