@@ -77,17 +77,15 @@ def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]
 def subnormal(max_abs: float, dtype: str, scale: float) -> bool:
     """A 16-bit tensor (times the loss scale it was computed at) whose largest value is within
     2^10 of its dtype's smallest normal: its typical elements are subnormal, short of mantissa."""
-    if dtype_key(dtype) == "fp32":
-        return False
-    tiny = float(torch.finfo(getattr(torch, dtype.replace("torch.", ""))).tiny)
-    return max_abs * scale < tiny * 2.0**10
+    return dtype_key(dtype) != "fp32" and max_abs * scale < _finfo(dtype).tiny * 2.0**10
 
 
-def largest(dtype: str) -> float:
-    """The largest finite value of a dtype as str(tensor.dtype) spells it (or its bare name)."""
-    return float(torch.finfo(getattr(torch, dtype.replace("torch.", ""))).max)
+def _finfo(dtype: str) -> torch.finfo:
+    """The finfo of a dtype as str(tensor.dtype) spells it (or its bare name)."""
+    return torch.finfo(getattr(torch, dtype.replace("torch.", "")))
 
 
 def near_overflow(max_abs: float, dtype: str, compute: str) -> bool:
     """max |x| within HEADROOM of the largest value of `dtype` or of the run's `compute` dtype."""
-    return math.isfinite(max_abs) and max_abs > HEADROOM * min(largest(dtype), largest(compute))
+    largest = min(_finfo(dtype).max, _finfo(compute).max)
+    return math.isfinite(max_abs) and max_abs > HEADROOM * largest

@@ -29,20 +29,14 @@ def errors(test: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     if share_t or share_r:  # the elements finite in both (masking copies: only when needed)
         both = torch.isfinite(t) & torch.isfinite(r)
         t, r = t[both], r[both]
+    shares = {"nonfinite": share_t, "ref_nonfinite": share_r}
     if t.numel() == 0:
-        return {
-            "norm": math.inf,
-            "max": math.inf,
-            "nonfinite": share_t,
-            "ref_nonfinite": share_r,
-            "max_abs": math.inf,
-        }
+        return {"norm": math.inf, "max": math.inf, **shares, "max_abs": math.inf}
     diff = t - r
     return {
         "norm": _ratio(float(diff.norm()), float(r.norm())),
         "max": _ratio(float(diff.abs().max()), float(r.abs().max())),
-        "nonfinite": share_t,
-        "ref_nonfinite": share_r,
+        **shares,
         "max_abs": float(t.abs().max()) if not share_t else _finite_max(test),
     }
 
@@ -55,7 +49,7 @@ def _nonfinite_share(t: torch.Tensor) -> float:
 
 
 def _ratio(error: float, scale: float) -> float:
-    """error / scale; an error where the reference is all zeros is infinite, none is 0."""
+    """error / scale; an error where the scale (the reference, a band) is 0 is infinite, none 0."""
     if scale:
         return error / scale
     return math.inf if error else 0.0
@@ -87,7 +81,7 @@ def _row(
         raise ValueError(f"{name}: shapes differ between the two builds")
     row: dict[str, Any] = {"index": index, "module": name, "dtype": dtype.replace("torch.", "")}
     row.update(errors(tensor, ref), band=band)
-    row["ratio"] = row["norm"] / band if band else 0.0 if row["norm"] == 0 else math.inf
+    row["ratio"] = _ratio(row["norm"], band)
     row["flag"] = flag({**row, "dtype": dtype}, compute, scale)
     return row
 
@@ -104,11 +98,9 @@ def forward_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
     for i, (entry, band) in enumerate(zip(test.forward, bands(test.roundings))):
         row = _row(i, entry, ref.forward[i][2], band, test.compute)
         given, ref_given = test.inputs[i], ref.inputs[i]
-        row["input_norm"] = (
-            errors(given, ref_given)["norm"]
-            if given is not None and ref_given is not None
-            else None
-        )
+        row["input_norm"] = None
+        if given is not None and ref_given is not None:
+            row["input_norm"] = errors(given, ref_given)["norm"]
         rows.append(row)
     return rows
 

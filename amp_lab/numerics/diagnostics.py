@@ -48,19 +48,18 @@ def low_precision_state(
     metadata only); the bf16 Kahan compensation buffer is bf16 by design, and so is a state
     dtype chosen with optim.state_dtype."""
     names = {id(p): n for n, p in named}
-    bad = [
-        f"{n} ({p.dtype})" for n, p in named if p.is_floating_point() and p.dtype != torch.float32
-    ]
+    bad = [f"{n} ({p.dtype})" for n, p in named if _not_fp32(p)]
     for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():
         bad += [
             f"optimizer {key} of {names.get(id(param), '?')} ({t.dtype})"
             for key, t in state.items()
-            if key != KAHAN_COMP
-            and torch.is_tensor(t)
-            and t.is_floating_point()
-            and t.dtype != torch.float32
+            if key != KAHAN_COMP and _not_fp32(t)
         ]
     return bad
+
+
+def _not_fp32(t: object) -> bool:
+    return torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32
 
 
 def _square_sum(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -233,28 +232,23 @@ class Diagnostics(StepObserver):
 
     def _read_probes(self, record: dict[str, Any]) -> dict[str, Any]:
         w, self.window = self.window, {}
-        acts = self.probe.read_activations()
+        # largest first (nan the largest); a stable sort keeps the first of equal maxima first
+        acts = sorted(self.probe.read_activations().items(), key=lambda kv: -nan_as_inf(kv[1][0]))
         detail: dict[str, Any] = {}
         if acts:
-            name, (amax, dtype) = max(acts.items(), key=lambda kv: nan_as_inf(kv[1][0]))
-            record.update(
-                {
-                    "diag/act_max": amax,
-                    "diag/act_max_module": name,
-                    "diag/act_headroom_log2": math.log2(FP16_MAX / amax)
-                    if 0 < amax < math.inf
-                    else None,
-                }
-            )
-            top = sorted(acts.items(), key=lambda kv: -nan_as_inf(kv[1][0]))[: self.cfg.top_layers]
+            name, (amax, _) = acts[0]
+            record["diag/act_max"], record["diag/act_max_module"] = amax, name
+            headroom = math.log2(FP16_MAX / amax) if 0 < amax < math.inf else None
+            record["diag/act_headroom_log2"] = headroom
+            top = acts[: self.cfg.top_layers]
             detail["activations"] = {n: {"max_abs": v, "dtype": d} for n, (v, d) in top}
         record.update(read_state_probe(w.get("state"), w.get("grad_names", [])))
         blocks = self.blocks.read()
         record.update(blocks)
-        if "diag/attn_logit_max" in blocks:
-            peak = self.attn_logit_peak
-            logit = blocks["diag/attn_logit_max"]
-            self.attn_logit_peak = logit if peak is None else max(peak, logit, key=nan_as_inf)
+        seen = [
+            v for v in (self.attn_logit_peak, blocks.get("diag/attn_logit_max")) if v is not None
+        ]
+        self.attn_logit_peak = max(seen, key=nan_as_inf, default=None)
         record.update(self._read_signals(w))
         if "counts" not in w:
             return detail

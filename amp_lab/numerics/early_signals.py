@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from amp_lab.components.fsdp import local
+from amp_lab.numerics.module_probe import running_max
 
 BLOCK_CLASSES = ("Bottleneck", "BasicBlock")  # timm blocks whose class name lacks "Block"
 
@@ -89,9 +90,7 @@ class BlockSignals:
         """Stack this step's values (device ops) into the maxima since the last read."""
         for kind, values in self.values.items():
             if values:
-                new = torch.stack(values)
-                old = self.seen.get(kind)
-                self.seen[kind] = new if old is None or old.shape != new.shape else old.max(new)
+                self.seen[kind] = running_max(self.seen.get(kind), torch.stack(values))
                 values.clear()
 
     def read(self) -> dict[str, Any]:
@@ -113,21 +112,19 @@ def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]]
     StableAdamW measures it (device tensor), with the matrices' indices in the param groups.
     Under FSDP each rank measures its own shards."""
     values, index = [], []
-    i = -1
-    for group in optimizer.param_groups:
+    params = [(group, p) for group in optimizer.param_groups for p in group["params"]]
+    for i, (group, p) in enumerate(params):
         beta2, eps = group.get("betas", (0.0, 0.999))[1], group.get("eps", 1e-8)
-        for p in group["params"]:
-            i += 1
-            state = optimizer.state.get(p, {})
-            v = state.get("exp_avg_sq")
-            if v is None or p.grad is None or p.dim() < 2:  # biases and norms: a few values
-                continue
-            v = local(v.dequantize() if getattr(v, "codes", None) is not None else v)  # torchao
-            step = torch.as_tensor(state.get("step", 1), device=v.device, dtype=torch.float32)
-            v_hat = v.float() / (1 - beta2**step).clamp_min(1e-30)
-            ratio = local(p.grad).detach().float().square() / v_hat.clamp_min(eps * eps)
-            values.append(ratio.mean().sqrt())
-            index.append(i)
+        state = optimizer.state.get(p, {})
+        v = state.get("exp_avg_sq")
+        if v is None or p.grad is None or p.dim() < 2:  # biases and norms: a few values
+            continue
+        v = local(v.dequantize() if getattr(v, "codes", None) is not None else v)  # torchao
+        step = torch.as_tensor(state.get("step", 1), device=v.device, dtype=torch.float32)
+        v_hat = v.float() / (1 - beta2**step).clamp_min(1e-30)
+        ratio = local(p.grad).detach().float().square() / v_hat.clamp_min(eps * eps)
+        values.append(ratio.mean().sqrt())
+        index.append(i)
     return (torch.stack(values), index) if values else None
 
 

@@ -36,9 +36,9 @@ def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) ->
         ax.plot(
             depth, [r["band"] for r in rows], color=colour, ls="--", lw=0.9, label=f"{mode}: band"
         )
-        flagged = found["first_out_of_band"][first]
-        if flagged is not None and any(r["module"] == flagged["module"] for r in rows):
-            row = next(r for r in rows if r["module"] == flagged["module"])
+        flagged = found["first_out_of_band"][first] or {}
+        row = next((r for r in rows if r["module"] == flagged.get("module")), None)
+        if row is not None:
             y = _shown(row)
             ax.plot([row["index"]], [y], "o", color=colour, ms=6)
             ax.annotate(
@@ -59,7 +59,7 @@ def _panel(ax: Axes, modes: dict[str, Any], key: str, first: str, title: str) ->
         ax.legend(loc="best", fontsize=7, framealpha=0.8, ncol=2)
 
 
-def plot(result: dict[str, Any], path: Path) -> Path:
+def plot(result: dict[str, Any], path: Path) -> None:
     """Write the figure of a finder result to `path`."""
     modes = result["modes"]
     fig, (fwd, bwd) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -75,7 +75,5 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         fontsize=10,
     )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110)  # into the folder the command made
     plt.close(fig)
-    return path

@@ -8,7 +8,6 @@ on the host only at log steps. Assumes the same modules run in the same order ev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,20 +27,20 @@ def _max_abs(t: torch.Tensor) -> torch.Tensor:
     return torch.maximum(high, low.neg()).float()
 
 
-@dataclass
+def running_max(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """The element-wise max so far (nan propagates); `new` alone when the calls changed."""
+    return new if old is None or old.shape != new.shape else torch.maximum(old, new)
+
+
 class FirstNonFinite:
     """Device-side record of the first step at which some value of a phase was inf/nan."""
 
-    device: torch.device
-    step: torch.Tensor = field(init=False)  # device scalar: -1 until captured
-    index: torch.Tensor = field(init=False)  # the first non-finite call of that step
-    value: torch.Tensor = field(init=False)  # its max |x| (inf or nan)
-    history: list[tuple[int, list]] = field(default_factory=list)  # (from step, call names)
-
-    def __post_init__(self) -> None:
-        self.step = torch.full((), -1, dtype=torch.long, device=self.device)
-        self.index = torch.zeros((), dtype=torch.long, device=self.device)
-        self.value = torch.zeros((), device=self.device)
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.step = torch.full((), -1, dtype=torch.long, device=device)  # -1 until captured
+        self.index = torch.zeros((), dtype=torch.long, device=device)  # its first bad call
+        self.value = torch.zeros((), device=device)  # that call's max |x| (inf or nan)
+        self.history: list[tuple[int, list]] = []  # (from step, call names)
 
     def update(self, values: torch.Tensor, names: list[tuple[str, str]], step: int) -> None:
         bad = ~torch.isfinite(values)
@@ -157,13 +156,7 @@ class ModuleProbe:
             names = [(c[1], c[2].replace("torch.", "")) for c in calls]
             self.first[phase].update(values, names, step)
             if phase == "forward":
-                seen = self.act_max
-                self.act_max = (
-                    torch.maximum(seen, values)
-                    if seen is not None and seen.shape == values.shape
-                    else values
-                )
-                self.act_names = names
+                self.act_max, self.act_names = running_max(self.act_max, values), names
             calls.clear()
 
     def read_activations(self) -> dict[str, tuple[float, str]]:

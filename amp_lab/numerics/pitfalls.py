@@ -22,20 +22,8 @@ from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
 from amp_lab.step import TrainStep
 
 
-def _scale_output(factor: float) -> Callable[[torch.nn.Module, object, torch.Tensor], torch.Tensor]:
-    def hook(module: torch.nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
-        return output * factor  # in the module's own dtype: fp16 passes 65504 and turns inf
-
-    return hook
-
-
-def _cast_inputs_to(dtype: torch.dtype) -> Callable[[torch.nn.Module, tuple], tuple]:
-    def hook(module: torch.nn.Module, args: tuple) -> tuple:
-        return tuple(
-            a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
-        )
-
-    return hook
+def _inputs_to_fp16(module: torch.nn.Module, args: tuple) -> tuple:
+    return tuple(a.half() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
 
 
 def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> None:
@@ -48,10 +36,12 @@ def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> N
                 f"fault.overflow_module={fault.overflow_module!r} is not a module "
                 f"of the model; did you mean {', '.join(close) or '?'}"
             )
-        modules[fault.overflow_module].register_forward_hook(_scale_output(fault.overflow_factor))
+        factor = fault.overflow_factor
+        # in the module's own dtype: fp16 passes 65504 and turns inf
+        modules[fault.overflow_module].register_forward_hook(lambda m, args, out: out * factor)
     if pitfall == PitfallName.half_model:
         model.half()  # the mistake: the optimizer built next keeps fp16 weights and fp16 state
-        model.register_forward_pre_hook(_cast_inputs_to(torch.float16))
+        model.register_forward_pre_hook(_inputs_to_fp16)
 
 
 @dataclass

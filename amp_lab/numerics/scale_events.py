@@ -38,20 +38,24 @@ class ScaleTracker:
         """Skipped steps in a row that may keep the scale: 0, or the hysteresis scaler's."""
         return self.cfg.hysteresis - 1 if self.cfg.kind == "hysteresis" else 0
 
-    def _ratio_ok(self, ratio: float) -> bool:
+    def _check_change(self, step: int, old: float, scale: float) -> None:
+        """update() per micro-batch: the scale grows sooner than growth_interval allows, or
+        moves by more than one factor in one optimizer step."""
+        if scale > old:
+            last, self.last_growth = self.last_growth, step
+            if last is not None and step - last < self.cfg.growth_interval:
+                self.signatures.setdefault(
+                    MULTI_UPDATE,
+                    f"the scale grew at steps {last} and {step}, sooner than "
+                    f"scaler.growth_interval={self.cfg.growth_interval} allows",
+                )
         allowed = (1.0, self.cfg.growth_factor, self.cfg.backoff_factor)
-        return any(math.isclose(ratio, r, rel_tol=1e-6) for r in allowed)
-
-    def _check_growth(self, step: int) -> None:
-        if self.last_growth is not None and step - self.last_growth < self.cfg.growth_interval:
+        if old > 0 and not any(math.isclose(scale / old, r, rel_tol=1e-6) for r in allowed):
             self.signatures.setdefault(
                 MULTI_UPDATE,
-                (
-                    f"the scale grew at steps {self.last_growth} and {step}, sooner than "
-                    f"scaler.growth_interval={self.cfg.growth_interval} allows"
-                ),
+                f"step {step}: the scale went {old:g} -> {scale:g} in one optimizer "
+                "step, more than one growth_factor/backoff_factor",
             )
-        self.last_growth = step
 
     def feed(self, first_step: int, scales: list[float], skipped: list[float]) -> list[dict]:
         """Add a window (scale after each step, 1.0 where it skipped); returns its events."""
@@ -59,28 +63,14 @@ class ScaleTracker:
         for step, (scale, skip) in enumerate(zip(scales, skipped), start=first_step):
             old, self.scale = self.scale, scale
             if scale != old:
-                event = {
-                    "step": step,
-                    "kind": "backoff" if scale < old else "growth",
-                    "from": old,
-                    "to": scale,
-                }
-                window.append(event)
-                if scale > old:
-                    self._check_growth(step)
-                if old > 0 and not self._ratio_ok(scale / old):
-                    self.signatures.setdefault(
-                        MULTI_UPDATE,
-                        (
-                            f"step {step}: the scale went {old:g} -> {scale:g} in one optimizer "
-                            "step, more than one growth_factor/backoff_factor"
-                        ),
-                    )
+                kind = "backoff" if scale < old else "growth"
+                window.append({"step": step, "kind": kind, "from": old, "to": scale})
+                self._check_change(step, old, scale)
             self.held = self.held + 1 if skip and scale == old else 0
             if self.dynamic and self.held > self.allowed_holds:
                 self.signatures.setdefault(
                     NO_UPDATE,
-                    (f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}"),
+                    f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}",
                 )
         self.events += window
         return window

@@ -58,24 +58,16 @@ def drift(ref: Run, test: Run, steps: int) -> dict[str, Any]:
         _step(ref, batch, k)
         _step(test, batch, k)
         row: dict[str, Any] = {"step": k, "modules": {}}
-        moved_all, w_all, d_all = 0.0, 0.0, 0.0
+        totals = [0.0, 0.0, 0.0]  # over the model, squared: moved, weights, difference
         for m, ps in owners_r.items():
             w_r, w_t = _flat(ps), _flat(owners_t[m])
-            moved, norm, diff = (
-                float((w_r - before[m]).norm()),
-                float(w_r.norm()),
-                float((w_t - w_r).norm()),
-            )
+            norms = [float(t.norm()) for t in (w_r - before[m], w_r, w_t - w_r)]
+            moved, norm, diff = norms
             row["modules"][m] = _entry(m, diff / norm, moved / norm, variance, per_update)
-            moved_all, w_all, d_all = moved_all + moved**2, w_all + norm**2, d_all + diff**2
+            totals = [total + n**2 for total, n in zip(totals, norms)]
+        moved, norm, diff = totals
         row.update(
-            _entry(
-                "model",
-                math.sqrt(d_all / w_all),
-                math.sqrt(moved_all / w_all),
-                variance,
-                per_update,
-            )
+            _entry("model", math.sqrt(diff / norm), math.sqrt(moved / norm), variance, per_update)
         )
         rows.append(row)
     return {"steps": rows, **_first_faster(rows)}
