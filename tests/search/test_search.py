@@ -163,7 +163,16 @@ def test_an_interrupted_search_resumes_from_its_journal(tmp_path):
     long_runs = [*TINY, "trainer.max_steps=150", "trainer.eval_every=50"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
     cmd = [sys.executable, "-m", "amp_lab", "-m", *args, *long_runs]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C reaches it as on a terminal, also when pytest runs as a background job (which
+        # ignores SIGINT, and the runner rightly leaves an ignored signal alone)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 300
         # the second trial has logged a step: its loop, and its Ctrl-C handler, are running
