@@ -255,7 +255,7 @@ class Checkpointer:
         signals = self.signals
         if not self.cfg.enabled or final:  # the run's own end writes its results; no checkpoint
             if final and signals.stop_signal is not None:
-                log.warning("stop signal at the run's last step: finishing it, then stopping")
+                log.warning("stop signal at the run's last step: finishing the run first")
             return 0.0
         step, every = self.state.step, self.cfg.every_steps
         due = (every and step % every == 0) or (
