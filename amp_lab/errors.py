@@ -76,10 +76,9 @@ def one_line(err: BaseException) -> str:
             f"{group} is an optional group: choose it with +{group}=OPTION "
             f"(options: {', '.join(options)})"
         )
-    if isinstance(err, ValidationError) and err.full_key:
-        return _bad_value(err)
-    if isinstance(cause, ValidationError) and cause.full_key:
-        return _bad_value(cause)
+    for error in (err, cause):  # a bad value, raised as it is or wrapped by Hydra
+        if isinstance(error, ValidationError) and error.full_key:
+            return _bad_value(error)
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
         key = str(cause.full_key)
         parent = key.rpartition(".")[0]
