@@ -12,7 +12,6 @@ import importlib
 import logging
 import os
 import sys
-from difflib import get_close_matches
 from pathlib import Path
 
 import hydra
@@ -26,7 +25,7 @@ from amp_lab import sweeps
 from amp_lab.command import error
 from amp_lab.compose import validate
 from amp_lab.config import CONF_DIR, ConfigError, register
-from amp_lab.errors import one_line
+from amp_lab.errors import did_you_mean, one_line
 
 log = logging.getLogger("amp_lab")
 register()
@@ -95,10 +94,9 @@ def cli() -> None:
         sys.exit(importlib.import_module(TOOLS[sys.argv[1]]).main(sys.argv[2:]))
     word = sys.argv[1] if len(sys.argv) > 1 else "="
     if not (word.startswith(("-", "~", "+")) or "=" in word):  # not an override: a tool typo
-        close = get_close_matches(word, TOOLS, n=1)
         sys.exit(
             error(
-                f"unknown command {word!r}{f'; did you mean {close[0]}?' if close else ''} "
+                f"unknown command {word!r}{did_you_mean(word, TOOLS)} "
                 f"(commands: {', '.join(TOOLS)}; anything else is key=value overrides)"
             )
         )

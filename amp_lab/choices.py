@@ -11,8 +11,7 @@ from enum import Enum
 
 
 class Choice(str, Enum):
-    """A choice field's values. OmegaConf validates them by name; a member compares, hashes,
-    formats and serialises (json, W&B) as its plain string, so `cfg.x.name == "fp16"` holds."""
+    """A choice field's values; a member compares, hashes, formats and serialises as its string."""
 
     def __str__(self) -> str:
         return str(self.value)
@@ -92,22 +91,11 @@ class ClipMode(Choice):
 
 class CompileMode(Choice):
     """What `trainer.compile` compiles; true and false (the field's old values) mean model and
-    off (see CompileMode.parse)."""
+    off (TrainerConfig's start-up check turns the field into a CompileMode)."""
 
     off = "off"  # eager
     model = "model"  # torch.compile(model): its forward and the backward AOTAutograd derives
     step = "step"  # the model as above, and the optimizer step: torch.compile(optimizer.step)
-
-    @classmethod
-    def parse(cls, value: object) -> CompileMode:
-        """The mode a YAML or command-line value names: off|model|step, or true|false."""
-        text = str(value).lower()
-        text = {"true": "model", "false": "off"}.get(text, text)
-        if text not in cls.__members__:
-            raise ValueError(
-                f"trainer.compile={value} is not one of off, model, step (or true, false)"
-            )
-        return cls(text)
 
 
 class Strategy(Choice):

@@ -24,7 +24,7 @@ def _unknown_keys(cfg: DictConfig) -> list[str]:
         for key in cfg[group]
         if f"{group}.{key}" not in known
     ]
-    return [f"{key}{did_you_mean(key)}" for key in found]
+    return [f"{key}{did_you_mean(key, known)}" for key in found]
 
 
 def validate(cfg: DictConfig) -> AmpLabConfig:

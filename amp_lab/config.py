@@ -60,6 +60,8 @@ _BOUNDS: dict[str, Callable[[Any], bool]] = {  # the words of the message -> the
     ">= 0": lambda v: v >= 0,
     ">= 1": lambda v: v >= 1,
     "> 0": lambda v: v > 0,
+    "finite and > 0": lambda v: 0 < v < math.inf,
+    "finite and > 1": lambda v: 1 < v < math.inf,
     "in [0, 1]": lambda v: 0 <= v <= 1,
     "in [0, 1)": lambda v: 0 <= v < 1,
     "in (0, 1]": lambda v: 0 < v <= 1,
@@ -68,10 +70,12 @@ _BOUNDS: dict[str, Callable[[Any], bool]] = {  # the words of the message -> the
 
 
 def _bound(section: Any, group: str, bound: str, *keys: str, hint: str = "") -> None:
-    """Each key's value holds `bound` (a key of _BOUNDS), else `group.key=value must be ...`."""
+    """Each key's value holds `bound` (a key of _BOUNDS), else `group.key=value must be ...`;
+    None (an optional key left unset) holds every bound."""
     for key in keys:
         value = getattr(section, key)
-        _require(_BOUNDS[bound](value), f"{group}.{key}={value} must be {bound}{hint}")
+        ok = value is None or _BOUNDS[bound](value)
+        _require(ok, f"{group}.{key}={value} must be {bound}{hint}")
 
 
 # Field metadata: this setting (or, on a group, the whole group) may differ between an
@@ -166,32 +170,20 @@ class DataConfig:
                 getattr(self, key) is None or len(getattr(self, key)) == 3,
                 f"data.{key}={getattr(self, key)} must hold 3 channel values (or null)",
             )
-        _require(
-            self.crop_pct is None or 0.0 < self.crop_pct <= 1.0,
-            f"data.crop_pct={self.crop_pct} must be in (0, 1] (or null: the model's)",
-        )
-        image_keys = [
-            k
-            for k, v in (
-                ("auto_augment", self.auto_augment is not None),
-                ("re_prob", self.re_prob > 0),
+        _bound(self, "data", "in (0, 1]", "crop_pct", hint=" (or null: the model's)")
+        # the keys only image files have (an empty policy string is off, as in timm)
+        image_keys = [f"data.{k}" for k in ("auto_augment", "re_prob") if getattr(self, k)]
+        if image_keys and self.name in ("digits", "synthetic"):
+            raise ConfigError(
+                f"{image_keys[0]} needs image files (cifar10, cifar100, imagefolder); "
+                f"data={self.name} keeps its tensor path (mixup and label smoothing work there)"
             )
-            if v
-        ]
-        _require(
-            self.name not in ("digits", "synthetic") or not image_keys,
-            f"data.{image_keys[0] if image_keys else ''} needs image files (cifar10, "
-            f"cifar100, imagefolder); data={self.name} keeps its tensor path (mixup and "
-            "label smoothing work there)",
-        )
-        if self.decode != Decode.cpu:  # the device path has no PIL policies or erasing
-            unsupported = [f"data={self.name}"] if self.name != "imagefolder" else []
-            unsupported += [f"data.{k}" for k in image_keys]
-            _require(
-                not unsupported,
+        # the device path decodes imagefolder's JPEGs only, without PIL policies or erasing
+        unsupported = ([f"data={self.name}"] if self.name != "imagefolder" else []) + image_keys
+        if self.decode != Decode.cpu and unsupported:
+            raise ConfigError(
                 f"data.decode={self.decode} decodes data=imagefolder's JPEGs with crop, flip "
-                f"and colour jitter only, not {unsupported[0] if unsupported else ''}; use "
-                "data.decode=cpu for it",
+                f"and colour jitter only, not {unsupported[0]}; use data.decode=cpu for it"
             )
 
 
@@ -228,12 +220,8 @@ class ScalerConfig:
 
     def __post_init__(self) -> None:
         # an infinite scale makes every scaled gradient inf: every step would be skipped
-        for name in ("init_scale", "min_scale", "max_scale"):
-            value = getattr(self, name)
-            _require(
-                0 < value < math.inf,
-                f"scaler.{name}={value} must be finite and > 0 (e.g. 65536 = 2**16)",
-            )
+        scales = ("init_scale", "min_scale", "max_scale")
+        _bound(self, "scaler", "finite and > 0", *scales, hint=" (e.g. 65536 = 2**16)")
         _bound(self, "scaler", ">= 1", "hysteresis", "growth_interval")
         _require(
             self.min_scale <= self.max_scale,
@@ -244,10 +232,7 @@ class ScalerConfig:
             f"scaler.init_scale={self.init_scale} must lie between scaler.min_scale="
             f"{self.min_scale} and scaler.max_scale={self.max_scale}",
         )
-        _require(
-            1 < self.growth_factor < math.inf,
-            f"scaler.growth_factor={self.growth_factor} must be finite and > 1",
-        )
+        _bound(self, "scaler", "finite and > 1", "growth_factor")
         _bound(self, "scaler", "between 0 and 1", "backoff_factor")
 
 
@@ -319,8 +304,7 @@ class OptimConfig:
             f"optim.block_size applies to state_dtype int8, int4 or fp8, not "
             f"{self.state_dtype}; drop it",
         )
-        if self.block_size is not None:
-            _bound(self, "optim", ">= 1", "block_size")
+        _bound(self, "optim", ">= 1", "block_size")
         _require(
             self.state_dtype == "fp32" or not self.fused,
             f"optim.fused=true has no kernel for optim.state_dtype={self.state_dtype}; use "
@@ -402,10 +386,14 @@ class TrainerConfig:
         _bound(self, "trainer", "in [0, 1]", "target_acc")
         _bound(self, "trainer", ">= 0", "clip_grad", "eval_every")
         _bound(self, "trainer", ">= 0", "threads", hint=" (0: auto)")
-        try:
-            self.compile = CompileMode.parse(self.compile)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        # a str field reads YAML's true/false as "True"/"False": the old spellings of model/off
+        text = str(self.compile).lower()
+        text = {"true": "model", "false": "off"}.get(text, text)
+        _require(
+            text in CompileMode.__members__,
+            f"trainer.compile={self.compile} is not one of off, model, step (or true, false)",
+        )
+        self.compile = CompileMode(text)
 
 
 @dataclass

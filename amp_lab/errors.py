@@ -8,6 +8,7 @@ user acts on: the override, the options or the expected type, the nearest real k
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from difflib import get_close_matches
 
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -25,9 +26,9 @@ def schema_keys() -> dict[str, str]:
     return {key: str(f.type).split("[")[0] for key, f in schema_fields()}
 
 
-def did_you_mean(key: str) -> str:
-    """'; did you mean scaler.init_scale?' for the nearest schema key, or ''."""
-    close = get_close_matches(key, list(schema_keys()), n=1)
+def did_you_mean(key: str, known: Iterable[str] | None = None) -> str:
+    """'; did you mean scaler.init_scale?' for the nearest of `known` (the schema's keys), or ''."""
+    close = get_close_matches(key, list(known or schema_keys()), n=1)
     return f"; did you mean {close[0]}?" if close else ""
 
 
@@ -76,10 +77,9 @@ def one_line(err: BaseException) -> str:
             f"{group} is an optional group: choose it with +{group}=OPTION "
             f"(options: {', '.join(options)})"
         )
-    if isinstance(err, ValidationError) and err.full_key:
-        return _bad_value(err)
-    if isinstance(cause, ValidationError) and cause.full_key:
-        return _bad_value(cause)
+    for error in (err, cause):  # a bad value, raised as it is or wrapped by Hydra
+        if isinstance(error, ValidationError) and error.full_key:
+            return _bad_value(error)
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
         key = str(cause.full_key)
         parent = key.rpartition(".")[0]
