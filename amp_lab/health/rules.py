@@ -64,9 +64,7 @@ class History:
         return taken
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "windows"} | {
-            "windows": [asdict(w) for w in self.windows]
-        }
+        return asdict(self)  # its windows as dicts too
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
