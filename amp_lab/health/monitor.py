@@ -127,16 +127,15 @@ class Monitor:
             )
         )
         h.floor = scaler_stop_reason(self.scaler)
-        return self._record(judge(h, self.cfg, False, self._fired()))
+        return self._judge(at_end=False)
 
     def finish(self) -> list[str]:
         """The end rules over the whole run; returns the warning lines of new findings."""
-        return self._record(judge(self.history, self.cfg, True, self._fired()))
+        return self._judge(at_end=True)
 
-    def _fired(self) -> set[str]:
-        return {f.rule for f in self.findings}
-
-    def _record(self, found: list[Finding]) -> list[str]:
+    def _judge(self, at_end: bool) -> list[str]:
+        """The rules due now that had not fired, recorded; the warning lines of new findings."""
+        found = judge(self.history, self.cfg, at_end, {f.rule for f in self.findings})
         self.findings += found
         self.stop_reason = next((f.evidence for f in found if f.rule == DIVERGED), self.stop_reason)
         return [f"run health: {f.evidence} (step {f.step})" for f in found]

@@ -112,13 +112,10 @@ def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
     else:
         return None
     step = h.first_bad if h.first_bad is not None else h.windows[-1].last_step
-    scale = h.windows[-1].scale
-    fell = f" (loss scale fell to 2^{math.log2(scale):.0f})" if _scaled_down(h, scale) else ""
+    scale, fell = h.windows[-1].scale, ""
+    if h.dynamic_scale and 0 < scale < h.init_scale:
+        fell = f" (loss scale fell to 2^{math.log2(scale):.0f})"
     return f"diverged at step {step}{fell}", f"the run diverged: {why}"
-
-
-def _scaled_down(h: History, scale: float) -> bool:
-    return h.dynamic_scale and 0 < scale < h.init_scale
 
 
 def _skips(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
