@@ -82,8 +82,7 @@ class ConsoleSink(Sink):
 
     def start(self, info: Record) -> None:
         self.progress.start()
-        if "step" in info:
-            self.progress.update(self.task, completed=info["step"])
+        self.progress.update(self.task, completed=info.get("step", 0))  # a resumed run's step
 
     def log(self, record: Record) -> None:
         self.last.update(record)
