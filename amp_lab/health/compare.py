@@ -62,6 +62,4 @@ def combine(*signs: int | None) -> int | None | str:
         return "differs"
     if decided:
         return decided.pop()
-    if all(s == MATCHES for s in signs):
-        return MATCHES
-    return None
+    return MATCHES if all(s == MATCHES for s in signs) else None

@@ -248,19 +248,13 @@ def main(argv: list[str] | None = None) -> int:
         f"with qk_norm {sum(f.diverged_at is not None for f in fixed)} of {len(fixed)} diverged "
         f"and {sum(bool(f.warned) for f in fixed)} warned"
     )
+    found = {
+        "diverging": [asdict(c) | {"lead": c.lead} for c in diverging],
+        "qk_norm": [asdict(f) for f in fixed],
+        "healthy": [asdict(h) for h in healthy],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lead_time.json").write_text(
-        json.dumps(
-            command.strict_json(
-                {
-                    "diverging": [asdict(c) | {"lead": c.lead} for c in diverging],
-                    "qk_norm": [asdict(f) for f in fixed],
-                    "healthy": [asdict(h) for h in healthy],
-                }
-            ),
-            indent=2,
-        )
-    )
+    (args.out / "lead_time.json").write_text(json.dumps(command.strict_json(found), indent=2))
     return 0
 
 

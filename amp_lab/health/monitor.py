@@ -29,7 +29,7 @@ class Monitor:
     """The run's counters and its health judge; `read()` is the one host read of a log step."""
 
     TOTALS = ("loss_sum", "loss_count", "correct", "samples")  # summed over the ranks
-    WINDOW = ("loss_sum", "loss_count", "correct", "samples", "skipped")
+    WINDOW = (*TOTALS, "skipped")
 
     def __init__(
         self,
@@ -127,19 +127,17 @@ class Monitor:
             )
         )
         h.floor = scaler_stop_reason(self.scaler)
-        return self._record(judge(h, self.cfg, False, self._fired()))
+        return self._judge(at_end=False)
 
     def finish(self) -> list[str]:
         """The end rules over the whole run; returns the warning lines of new findings."""
-        return self._record(judge(self.history, self.cfg, True, self._fired()))
+        return self._judge(at_end=True)
 
-    def _fired(self) -> set[str]:
-        return {f.rule for f in self.findings}
-
-    def _record(self, found: list[Finding]) -> list[str]:
+    def _judge(self, at_end: bool) -> list[str]:
+        """The rules due now that had not fired, recorded; the warning lines of new findings."""
+        found = judge(self.history, self.cfg, at_end, {f.rule for f in self.findings})
         self.findings += found
-        if any(f.rule == DIVERGED for f in found):
-            self.stop_reason = next(f.evidence for f in found if f.rule == DIVERGED)
+        self.stop_reason = next((f.evidence for f in found if f.rule == DIVERGED), self.stop_reason)
         return [f"run health: {f.evidence} (step {f.step})" for f in found]
 
     @property
@@ -169,15 +167,13 @@ class Monitor:
             "window": dict(self.window),
             "streak": self.streak,
             "history": self.history.state_dict(),
-            "findings": [asdict(f) for f in self.findings],
+            "findings": self.entries(),
             "stop_reason": self.stop_reason,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        rows = state["rows"].to(self.device)
-        if len(rows) > len(self.row_views):
-            self._allocate_rows(len(rows))
-        self.rows[: len(rows)] = rows
+        rows = state["rows"]
+        self._allocate_rows(max(len(rows), len(self.row_views)), keep=rows.to(self.device))
         self.pending, self.samples = len(rows), state["samples"]
         self.window, self.streak = dict(state["window"]), state["streak"]
         self.history.load_state_dict(state["history"])

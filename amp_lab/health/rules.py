@@ -64,9 +64,7 @@ class History:
         return taken
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "windows"} | {
-            "windows": [asdict(w) for w in self.windows]
-        }
+        return asdict(self)  # its windows as dicts too
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -92,14 +90,12 @@ class Rule:
     check: Check  # (history, thresholds, at_end) -> (words, evidence) or None
 
 
-def _last(h: History) -> Window:
-    return h.windows[-1]
-
-
-def _final(h: History, cfg: HealthConfig) -> tuple[int, int, int]:
-    """(steps, finite, skipped) of the last health.window steps (whole log windows)."""
+def _final(h: History, cfg: HealthConfig) -> tuple[list[Window], int, int, int]:
+    """The last health.window steps (whole log windows, the latest first) and their (steps,
+    finite, skipped)."""
     tail = h.span(h.windows[::-1], cfg.window)
-    return sum(w.steps for w in tail), sum(w.finite for w in tail), sum(w.skipped for w in tail)
+    steps = sum(w.steps for w in tail)
+    return tail, steps, sum(w.finite for w in tail), sum(w.skipped for w in tail)
 
 
 def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
@@ -111,18 +107,15 @@ def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
         )
     elif h.floor is not None:
         why = h.floor
-    elif at_end and h.windows and _final(h, cfg)[1] == 0:
-        why = f"every loss of the last {_final(h, cfg)[0]} steps is inf/nan"
+    elif at_end and _final(h, cfg)[2] == 0:
+        why = f"every loss of the last {_final(h, cfg)[1]} steps is inf/nan"
     else:
         return None
-    step = h.first_bad if h.first_bad is not None else _last(h).last_step
-    scale = _last(h).scale
-    fell = f" (loss scale fell to 2^{math.log2(scale):.0f})" if _scaled_down(h, scale) else ""
+    step = h.first_bad if h.first_bad is not None else h.windows[-1].last_step
+    scale, fell = h.windows[-1].scale, ""
+    if h.dynamic_scale and 0 < scale < h.init_scale:
+        fell = f" (loss scale fell to 2^{math.log2(scale):.0f})"
     return f"diverged at step {step}{fell}", f"the run diverged: {why}"
-
-
-def _scaled_down(h: History, scale: float) -> bool:
-    return h.dynamic_scale and 0 < scale < h.init_scale
 
 
 def _skips(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
@@ -134,8 +127,7 @@ def _skips(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | Non
 
 
 def _skip_burst(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    tail = h.span(h.windows[::-1], cfg.window)  # the last health.window steps
-    steps, skipped = sum(w.steps for w in tail), sum(w.skipped for w in tail)
+    tail, steps, _, skipped = _final(h, cfg)
     if not tail[-1].clean_before or steps < cfg.window or skipped / steps <= cfg.window_skip_rate:
         return None
     at = f"steps {tail[-1].first_step}-{tail[0].last_step}"
@@ -147,7 +139,7 @@ def _skip_burst(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] 
 
 
 def _underflow(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    w = _last(h)
+    w = h.windows[-1]
     share = w.zero_grad_share
     # a window that skipped says nothing about underflow: its gradients held inf/nan
     if share is None or w.skipped or share < cfg.zero_grad_share:
@@ -160,7 +152,7 @@ def _underflow(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] |
 
 
 def _scale_collapse(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    scale = _last(h).scale
+    scale = h.windows[-1].scale
     if not h.dynamic_scale or scale >= cfg.min_scale:
         return None
     words = f"loss scale collapsed to {scale:g}"
@@ -180,7 +172,7 @@ def _scale_pinned(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str
 
 
 def _not_training(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    steps, finite, skipped = _final(h, cfg)
+    _, steps, _, skipped = _final(h, cfg)
     if not steps or skipped < steps:
         return None
     words = f"no longer training: the last {steps} steps all skipped"
@@ -229,62 +221,55 @@ def _signal(w: Window, key: str) -> float | None:
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _reached(h: History, key: str, threshold: float) -> tuple[float, Window] | None:
-    """The last window's probe figure `key` and the window, when it reached `threshold` in a
-    window without a skipped step (a skip's figures hold inf/nan)."""
-    w = _last(h)
-    value = _signal(w, key)
-    return None if value is None or w.skipped or value < threshold else (value, w)
+def _reaches(key: str, threshold: str, words: str, why: str) -> Check:
+    """The window rule on the probe figure `key`: it fires when the last window, without a skipped
+    step (a skip's figures hold inf/nan), reached health.<threshold>. `words` formats the figure
+    as {value} and the window's other probe figures by their names."""
+
+    def check(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+        w, limit = h.windows[-1], getattr(cfg, threshold)
+        value = _signal(w, key)
+        if value is None or w.skipped or value < limit:
+            return None
+        figures = {k.removeprefix("diag/"): v for k, v in w.signals.items()}
+        said = words.format(value=value, **figures)
+        return said, f"{said} (>= health.{threshold}={limit:g}): {why}"
+
+    return check
 
 
-def _attn_logits(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    if not (found := _reached(h, "attn_logit_max", cfg.attn_logit)):
-        return None
-    logit, w = found
-    words = f"attention logits growing: {logit:.3g} in {w.signals['diag/attn_logit_max_block']}"
-    return words, (
-        f"{words} (>= health.attn_logit={cfg.attn_logit:g}): the softmax is nearly one-hot and "
-        "the logits grow until the run diverges (Wortsman et al. 2023); qk_norm or a z-loss "
-        "keeps them bounded, a lower LR slows them"
-    )
-
-
-def _kurtosis(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    if not (found := _reached(h, "kurtosis_max", cfg.kurtosis)):
-        return None
-    kurt, w = found
-    words = f"outlier features: kurtosis {kurt:.3g} in {w.signals['diag/kurtosis_max_block']}"
-    return words, (
-        f"{words} (>= health.kurtosis={cfg.kurtosis:g}): a few features carry the block's "
-        "activations, which low precision divergence follows (FOG); lower the LR"
-    )
-
-
-def _adam_rms(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    if not (found := _reached(h, "adam_rms_max", cfg.adam_rms)):
-        return None
-    rms, w = found
-    words = f"second moment lags: RMS(g²/v̂) {rms:.3g} in {w.signals['diag/adam_rms_param']}"
-    return words, (
-        f"{words} (>= health.adam_rms={cfg.adam_rms:g}): Adam's second moment underestimates "
-        "the squared gradient, as 1-8 steps before a loss spike (StableAdamW); lower the LR or "
-        "lengthen the warmup"
-    )
-
-
-def _updates_erased(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    if not (found := _reached(h, "erased_share", cfg.erased_share)):
-        return None
-    share, _ = found
-    words = f"updates rounded away: {share:.0%} of 16-bit weight updates erased"
-    return words, (
-        f"{words} (>= health.erased_share={cfg.erased_share:g}): a step below half an ulp of "
-        "its weight leaves it unchanged; use fp32 masters, stochastic rounding or Kahan"
-    )
+_attn_logits = _reaches(
+    "attn_logit_max",
+    "attn_logit",
+    "attention logits growing: {value:.3g} in {attn_logit_max_block}",
+    "the softmax is nearly one-hot and the logits grow until the run diverges (Wortsman et al. "
+    "2023); qk_norm or a z-loss keeps them bounded, a lower LR slows them",
+)
+_kurtosis = _reaches(
+    "kurtosis_max",
+    "kurtosis",
+    "outlier features: kurtosis {value:.3g} in {kurtosis_max_block}",
+    "a few features carry the block's activations, which low precision divergence follows (FOG); "
+    "lower the LR",
+)
+_adam_rms = _reaches(
+    "adam_rms_max",
+    "adam_rms",
+    "second moment lags: RMS(g²/v̂) {value:.3g} in {adam_rms_param}",
+    "Adam's second moment underestimates the squared gradient, as 1-8 steps before a loss spike "
+    "(StableAdamW); lower the LR or lengthen the warmup",
+)
+_updates_erased = _reaches(
+    "erased_share",
+    "erased_share",
+    "updates rounded away: {value:.0%} of 16-bit weight updates erased",
+    "a step below half an ulp of its weight leaves it unchanged; use fp32 masters, stochastic "
+    "rounding or Kahan",
+)
 
 
 def _eps_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    w = _last(h)
+    w = h.windows[-1]
     eps, floor = _signal(w, "eps"), _signal(w, "eps_floor")
     if eps is None or floor is None or eps >= floor:
         return None
@@ -297,7 +282,7 @@ def _eps_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
 
 
 def _decay_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
-    w = _last(h)
+    w = h.windows[-1]
     lr_wd, floor = _signal(w, "lr_wd"), _signal(w, "lr_wd_floor")
     if lr_wd is None or floor is None or lr_wd >= floor:
         return None
@@ -331,6 +316,16 @@ SIGNALS = (
     "diag/lr_wd_floor",
     "diag/lr_wd_dtype",
 )
+# the early warnings: they fire before the loss diverges (their lead time: docs/diagnostics.md)
+EARLY_RULES = (
+    Rule("attn_logits", "attention logits growing", "window", _attn_logits),
+    Rule("kurtosis", "outlier features", "window", _kurtosis),
+    Rule("adam_rms", "second moment lags", "window", _adam_rms),
+    Rule("updates_erased", "updates rounded away", "window", _updates_erased),
+    Rule("eps_lost", "eps is 0 in the state dtype", "window", _eps_lost),
+    Rule("decay_lost", "weight decay does nothing", "window", _decay_lost),
+)
+EARLY = tuple(rule.name for rule in EARLY_RULES)
 RULES: dict[str, Rule] = {
     rule.name: rule
     for rule in (
@@ -343,19 +338,9 @@ RULES: dict[str, Rule] = {
         Rule("not_training", "no longer training", "end", _not_training),
         Rule("loss_rises", "loss rising", "end", _rises),
         Rule("loss_stalls", "loss stalled", "end", _stalls),
-        # early warnings: they come before the loss diverges (docs/diagnostics.md)
-        Rule("attn_logits", "attention logits growing", "window", _attn_logits),
-        Rule("kurtosis", "outlier features", "window", _kurtosis),
-        Rule("adam_rms", "second moment lags", "window", _adam_rms),
-        Rule("updates_erased", "updates rounded away", "window", _updates_erased),
-        Rule("eps_lost", "eps is 0 in the state dtype", "window", _eps_lost),
-        Rule("decay_lost", "weight decay does nothing", "window", _decay_lost),
+        *EARLY_RULES,
     )
 }
-
-
-# the early warnings: they fire before the loss diverges (their lead time: docs/diagnostics.md)
-EARLY = ("attn_logits", "kurtosis", "adam_rms", "updates_erased", "eps_lost", "decay_lost")
 
 
 def judge(h: History, cfg: HealthConfig, at_end: bool, already: set[str]) -> list[Finding]:
@@ -370,7 +355,7 @@ def judge(h: History, cfg: HealthConfig, at_end: bool, already: set[str]) -> lis
             continue
         result = rule.check(h, cfg, at_end)
         if result is not None:
-            found.append(Finding(rule.name, _last(h).last_step, *result))
+            found.append(Finding(rule.name, h.windows[-1].last_step, *result))
             if rule.name == DIVERGED:
                 break
     return found

@@ -7,7 +7,6 @@ The runner hands every record to a `Sinks` container; each sink decides what to 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,11 +58,7 @@ class JsonlSink(Sink):
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return str(value)
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 class ConsoleSink(Sink):
@@ -87,8 +82,7 @@ class ConsoleSink(Sink):
 
     def start(self, info: Record) -> None:
         self.progress.start()
-        if "step" in info:
-            self.progress.update(self.task, completed=info["step"])
+        self.progress.update(self.task, completed=info.get("step", 0))  # a resumed run's step
 
     def log(self, record: Record) -> None:
         self.last.update(record)

@@ -45,11 +45,6 @@ def resolve_mode(cfg: LoggerConfig) -> str:
     return env if env in ("offline", "online", "disabled") else cfg.mode
 
 
-def init_timeout() -> float:
-    """Seconds an online `wandb.init` may take before amp_lab falls back to offline."""
-    return float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
-
-
 def credentials() -> str | None:
     """Where wandb would find credentials without asking; None: online init would prompt."""
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
@@ -156,7 +151,7 @@ class WandbSink(Sink):
             id=run_id(self.out_dir),
             resume="allow",
             settings=wandb.Settings(
-                init_timeout=init_timeout(),
+                init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S)),
                 console="off",
                 silent=True,  # nothing on the terminal, from wandb or its wandb-core process
                 disable_git=True,
