@@ -87,12 +87,10 @@ def minutes(limit: str) -> int | None:
     found = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit.strip())
     if not found:
         return None
-    days, first, second, third = (int(g) if g else None for g in found.groups())
-    if days is not None or third is not None:  # D-H[:M[:S]] or H:M:S
-        hours, mins = first or 0, second or 0
-    else:  # M or M:S
-        hours, mins = 0, first or 0
-    return (days or 0) * 1440 + hours * 60 + mins
+    days, first, second, _ = (int(g or 0) for g in found.groups())
+    if found.group(1) or found.group(4):  # D-H[:M[:S]] or H:M:S
+        return days * 1440 + first * 60 + second
+    return first  # M or M:S
 
 
 def time_fix(partition: str) -> str | None:
