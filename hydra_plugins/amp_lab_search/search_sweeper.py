@@ -65,9 +65,7 @@ def _split(arguments: list[str], parser: Any) -> tuple[list[str], list[list[str]
     overrides of one key the later wins (the command line over the config's params)."""
     from amp_lab.search.space import SearchError
 
-    last: dict[str, Any] = {}
-    for override in parser.parse_overrides(arguments):
-        last[override.get_key_element()] = override
+    last = {override.get_key_element(): override for override in parser.parse_overrides(arguments)}
     fixed, axes, keys = [], [], set()
     for key, override in last.items():
         if not override.is_sweep_override():
