@@ -21,10 +21,9 @@ log = logging.getLogger("amp_lab.sweeps")
 
 @dataclass(frozen=True)
 class QueuedJob:
-    """One line of `squeue`: a job of the sweep and what it asks for."""
+    """One line of `squeue`: a pending job of the sweep and what it asks for."""
 
     job_id: str
-    state: str
     reason: str
     cpus: int
     mem_gb: float | None  # None: the job asks no memory
@@ -49,20 +48,17 @@ def mem_gb(text: str) -> float | None:
     return float(found.group(1)) * scale[found.group(2)]
 
 
-def queued_jobs(job_ids: list[str]) -> list[QueuedJob]:
-    """The sweep's jobs that squeue still lists (one line per array task)."""
+def pending_jobs(job_ids: list[str]) -> list[QueuedJob]:
+    """The sweep's jobs that squeue lists as pending (one line per array task)."""
     if not job_ids:
         return []
-    out = slurm_said(
-        ["squeue", "-h", "-r", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r|%C|%m|%P"]
-    )
+    ids = ",".join(sorted(set(job_ids)))
+    out = slurm_said(["squeue", "-h", "-r", "-t", "PENDING", "-j", ids, "-o", "%i|%r|%C|%m|%P"])
     jobs = []
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 6 and parts[3].isdigit():
-            jobs.append(
-                QueuedJob(parts[0], parts[1], parts[2], int(parts[3]), mem_gb(parts[4]), parts[5])
-            )
+        if len(parts) == 5 and parts[2].isdigit():
+            jobs.append(QueuedJob(parts[0], parts[1], int(parts[2]), mem_gb(parts[3]), parts[4]))
     return jobs
 
 
@@ -79,15 +75,10 @@ def partitions() -> list[str]:
 
 
 def partition_size(partition: str) -> tuple[int, float | None]:
-    """(CPUs, GB) of the partition's largest node."""
-    sizes = [
-        (int(c), mem_gb(m))
-        for c, m in (line.split("|") for line in sinfo(partition, "%c|%m"))
-        if c.isdigit()
-    ]
-    if not sizes:
-        return 0, None
-    return max(c for c, _ in sizes), max((m for _, m in sizes if m is not None), default=None)
+    """(CPUs, GB) of the partition's largest node; 0 and None where sinfo does not say."""
+    rows = [line.split("|") for line in sinfo(partition, "%c|%m")]
+    cpus = max((int(c) for c, _ in rows if c.isdigit()), default=0)
+    return cpus, max((gb for _, m in rows if (gb := mem_gb(m))), default=None)
 
 
 def minutes(limit: str) -> int | None:
@@ -96,18 +87,21 @@ def minutes(limit: str) -> int | None:
     found = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit.strip())
     if not found:
         return None
-    days, first, second, third = (int(g) if g else None for g in found.groups())
-    if days is not None or third is not None:  # D-H[:M[:S]] or H:M:S
-        hours, mins = first or 0, second or 0
-    else:  # M or M:S
-        hours, mins = 0, first or 0
-    return (days or 0) * 1440 + hours * 60 + mins
+    days, first, second, _ = (int(g or 0) for g in found.groups())
+    if found.group(1) or found.group(4):  # D-H[:M[:S]] or H:M:S
+        return days * 1440 + first * 60 + second
+    return first  # M or M:S
 
 
-def max_minutes(partition: str) -> int | None:
-    """The partition's time limit per job (sinfo's MaxTime) in minutes; None when unlimited."""
-    limits = [m for m in map(minutes, sinfo(partition, "%l")) if m is not None]
-    return max(limits, default=None)
+def time_fix(partition: str) -> str | None:
+    """The override for a job over the partition's time limit (sinfo's MaxTime); None when
+    the partition has none."""
+    limit = max((m for m in map(minutes, sinfo(partition, "%l")) if m is not None), default=None)
+    if limit is None:
+        return None
+    return (
+        f"partition {partition} allows {limit} min per job: set hydra.launcher.timeout_min={limit}"
+    )
 
 
 def advice(jobs: list[QueuedJob], seconds: float) -> str:
@@ -119,22 +113,11 @@ def advice(jobs: list[QueuedJob], seconds: float) -> str:
         f"SLURM job{'s' if len(jobs) > 1 else ''} {names} pending for {seconds:.0f} s "
         f"({job.reason}): {'each ' if len(jobs) > 1 else ''}asks {asks}"
     )
-    limit = max_minutes(job.partition) if job.reason == "PartitionTimeLimit" else None
-    if limit is not None:
-        return (
-            f"{line}; partition {job.partition} allows {limit} min per job: set "
-            f"hydra.launcher.timeout_min={limit}"
-        )
+    if job.reason == "PartitionTimeLimit" and (fix := time_fix(job.partition)):
+        return f"{line}; {fix}"
     cpus, mem = partition_size(job.partition)
-    too_big = [
-        name
-        for name, fits in (
-            ("cpus_per_task", job.cpus <= cpus),
-            ("mem_gb", not job.mem_gb or not mem or job.mem_gb <= mem),
-        )
-        if not fits
-    ]
-    if cpus and too_big:
+    asked = (("cpus_per_task", job.cpus, cpus), ("mem_gb", job.mem_gb, mem))
+    if too_big := [name for name, asks_for, has in asked if asks_for and has and asks_for > has]:
         has = f"{cpus} CPUs" + (f" / {mem:.0f} GB" if mem else "")
         return (
             f"{line}; partition {job.partition} has {has} per node: set "
@@ -173,9 +156,7 @@ class PendingWatch:
     def poll(self) -> None:
         now = time.monotonic()
         due: dict[tuple[str, int, float | None, str], list[QueuedJob]] = {}
-        for job in queued_jobs(submitted_ids(self.sweep_dir)):
-            if job.state != "PENDING":
-                continue
+        for job in pending_jobs(submitted_ids(self.sweep_dir)):
             seconds = now - self.first_seen.setdefault(job.job_id, now)
             if seconds >= self.warn_s and (job.job_id, job.reason) not in self.told:
                 self.told.add((job.job_id, job.reason))

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from amp_lab.slurm_queue import max_minutes, partition_size, partitions, sinfo, slurm_said
+from amp_lab.slurm_queue import partition_size, partitions, sinfo, slurm_said, time_fix
 
 log = logging.getLogger("amp_lab.sweeps")
 
@@ -56,11 +56,8 @@ def _fix(reason: str, partition: str, tasks_per_node: int) -> str | None:
             "set hydra.launcher.qos=QOS, one you may use "
             "(sacctmgr -n show assoc user=$USER format=qos lists them)"
         )
-    if "time limit" in reason and (limit := max_minutes(partition)) is not None:
-        return (
-            f"partition {partition} allows {limit} min per job: set "
-            f"hydra.launcher.timeout_min={limit}"
-        )
+    if "time limit" in reason and (fix := time_fix(partition)):
+        return fix
     cpus, mem = partition_size(partition)
     if "memory" in reason and mem:
         return (
@@ -94,12 +91,6 @@ def refusal(
     return f"sbatch refused the sweep's jobs: {reason}; {fix}"
 
 
-def no_accounting() -> str:
-    """sacct's own line when this cluster keeps no job accounting, else ''."""
-    said = slurm_said(["sacct", "-n", "-j", "1"], "stderr").strip()
-    return said if NO_ACCOUNTING in said else ""
-
-
 class _NoSacct(SlurmInfoWatcher):
     """submitit's job watcher on a cluster without job accounting: it never calls sacct."""
 
@@ -128,9 +119,7 @@ class OnceSacctWarning(logging.Filter):
     """submitit's warning that sacct failed (every poll, through each of its handlers) becomes
     one line of amp_lab's that says what it means."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
+    seen = False  # set on the instance at the first warning
 
     def filter(self, record: logging.LogRecord) -> bool:
         if _SACCT not in record.getMessage():
@@ -154,7 +143,8 @@ class SlurmSubmit:
         submitit_log = logging.getLogger("submitit")
         if not any(isinstance(f, OnceSacctWarning) for f in submitit_log.filters):
             submitit_log.addFilter(OnceSacctWarning())
-        if said := no_accounting():
+        said = slurm_said(["sacct", "-n", "-j", "1"], "stderr").strip()
+        if NO_ACCOUNTING in said:  # sacct can only fail here, at every poll
             log.warning("sacct: %s: submitit reads job states from the jobs' own files", said)
             SlurmJob.watcher = _NoSacct(delay_s=600)
         sys.stderr = _StderrWithoutSbatch(self.stderr)

@@ -131,7 +131,7 @@ def test_pending_advice_names_the_override_only_when_the_job_cannot_fit(monkeypa
         [64, 3.90625, 22.54, None, None], abs=0.01
     )
     monkeypatch.setattr(slurm_queue, "partition_size", lambda partition: (2, 4.0))
-    big = QueuedJob("7_0", "PENDING", "PartitionConfig", 8, 64.0, "debug")
+    big = QueuedJob("7_0", "PartitionConfig", 8, 64.0, "debug")
     assert advice([big, replace(big, job_id="7_1")], 61).startswith(
         "SLURM jobs 7_0, 7_1 pending for 61 s (PartitionConfig): each asks 8 CPUs / 64 GB"
     )
@@ -140,7 +140,7 @@ def test_pending_advice_names_the_override_only_when_the_job_cannot_fit(monkeypa
         "hydra.launcher.cpus_per_task / hydra.launcher.mem_gb (or "
         "hydra/launcher=submitit_slurm_cpu on a small cluster)"
     )
-    fits = QueuedJob("8", "PENDING", "Resources", 2, None, "debug")
+    fits = QueuedJob("8", "Resources", 2, None, "debug")
     assert advice([fits], 90) == (
         "SLURM job 8 pending for 90 s (Resources): asks 2 CPUs; "
         "waiting for a free node (squeue -j 8 shows the queue)"

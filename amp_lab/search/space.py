@@ -1,21 +1,21 @@
 """A search space: schema settings and the range each is drawn from, checked before any trial.
 
 `hydra.sweeper.space` nests like the settings it searches (`lr: {base: {low, high, log}}`), so
-`hydra.sweeper.space.lr.base.high=0.3` works on the command line.
+`hydra.sweeper.space.lr.base.high=0.3` works on the command line. Each setting becomes an Optuna
+distribution, which `Study.ask` draws from.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from hydra.errors import HydraException
+from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 
 from amp_lab.errors import did_you_mean, schema_keys
 
-NUMBER_TYPES = {"int": True, "float": False}  # schema type -> drawn as an integer
 RANGE_KEYS = {"low", "high", "log"}
 
 
@@ -23,25 +23,10 @@ class SearchError(HydraException):
     """A bad search setting, told in one line (the `amp_lab` command exits 2)."""
 
 
-@dataclass(frozen=True)
-class Dim:
-    """One searched setting: its range, scale and whether it is an integer."""
-
-    key: str
-    low: float
-    high: float
-    log: bool
-    integer: bool
-
-    def suggest(self, trial: Any) -> int | float:
-        """The value an Optuna trial draws for this setting."""
-        if self.integer:
-            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(self.key, self.low, self.high, log=self.log)
-
-    def override(self, value: float) -> str:
-        # 4 significant digits keep job folder names short; no run tells 1e-4 relative LR apart
-        return f"{self.key}={int(value)}" if self.integer else f"{self.key}={value:.4g}"
+def override(key: str, value: float) -> str:
+    """The override that sets a drawn value (an int distribution draws ints)."""
+    # 4 significant digits keep job folder names short; no run tells 1e-4 relative LR apart
+    return f"{key}={value}" if isinstance(value, int) else f"{key}={value:.4g}"
 
 
 def _leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Mapping[str, Any]]:
@@ -61,12 +46,12 @@ def _leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Mapping[str,
     return found
 
 
-def _dim(key: str, spec: Mapping[str, Any]) -> Dim:
+def _distribution(key: str, spec: Mapping[str, Any]) -> BaseDistribution:
     where = f"hydra.sweeper.space.{key}"
     kind = schema_keys().get(key)
     if kind is None:
         raise SearchError(f"unknown search-space key {key}{did_you_mean(key)}")
-    if kind not in NUMBER_TYPES:
+    if kind not in ("int", "float"):
         raise SearchError(f"{key} is a {kind}, not a number: a search space draws int and float")
     if extra := set(spec) - RANGE_KEYS:
         raise SearchError(f"{where} has {', '.join(sorted(extra))}; a range has low, high, log")
@@ -79,18 +64,18 @@ def _dim(key: str, spec: Mapping[str, Any]) -> Dim:
     if low < 0 or (log and low <= 0):
         scale = "a log-scale range needs low > 0" if log else "searched settings are >= 0"
         raise SearchError(f"{where}.low={low:g} is out of range: {scale}")
-    integer = NUMBER_TYPES[kind]
-    if integer and (low != int(low) or high != int(high)):
+    if kind == "float":
+        return FloatDistribution(low, high, log=log)
+    if low != int(low) or high != int(high):
         raise SearchError(f"{where}: {key} is an int; give whole-number bounds")
-    return Dim(key, low, high, log, integer)
+    return IntDistribution(int(low), int(high), log=log)
 
 
-def parse_space(space: Mapping[str, Any], fixed: set[str]) -> list[Dim]:
-    """The checked dimensions of `space`, less the settings fixed on the command line."""
-    dims = [_dim(key, spec) for key, spec in _leaves(space).items()]
-    dims = [d for d in dims if d.key not in fixed]
-    if not dims:
+def parse_space(space: Mapping[str, Any], fixed: set[str]) -> dict[str, BaseDistribution]:
+    """The checked distributions of `space`, less the settings fixed on the command line."""
+    found = {key: _distribution(key, spec) for key, spec in _leaves(space).items()}
+    if not (drawn := {key: d for key, d in found.items() if key not in fixed}):
         raise SearchError(
             "the search space is empty; set hydra.sweeper.space (conf/search/lr.yaml)"
         )
-    return dims
+    return drawn

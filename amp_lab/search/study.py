@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,19 +23,9 @@ if TYPE_CHECKING:  # optuna takes ~0.5 s to import: only a search imports it
 
 JOB_DIR = "job_dir"  # a trial's user attributes: its run directory, relative to the sweep folder
 RESULT = "result"  # how the run ended: completed, diverged, pruned at step N, crashed: ...
-AXIS = "axis"  # a study's user attributes: its sweep overrides (["precision=fp16"]),
-PRUNER = "pruner"  # and the MedianPruner's settings, for its trials
-NO_SUMMARY = "no readable summary.json"
+AXIS = "axis"  # a study's user attribute: its sweep overrides (["precision=fp32"])
 PRUNED_MARK = "pruned by the search"  # the start of a pruned run's summary status
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What Optuna is told of one trial."""
-
-    state: str  # COMPLETE | PRUNED | FAIL (optuna.trial.TrialState names)
-    value: float | None
-    result: str
+KINDS = {"COMPLETE": "completed", "PRUNED": "pruned", "FAIL": "failed"}  # in the verdict's tally
 
 
 def storage(sweep_dir: Path) -> optuna.storages.BaseStorage:
@@ -46,43 +36,42 @@ def storage(sweep_dir: Path) -> optuna.storages.BaseStorage:
     return JournalStorage(JournalFileBackend(str(sweep_dir / SEARCH_FILE)))
 
 
-def outcome(job_dir: Path) -> Outcome:
-    """The trial of the run in `job_dir`, from its summary.json: the health judge's verdict read
-    as the run recorded it, never judged again here."""
+def outcome(job_dir: Path, error: str | None) -> tuple[str, float | None, str]:
+    """(optuna TrialState name, value, result) of the run in `job_dir`, from its summary.json:
+    the health judge's verdict read as the run recorded it, never judged again here. `error`:
+    the job's exception, the result of a run that left no summary."""
     if (job_dir / REFUSED_FILE).exists():
         reason = (job_dir / REFUSED_FILE).read_text(errors="replace").strip()
-        return Outcome("FAIL", None, f"refused: {reason.partition(': ')[2]}")
+        return "FAIL", None, f"refused: {reason.partition(': ')[2]}"
     try:
         summary: dict[str, Any] = json.loads((job_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError):
-        return Outcome("FAIL", None, NO_SUMMARY)
+        return "FAIL", None, f"crashed: {error}" if error else "no readable summary.json"
     status = str(summary.get("status", "?"))
     if PRUNED_MARK in status:
-        return Outcome("PRUNED", None, status.partition(": ")[2] or status)
+        return "PRUNED", None, status.partition(": ")[2] or status
     if summary.get("diverged") or status == "diverged":
-        return Outcome("FAIL", None, "diverged")
+        return "FAIL", None, "diverged"
     if status != "completed":
-        return Outcome("FAIL", None, status)
+        return "FAIL", None, status
     loss = summary.get("final_val_loss")
     if not isinstance(loss, (int, float)) or not math.isfinite(loss):
-        return Outcome("FAIL", None, f"diverged: final val loss {loss}")
-    return Outcome("COMPLETE", float(loss), "completed")
+        return "FAIL", None, f"diverged: final val loss {loss}"
+    return "COMPLETE", float(loss), "completed"
 
 
 def tell(
     study: optuna.Study, trial: optuna.Trial, job_dir: Path, sweep_dir: Path, error: str | None
-) -> Outcome:
-    """Record the trial's outcome in the study (its run directory and result as attributes);
-    `error`: the job's exception, the result of a run that left no summary."""
+) -> str:
+    """Record the trial's outcome in the study, its run directory and result as attributes;
+    returns the result."""
     from optuna.trial import TrialState
 
-    found = outcome(job_dir)
-    if error and found.result == NO_SUMMARY:
-        found = Outcome("FAIL", None, f"crashed: {error}")
+    state, value, result = outcome(job_dir, error)
     trial.set_user_attr(JOB_DIR, str(job_dir.resolve().relative_to(sweep_dir.resolve())))
-    trial.set_user_attr(RESULT, found.result)
-    study.tell(trial, found.value, state=TrialState[found.state])
-    return found
+    trial.set_user_attr(RESULT, result)
+    study.tell(trial, value, state=TrialState[state])
+    return result
 
 
 def retry_interrupted(study: optuna.Study) -> int:
@@ -103,19 +92,13 @@ def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def verdict(study: optuna.Study) -> str:
     """One line: the best trial's settings and loss, or why there is none."""
-    from optuna.trial import TrialState
-
     trials = finished(study)
-    counts: dict[str, int] = {}
-    for t in trials:
-        kind = "diverged" if str(t.user_attrs.get(RESULT, "")).startswith("diverged") else None
-        kind = kind or {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned"}.get(
-            t.state, "failed"
-        )
-        counts[kind] = counts.get(kind, 0) + 1
-    tally = ", ".join(f"{n} {kind}" for kind, n in counts.items())
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not complete:
+    kinds = Counter(
+        "diverged" if t.user_attrs[RESULT].startswith("diverged") else KINDS[t.state.name]
+        for t in trials
+    )
+    tally = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    if not kinds["completed"]:
         return (
             f"search {study.study_name}: no trial of {len(trials)} finished with a finite loss "
             f"({tally}): no best setting; lower the space's upper bounds (hydra.sweeper.space)"

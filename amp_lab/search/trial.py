@@ -13,19 +13,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from amp_lab.search.study import PRUNED_MARK, PRUNER, storage
+from amp_lab.search.study import PRUNED_MARK, storage
 from amp_lab.tracking.sinks import Record, Sink
 
-TRIAL_ENV = "AMP_LAB_SEARCH_TRIAL"  # {"sweep_dir": ..., "study": ..., "trial": number}
+TRIAL_ENV = "AMP_LAB_SEARCH_TRIAL"  # {"sweep_dir", "study", "trial": number, "pruner": {..}}
 
 
 class TrialPruned(Exception):
     """The study's pruner stopped this run; its summary's status says so."""
 
 
-def env_override(study: str, trial: int, sweep_dir: Path) -> str:
-    """The override that names the trial to the job (quoted: a path may hold any character)."""
-    spec = json.dumps({"sweep_dir": str(sweep_dir.resolve()), "study": study, "trial": trial})
+def env_override(study: str, trial: int, sweep_dir: Path, pruner: dict[str, int]) -> str:
+    """The override that names the trial and its MedianPruner's settings to the job (quoted: a
+    path may hold any character)."""
+    where = {"sweep_dir": str(sweep_dir.resolve()), "study": study, "trial": trial}
+    spec = json.dumps({**where, "pruner": pruner})
     value = spec.replace("\\", "\\\\").replace("'", "\\'")
     return f"++hydra.job.env_set.{TRIAL_ENV}='{value}'"
 
@@ -47,10 +49,9 @@ class PruningSink(Sink):
         import optuna
 
         journal, name = storage(Path(self.spec["sweep_dir"])), self.spec["study"]
-        study_id = journal.get_study_id_from_name(name)
-        settings = journal.get_study_user_attrs(study_id).get(PRUNER, {})
-        pruner = optuna.pruners.MedianPruner(**settings)
+        pruner = optuna.pruners.MedianPruner(**self.spec["pruner"])
         study = optuna.load_study(study_name=name, storage=journal, pruner=pruner)
+        study_id = journal.get_study_id_from_name(name)
         trial_id = journal.get_trial_id_from_study_id_trial_number(study_id, self.spec["trial"])
         self.trial = optuna.trial.Trial(study, trial_id)
 

@@ -20,12 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
-from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 ALL = "all"  # the one study of a search that sweeps no setting
@@ -67,9 +65,7 @@ def _split(arguments: list[str], parser: Any) -> tuple[list[str], list[list[str]
     overrides of one key the later wins (the command line over the config's params)."""
     from amp_lab.search.space import SearchError
 
-    last: dict[str, Any] = {}
-    for override in parser.parse_overrides(arguments):
-        last[override.get_key_element()] = override
+    last = {override.get_key_element(): override for override in parser.parse_overrides(arguments)}
     fixed, axes, keys = [], [], set()
     for key, override in last.items():
         if not override.is_sweep_override():
@@ -91,21 +87,13 @@ def _next_job(sweep_dir: Path) -> int:
     return max(numbers, default=-1) + 1
 
 
-class SearchSweeper(Sweeper):
-    """Asks the studies for trials, launches them, tells each study its trials' outcomes."""
+class SearchSweeper(BasicSweeper):
+    """Asks the studies for trials, launches them, tells each study its trials' outcomes (its
+    setup, the launcher and the `params` overrides are BasicSweeper's)."""
 
     def __init__(self, **settings: Any) -> None:
         self.settings = OmegaConf.structured(SearchSweeperConf(**settings))
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-
-    def setup(
-        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
-    ) -> None:
-        self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+        super().__init__(max_batch_size=None, params=self.settings.params)
 
     def sweep(self, arguments: list[str]) -> list[list[JobReturn]]:
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -113,27 +101,26 @@ class SearchSweeper(Sweeper):
         from amp_lab.search import study as studies
         from amp_lab.search.space import SearchError, parse_space
 
-        assert self.config is not None and self.hydra_context is not None
+        assert self.config is not None and self.hydra_context is not None and self.launcher
         s = self.settings
         if s.n_trials < 1 or s.n_jobs < 1:
             raise SearchError(f"hydra.sweeper.n_trials={s.n_trials}, n_jobs={s.n_jobs}: use >= 1")
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        typed = [f"{key}={value}" for key, value in s.params.items()]
-        fixed, axes, keys = _split([*typed, *arguments], parser)
-        dims = parse_space(OmegaConf.to_container(s.space), keys)
+        fixed, axes, keys = _split([*self._parse_config(), *arguments], parser)
+        space = parse_space(OmegaConf.to_container(s.space), keys)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         opened = [(axis, self._open(axis, sweep_dir)) for axis in axes]
         returns = []
-        while batch := self._ask(opened, fixed, dims, sweep_dir):
+        while batch := self._ask(opened, fixed, space, sweep_dir):
             overrides = [job for _, _, job in batch]
             self.validate_batch_is_legal(overrides)
             results = self.launcher.launch(overrides, initial_job_idx=_next_job(sweep_dir))
             for (study, trial, _), ret in zip(batch, results):
                 job_dir = Path(ret.hydra_cfg.hydra.runtime.output_dir)
-                found = studies.tell(study, trial, job_dir, sweep_dir, _error(ret))
-                log.info("%s trial %d: %s", study.study_name, trial.number, found.result)
+                result = studies.tell(study, trial, job_dir, sweep_dir, _error(ret))
+                log.info("%s trial %d: %s", study.study_name, trial.number, result)
             returns.append(list(results))
         for _, study in opened:
             print(f"amp_lab: {studies.verdict(study)}", file=sys.stderr)
@@ -148,23 +135,16 @@ class SearchSweeper(Sweeper):
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
         name = ",".join(axis) or ALL
-        journal = studies.storage(sweep_dir)
-        known = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(journal)}
+        study = optuna.create_study(
+            study_name=name, storage=studies.storage(sweep_dir), load_if_exists=True
+        )
         # every study of a launch draws the same random trials (one seed), so the precisions'
         # curves meet at the same LRs; a resumed search draws anew, or it would replay them
-        sampler = optuna.samplers.TPESampler(
-            seed=self.settings.seed + known.get(name, 0),
+        study.sampler = optuna.samplers.TPESampler(
+            seed=self.settings.seed + len(study.trials),
             n_startup_trials=self.settings.n_startup_trials,
         )
-        study = optuna.create_study(
-            study_name=name, storage=journal, sampler=sampler, load_if_exists=True
-        )
-        pruner = self.settings.pruner
         study.set_user_attr(studies.AXIS, axis)  # the report pairs each study with fp32's
-        study.set_user_attr(
-            studies.PRUNER,
-            {"n_startup_trials": pruner.n_startup_trials, "n_warmup_steps": pruner.n_warmup_steps},
-        )
         if retried := studies.retry_interrupted(study):
             log.info("%s: %d interrupted trial(s) queued again", name, retried)
         return study
@@ -173,21 +153,24 @@ class SearchSweeper(Sweeper):
         self,
         opened: list[tuple[list[str], Any]],
         fixed: list[str],
-        dims: list[Any],
+        space: dict[str, Any],
         sweep_dir: Path,
     ) -> list[tuple[Any, Any, list[str]]]:
         """The next batch: up to n_jobs new trials of each study short of n_trials."""
+        from amp_lab.search.space import override
         from amp_lab.search.study import finished
         from amp_lab.search.trial import env_override
 
+        pruner = self.settings.pruner
+        median = {key: value for key, value in pruner.items() if key != "enabled"}
         batch = []
         for axis, study in opened:
             todo = self.settings.n_trials - len(finished(study))
             for _ in range(min(self.settings.n_jobs, todo)):
-                trial = study.ask()
-                job = [*fixed, *axis, *(d.override(d.suggest(trial)) for d in dims)]
-                if self.settings.pruner.enabled:
-                    job.append(env_override(study.study_name, trial.number, sweep_dir))
+                trial = study.ask(space)
+                job = [*fixed, *axis, *(override(key, trial.params[key]) for key in space)]
+                if pruner.enabled:
+                    job.append(env_override(study.study_name, trial.number, sweep_dir, median))
                 batch.append((study, trial, job))
         return batch
 
