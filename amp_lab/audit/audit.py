@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,27 +75,21 @@ def _modules(seen: StepSeen) -> dict[str, dict[str, Any]]:
     return modules
 
 
+@dataclass(eq=False)
 class PrecisionAudit:
     """Watches the first step `around()` is given, then steps aside."""
 
-    def __init__(
-        self,
-        settings: AmpLabConfig,
-        expect: Expected,
-        model: torch.nn.Module,
-        train_step: TrainStep,
-        scaler: GradScaler,
-        ema: ModelEmaV3 | None,
-        out_dir: Path | None,
-    ) -> None:
-        self.mode = settings.audit.mode
-        # a pitfall run breaks its promise on purpose: it is audited, and warns
-        self.on_purpose = settings.pitfall.name != PitfallName.none
-        self.settings, self.expect = settings, expect
-        self.model, self.train_step, self.scaler, self.ema = model, train_step, scaler, ema
-        self.out_dir = out_dir  # None: this rank writes nothing
-        self.result: dict[str, Any] | None = None
-        self.pending = self.mode != AuditMode.off
+    settings: AmpLabConfig
+    expect: Expected
+    model: torch.nn.Module
+    train_step: TrainStep
+    scaler: GradScaler
+    ema: ModelEmaV3 | None
+    out_dir: Path | None  # None: this rank writes nothing
+    result: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.pending = self.settings.audit.mode != AuditMode.off
 
     def around(self, step: int) -> contextlib.AbstractContextManager:
         """The context the loop runs optimizer step `step` (1-based) in: the audit for the first
@@ -111,8 +105,11 @@ class PrecisionAudit:
         with watch.watching() as seen:
             yield
         self.result = self.judge(seen, step)
-        self._write()
-        self._act()
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            text = json.dumps(self.result, indent=2)
+            write_bytes_atomic(self.out_dir / AUDIT_FILE, text.encode())
+        self._act(self.result)
 
     def judge(self, seen: StepSeen, step: int) -> dict[str, Any]:
         """The audit of a watched step: the facts, the coverage and the broken promises."""
@@ -139,7 +136,7 @@ class PrecisionAudit:
             "promise": exp.promise.describe(),
             "fp32_modules": exp.fp32_modules,
             "kept": not broken,
-            "breaches": [b.describe() for b in broken],
+            "breaches": [b._asdict() for b in broken],
             "headline": cover.pop("headline"),
             "coverage": cover,
             "modules": _modules(seen),
@@ -163,20 +160,16 @@ class PrecisionAudit:
             ),
         }
 
-    def _write(self) -> None:
-        if self.out_dir is not None and self.result is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(self.result, indent=2)
-            write_bytes_atomic(self.out_dir / AUDIT_FILE, text.encode())
-
-    def _act(self) -> None:
-        assert self.result is not None
-        lines = [b["line"] for b in self.result["breaches"]]
+    def _act(self, result: dict[str, Any]) -> None:
+        """Log the headline, or each broken promise; or stop the run at the first."""
+        lines = [b["line"] for b in result["breaches"]]
         if not lines:
-            log.info("precision audit: %s", self.result["headline"])
+            log.info("precision audit: %s", result["headline"])
             return
         more = f" (and {len(lines) - 1} more: {AUDIT_FILE})" if len(lines) > 1 else ""
-        if self.mode == AuditMode.stop and not self.on_purpose:
+        # a pitfall run breaks its promise on purpose: it is audited, and warns
+        on_purpose = self.settings.pitfall.name != PitfallName.none
+        if self.settings.audit.mode == AuditMode.stop and not on_purpose:
             raise BrokenPromise(
                 f"precision audit: {lines[0]}{more}; audit=warn trains on regardless"
             )

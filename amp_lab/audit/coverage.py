@@ -25,39 +25,32 @@ def coverage(
 ) -> dict[str, Any]:
     """The share of GEMM FLOPs per dtype, the modules outside the promised dtype with why, and
     the headline: 'bf16: 97.1% of GEMM FLOPs in bf16; fp32: head (2.9%, fp32_modules)'."""
-    total = sum(gemm_flops.values())
+    total, promised = sum(gemm_flops.values()), exp.promise.compute
     by_dtype: Counter[str] = Counter()
     others: dict[str, Counter[str]] = defaultdict(Counter)
     for (module, dtype), flops in gemm_flops.items():
         by_dtype[dtype] += flops
-        if dtype != exp.promise.compute:
+        if dtype != promised:
             others[dtype][module] += flops
     share = {dtype: flops / total for dtype, flops in by_dtype.most_common()} if total else {}
     outside: list[dict[str, Any]] = []
+    headline = f"{exp.mode}: {_pct(share.get(promised, 0.0))} of GEMM FLOPs in {promised}"
+    if promised == "fp8" and fp8 and fp8.get("emulated"):
+        headline += " (emulated)"
     for dtype in sorted(others, key=lambda d: -by_dtype[d]):
+        parts = []
         for module, flops in others[dtype].most_common():
             want, why = expected_dtype(module, exp, fp8)
             reason = why if want == dtype else f"expected {want}"
             outside.append(
                 {"dtype": dtype, "module": module, "share": flops / total, "reason": reason}
             )
-    emulated = " (emulated)" if fp8 and fp8.get("emulated") else ""
-    promised = exp.promise.compute
-    if not total:
-        headline = f"{exp.mode}: no matmul or convolution ran"
-    else:
-        headline = f"{exp.mode}: {_pct(share.get(promised, 0.0))} of GEMM FLOPs in {promised}"
-        headline += emulated if promised == "fp8" else ""
-        for dtype in sorted(others, key=lambda d: -by_dtype[d]):
-            rows = [r for r in outside if r["dtype"] == dtype]
-            parts = [
-                f"{module_label(r['module'])} ({_pct(r['share'])}, {r['reason']})" for r in rows
-            ]
-            more = f", {len(parts) - SHOWN} more" if len(parts) > SHOWN else ""
-            headline += f"; {dtype}: {', '.join(parts[:SHOWN])}{more}"
+            parts.append(f"{module_label(module)} ({_pct(flops / total)}, {reason})")
+        more = f", {len(parts) - SHOWN} more" if len(parts) > SHOWN else ""
+        headline += f"; {dtype}: {', '.join(parts[:SHOWN])}{more}"
     return {
         "flops": dict(by_dtype),
         "share": share,
         "outside_promised": outside,
-        "headline": headline,
+        "headline": headline if total else f"{exp.mode}: no matmul or convolution ran",
     }

@@ -104,11 +104,11 @@ class GemmFlops(TorchDispatchMode):
         if torch._C._current_graph_task_id() != -1:  # backward
             return self.node_of.get(torch._C._current_autograd_node(), OUTSIDE)
         module = next((m for m in reversed(self.running) if m != OUTSIDE), OUTSIDE)
-        for t in tree_flatten(args)[0]:
-            node = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
-            if node is not None and node not in self.node_of:
-                self.node_of[node] = self.made_by.get(_storage(t) or 0, module)
-        inputs = {_storage(t) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
+        tensors = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            if t.grad_fn is not None and t.grad_fn not in self.node_of:
+                self.node_of[t.grad_fn] = self.made_by.get(_storage(t) or 0, module)
+        inputs = {_storage(t) for t in tensors}
         for t in tree_flatten(out)[0]:  # new memory only: a view's is still its base's producer's
             if isinstance(t, torch.Tensor) and (address := _storage(t)) not in inputs:
                 self.made_by[address or 0] = module

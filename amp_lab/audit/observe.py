@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.amp import GradScaler
@@ -56,32 +57,17 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     return next((t for t in leaves if isinstance(t, torch.Tensor)), None)
 
 
-@contextlib.contextmanager
-def _wrapped(obj: object, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
-    """obj.name replaced by wrap(obj.name) on this instance only, as it was on exit."""
-    own = vars(obj)
-    had, before = name in own, own.get(name)
-    setattr(obj, name, wrap(getattr(obj, name)))
-    try:
-        yield
-    finally:
-        if had:
-            setattr(obj, name, before)
-        else:
-            delattr(obj, name)
-
-
-def _then_record(
-    call: Callable, record: Callable[..., None], before: bool = False
+def _noting(
+    call: Callable, note: Callable[..., None] | None, counter: GemmFlops | None
 ) -> Callable[..., Any]:
+    """`call`, first telling `note` its arguments, then running under `counter` if given."""
+
     @functools.wraps(call)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if before:
-            record(*args, **kwargs)
-        out = call(*args, **kwargs)
-        if not before:
-            record(*args, **kwargs)
-        return out
+        if note is not None:
+            note(*args, **kwargs)
+        with counter or contextlib.nullcontext():
+            return call(*args, **kwargs)
 
     return run
 
@@ -125,34 +111,26 @@ class StepWatch:
         # read before the step: a fresh scaler's scale is its init_scale, no device read
         self.seen.scale = float(scaler.get_scale()) if scaler.is_enabled() else None
         counter = GemmFlops(self.model)
-
-        def counted(stage: Callable) -> Callable:
-            """The stage under the FLOP counter: the forward and the backward, not the optimizer
-            (torchao's optimizers compile their step, which a dispatch mode would prevent)."""
-
-            @functools.wraps(stage)
-            def run(*args: Any, **kwargs: Any) -> Any:
-                with counter:
-                    return stage(*args, **kwargs)
-
-            return run
-
-        # (object, method, wrapper): each replaced on the instance for the step, then restored
-        wrappers = [
-            (step, "forward_and_loss", counted),
-            (step, "backward", lambda f: counted(_then_record(f, self._backward, before=True))),
-            (step, "before_unscale", lambda f: _then_record(f, self._grads_now, before=True)),
-            (step, "norm_and_clip", lambda f: _then_record(f, self._event("clip"), before=True)),
-            (scaler, "scale", lambda f: _then_record(f, self._event("scale"), before=True)),
-            (scaler, "unscale_", lambda f: _then_record(f, self._event("unscale"))),
+        # (object, method, what to note before each call, under the FLOP counter): the forward
+        # and the backward are counted, not the optimizer (torchao's optimizers compile their
+        # step, which a dispatch mode would prevent)
+        watched: list[tuple[object, str, Callable[..., None] | None, bool]] = [
+            (step, "forward_and_loss", None, True),
+            (step, "backward", self._backward, True),
+            (step, "before_unscale", self._grads_now, False),
+            (step, "norm_and_clip", self._event("clip"), False),
+            (scaler, "scale", self._event("scale"), False),
+            (scaler, "unscale_", self._event("unscale"), False),
         ]
         try:
             with contextlib.ExitStack() as undo:
                 hook = torch.nn.modules.module.register_module_forward_hook(self._module_done)
                 undo.callback(hook.remove)
                 undo.enter_context(counter.tracking_modules())
-                for obj, name, wrap in wrappers:
-                    undo.enter_context(_wrapped(obj, name, wrap))
+                for obj, name, note, counted in watched:
+                    call = _noting(getattr(obj, name), note, counter if counted else None)
+                    # on this instance only: on exit the class's method shows through again
+                    undo.enter_context(mock.patch.object(obj, name, call))
                 yield self.seen
         finally:
             self.seen.gemm_flops = dict(counter.flops)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from amp_lab.precision.fp32_modules import within
 from amp_lab.precision.modes import Promise
@@ -34,13 +34,14 @@ class Expected:
     fsdp: dict[str, str] | None  # the FSDP plan's param_dtype / reduce_dtype
 
 
-@dataclass(frozen=True)
-class Breach:
+class Breach(NamedTuple):
     promise: str  # the setting or mode whose promise broke
     line: str  # what the user reads
 
-    def describe(self) -> dict[str, str]:
-        return {"promise": self.promise, "line": self.line}
+
+def _broken(setting: str, promised: str, but: str, key: str | None = None) -> Breach:
+    """'SETTING promises PROMISED, but BUT', the breach of `key` (default: the setting)."""
+    return Breach(key or setting, f"{setting} promises {promised}, but {but}")
 
 
 def module_label(module: str) -> str:
@@ -62,45 +63,29 @@ def expected_dtype(module: str, exp: Expected, fp8: dict[str, Any] | None) -> tu
             return "fp8", CONVERTED
         left = (fp8 or {}).get("left", {}).get(module)
         return exp.matmul, f"not converted: {left}" if left else "not a Linear"
-    if exp.matmul in FULL_PRECISION:
-        return exp.matmul, "no autocast"
-    return exp.matmul, "autocast"
+    return exp.matmul, "no autocast" if exp.matmul in FULL_PRECISION else "autocast"
 
 
 def _gemm_breaches(
     gemm_flops: dict[tuple[str, str], int], exp: Expected, fp8: dict[str, Any] | None
 ) -> list[Breach]:
     wrong: dict[tuple[str, str, str], list[str]] = defaultdict(list)
-    for module, dtype in gemm_flops:
+    for module, dtype in gemm_flops:  # each (module, dtype) once
         want, why = expected_dtype(module, exp, fp8)
-        if dtype != want and module not in wrong[(why, want, dtype)]:
+        if dtype != want:
             wrong[(why, want, dtype)].append(module)
     breaches = []
     for (why, want, dtype), modules in wrong.items():
-        mods = _names(sorted(modules))
+        mods, mode = _names(sorted(modules)), f"precision={exp.mode}"
         if why == FP32_MODULES:
-            breaches.append(
-                Breach(
-                    "precision.fp32_modules",
-                    f"precision.fp32_modules promises {want} GEMMs in {mods}, but they ran in "
-                    f"{dtype}",
-                )
+            breach = _broken(
+                "precision.fp32_modules", f"{want} GEMMs in {mods}", f"they ran in {dtype}"
             )
         elif why == CONVERTED:
-            breaches.append(
-                Breach(
-                    f"precision={exp.mode}",
-                    f"precision={exp.mode} promises float8 GEMMs in the converted {mods}, but "
-                    f"they ran in {dtype}",
-                )
-            )
+            breach = _broken(mode, f"float8 GEMMs in the converted {mods}", f"they ran in {dtype}")
         else:
-            breaches.append(
-                Breach(
-                    f"precision={exp.mode}",
-                    f"precision={exp.mode} promises {want} GEMMs, but {mods} ran them in {dtype}",
-                )
-            )
+            breach = _broken(mode, f"{want} GEMMs", f"{mods} ran them in {dtype}")
+        breaches.append(breach)
     return breaches
 
 
@@ -112,55 +97,34 @@ def _fp8_breaches(
     converted = (fp8 or {}).get("converted", {})
     eligible = [m for m, why in (fp8 or {}).get("left", {}).items() if why.startswith("eligible")]
     if not converted:
-        return [
-            Breach(
-                "precision=fp8",
-                "precision=fp8 promises float8 GEMMs, but no Linear was converted: the step ran "
-                f"in {exp.matmul}",
-            )
-        ]
+        ran = f"no Linear was converted: the step ran in {exp.matmul}"
+        return [_broken("precision=fp8", "float8 GEMMs", ran)]
     breaches = []
     if eligible:
-        breaches.append(
-            Breach(
-                "precision=fp8",
-                f"precision=fp8 promises float8 for every eligible Linear, but {_names(eligible)} "
-                "were not converted",
-            )
-        )
+        not_converted = f"{_names(eligible)} were not converted"
+        breaches.append(_broken("precision=fp8", "float8 for every eligible Linear", not_converted))
     if not any(dtype == "fp8" for _, dtype in gemm_flops):
-        breaches.append(
-            Breach("precision=fp8", "precision=fp8 promises float8 GEMMs, but none ran in fp8")
-        )
+        breaches.append(_broken("precision=fp8", "float8 GEMMs", "none ran in fp8"))
     return breaches
 
 
 def _weight_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
-    promise, breaches = exp.promise, []
+    promise, mode, breaches = exp.promise, f"precision={exp.mode}", []
     if promise.params == "fp32":
         low = [n for n, p in facts["params"].items() if p["dtype"] != "fp32"]
         if low:
-            dtypes = sorted({facts["params"][n]["dtype"] for n in low})
+            dtypes = ",".join(sorted({facts["params"][n]["dtype"] for n in low}))
             modules = sorted({n.rpartition(".")[0] for n in low})  # a weight's module
             breaches.append(
-                Breach(
-                    f"precision={exp.mode}",
-                    f"precision={exp.mode} promises fp32 weights, but those of {_names(modules)} "
-                    f"are {','.join(dtypes)}",
-                )
+                _broken(mode, "fp32 weights", f"those of {_names(modules)} are {dtypes}")
             )
     if promise.masters == "fp32":
         for i, group in enumerate(facts["optimizer"]["groups"]):
             low_masters = {d: n for d, n in group["param_dtypes"].items() if d != "fp32"}
             if low_masters:
                 held = ", ".join(f"{n} {d}" for d, n in low_masters.items())
-                breaches.append(
-                    Breach(
-                        f"precision={exp.mode}",
-                        f"precision={exp.mode} promises fp32 master weights, but the optimizer's "
-                        f"param group {i} updates {held} tensors",
-                    )
-                )
+                updates = f"the optimizer's param group {i} updates {held} tensors"
+                breaches.append(_broken(mode, "fp32 master weights", updates))
     return breaches
 
 
@@ -176,38 +140,20 @@ def _state_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
                 found[kind] += n
                 if kind not in allowed:
                     wrong[key][kind] += n
-    if not found:
+    if not found or (want in found and not wrong):
         return []
-    if wrong:
-        held = ", ".join(f"{key} in {','.join(sorted(k))}" for key, k in wrong.items())
-        return [
-            Breach(
-                "optim.state_dtype",
-                f"optim.state_dtype={want} promises {want} optimizer state, but it holds {held}",
-            )
-        ]
-    if want not in found:
-        return [
-            Breach(
-                "optim.state_dtype",
-                f"optim.state_dtype={want} promises {want} optimizer state, but every state "
-                "tensor is fp32",
-            )
-        ]
-    return []
+    held = ", ".join(f"{key} in {','.join(sorted(k))}" for key, k in wrong.items())
+    but = f"it holds {held}" if wrong else "every state tensor is fp32"
+    setting = f"optim.state_dtype={want}"
+    return [_broken(setting, f"{want} optimizer state", but, key="optim.state_dtype")]
 
 
 def _step_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
-    promise, breaches = exp.promise, []
+    promise, mode, breaches = exp.promise, f"precision={exp.mode}", []
     loss = facts["loss"]["dtype"]
     if loss is not None and loss != promise.loss:
-        breaches.append(
-            Breach(
-                "loss",
-                f"precision={exp.mode} promises the loss in {promise.loss} at backward, but it "
-                f"was {loss}",
-            )
-        )
+        at_backward = f"the loss in {promise.loss} at backward"
+        breaches.append(_broken(mode, at_backward, f"it was {loss}", key="loss"))
     scaler = facts["scaler"]
     if promise.scaler:
         why = (
@@ -220,24 +166,14 @@ def _step_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
             else None
         )
         if why:
-            breaches.append(
-                Breach("scaler", f"precision={exp.mode} promises a dynamic loss scaler, but {why}")
-            )
+            breaches.append(_broken(mode, "a dynamic loss scaler", why, key="scaler"))
     if scaler["enabled"] and scaler["unscaled_before_clip"] is False:
-        breaches.append(
-            Breach(
-                "scaler",
-                "the loss scaler promises unscaled gradients at clipping, but they were clipped "
-                "before unscale_",
-            )
-        )
+        clipped = "they were clipped before unscale_"
+        at_clip = "unscaled gradients at clipping"
+        breaches.append(_broken("the loss scaler", at_clip, clipped, key="scaler"))
     if exp.ema is not None and facts["ema"] is not None and facts["ema"] != [exp.ema]:
-        breaches.append(
-            Breach(
-                "trainer.ema",
-                f"trainer.ema promises an {exp.ema} EMA, but it holds {','.join(facts['ema'])}",
-            )
-        )
+        holds = f"it holds {','.join(facts['ema'])}"
+        breaches.append(_broken("trainer.ema", f"an {exp.ema} EMA", holds))
     return breaches
 
 
@@ -246,22 +182,15 @@ def _fsdp_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
         return []
     breaches = []
     for unit in facts.get("fsdp") or []:
-        policy = {"param_dtype": unit["param_dtype"], "reduce_dtype": unit["reduce_dtype"]}
-        lost = [
-            f"{key}={policy[key]}" for key in policy if policy[key] not in (exp.fsdp[key], None)
-        ]
+        # exp.fsdp: param_dtype and reduce_dtype, as each unit records them
+        lost = [f"{k}={unit[k]}" for k in exp.fsdp if unit[k] not in (exp.fsdp[k], None)]
         computed = [d for d in unit["computed_with"] if d != "fp32"]  # BatchNorm's stay fp32
         if exp.fsdp["param_dtype"] != "fp32" and computed != [exp.fsdp["param_dtype"]]:
             lost.append(f"computed with {','.join(unit['computed_with']) or 'nothing'}")
         if lost:
-            breaches.append(
-                Breach(
-                    "fsdp",
-                    f"fsdp promises param_dtype={exp.fsdp['param_dtype']}, reduce_dtype="
-                    f"{exp.fsdp['reduce_dtype']} in every unit, but {unit['unit']} has "
-                    f"{', '.join(lost)}",
-                )
-            )
+            dtypes = ", ".join(f"{key}={dtype}" for key, dtype in exp.fsdp.items())
+            has = f"{unit['unit']} has {', '.join(lost)}"
+            breaches.append(_broken("fsdp", f"{dtypes} in every unit", has))
     return breaches
 
 

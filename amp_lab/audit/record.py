@@ -65,14 +65,13 @@ def optimizer(opt: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, A
 def scaler(scaler: GradScaler, scale: float | None, events: list[str]) -> dict[str, Any]:
     """The scaler's class, whether it is on, the scale the step used, and what it did to the loss
     and the gradients."""
-    clip = events.index("clip") if "clip" in events else None
-    unscale = events.index("unscale") if "unscale" in events else None
+    clipped = "clip" in events
     return {
         "class": type(scaler).__name__,
         "enabled": scaler.is_enabled(),
         "scale": scale,
         "scaled_loss": "scale" in events,
-        "unscaled_before_clip": None if clip is None else unscale is not None and unscale < clip,
+        "unscaled_before_clip": "unscale" in events[: events.index("clip")] if clipped else None,
     }
 
 
