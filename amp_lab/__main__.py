@@ -25,7 +25,7 @@ from amp_lab import sweeps
 from amp_lab.command import error
 from amp_lab.compose import validate
 from amp_lab.config import CONF_DIR, ConfigError, register
-from amp_lab.errors import did_you_mean, one_line
+from amp_lab.errors import did_you_mean, null_group, one_line
 
 log = logging.getLogger("amp_lab")
 register()
@@ -68,6 +68,8 @@ def run_hydra() -> None:
     """main(), with Hydra's own errors (unknown option, bad value, bad override) and sbatch's
     refusal of a sweep's jobs as one line and exit 2. HYDRA_FULL_ERROR=1 still shows Hydra's full
     report and traceback."""
+    if line := null_group(sys.argv[1:]):
+        sys.exit(error(line))
     asked = os.environ.get("HYDRA_FULL_ERROR")
     if asked == "1":
         main()

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from amp_lab.config import CONF_DIR, AmpLabConfig, ConfigError, register
-from amp_lab.errors import did_you_mean, one_line, schema_keys
+from amp_lab.errors import did_you_mean, null_group, one_line, schema_keys
 
 
 def _unknown_keys(cfg: DictConfig) -> list[str]:
@@ -47,6 +47,8 @@ def validate(cfg: DictConfig) -> AmpLabConfig:
 def compose_settings(overrides: list[str]) -> AmpLabConfig:
     """The validated config `python -m amp_lab <overrides>` would run (ConfigError when bad)."""
     register()
+    if line := null_group(overrides):
+        raise ConfigError(line)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return validate(compose(config_name="config", overrides=overrides))

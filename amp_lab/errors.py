@@ -32,6 +32,20 @@ def did_you_mean(key: str, known: Iterable[str] | None = None) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+def _options(group: str) -> str:
+    return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+
+def null_group(overrides: Iterable[str]) -> str | None:
+    """`precision=null` as one line: Hydra answers a group set to null with a bare ValueError
+    ('Config group override must be a string or a list') that names neither group nor options."""
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if value == "null" and (CONF_DIR / key).is_dir():
+            return f"{override} leaves the {key} group empty; choose one of: {_options(key)}"
+    return None
+
+
 def _missing_option(err: MissingConfigException) -> str:
     found = _GROUP.search(str(err))
     missing = err.missing_cfg_file or ""
@@ -72,10 +86,9 @@ def one_line(err: BaseException) -> str:
         )
     if found := _NOT_IN_DEFAULTS.search(str(err)):  # a group the defaults list leaves out
         group = found.group(1)
-        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return (
             f"{group} is an optional group: choose it with +{group}=OPTION "
-            f"(options: {', '.join(options)})"
+            f"(options: {_options(group)})"
         )
     for error in (err, cause):  # a bad value, raised as it is or wrapped by Hydra
         if isinstance(error, ValidationError) and error.full_key:

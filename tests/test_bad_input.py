@@ -35,6 +35,7 @@ BAD_INPUTS = [
     (["+parallel=fsdp_bf16"], "parallel=fsdp_bf16 is not an option of the parallel group"),
     (["logger=offline"], "logger=offline is not an option of the logger group"),
     (["hydra/launcher=submitit_slrum"], "did you mean hydra/launcher=submitit_slurm?"),
+    (["precision=null"], "precision=null leaves the precision group empty; choose one of: bf16,"),
     (["data.img_size=abc"], "data.img_size=abc is not a valid int"),
     (["lr.base=1e"], "lr.base=1e is not a valid float"),
     (["trainer.progress=maybe"], "trainer.progress=maybe is not a valid bool"),
