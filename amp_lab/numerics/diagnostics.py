@@ -117,7 +117,7 @@ class Diagnostics(StepObserver):
     def begin_step(self, step: int) -> None:
         self.step = step
         if self.start_weights is None:
-            self.start_weights = low_precision_weights(self.probe_model)
+            self.start_weights = [w.clone() for w in low_precision_weights(self.probe_model)]
         self.probing = self.step % self.every == 0
         if self.probing or self.cfg.mode == "full" or self.armed:
             self.probe.attach()

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from amp_lab.components.fsdp import local
-from amp_lab.numerics.module_probe import running_max
+from amp_lab.numerics.module_probe import Hooks, running_max
 
 BLOCK_CLASSES = ("Bottleneck", "BasicBlock")  # timm blocks whose class name lacks "Block"
+SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
 def _is_block(module: torch.nn.Module) -> bool:
@@ -38,7 +39,7 @@ def feature_kurtosis(x: torch.Tensor) -> torch.Tensor:
     return s.square().mean() / s.mean().square().clamp_min(1e-30)
 
 
-class BlockSignals:
+class BlockSignals(Hooks):
     """Forward hooks for probe steps: max attention logit and output kurtosis per block."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -61,11 +62,6 @@ class BlockSignals:
             self.handles.append(attn.k_norm.register_forward_hook(self._logits(attn.scale)))
         for _, block in self.blocks:
             self.handles.append(block.register_forward_hook(self._kurtosis))
-
-    def detach(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
 
     def _keep_q(self, module: torch.nn.Module, args: Any, q: torch.Tensor) -> None:
         self.q = q
@@ -133,7 +129,7 @@ def erased_counts(
 ) -> torch.Tensor | None:
     """[erased, updated] over the 16-bit weights: elements with a nonzero gradient, and those of
     them the step left exactly where they were (the update rounded away)."""
-    low = [i for i, w in enumerate(before) if w.dtype in (torch.float16, torch.bfloat16)]
+    low = [i for i, w in enumerate(before) if w.dtype in SIXTEEN_BIT]
     if not low:
         return None
     moved = [(grads[i] != 0) for i in low]
@@ -170,7 +166,7 @@ def optimizer_floors(optimizer: torch.optim.Optimizer, rounding: str | None) -> 
         for g in optimizer.param_groups
         if g.get("weight_decay", 0) > 0
         for p in g["params"]
-        if p.dtype in (torch.float16, torch.bfloat16)
+        if p.dtype in SIXTEEN_BIT
     ]
     if decays:
         value, dtype = max(decays, key=lambda d: d[0] / torch.finfo(d[1]).eps)
@@ -188,16 +184,14 @@ def _smallest_positive(dtype: torch.dtype) -> float:
 
 
 def low_precision_weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The model's 16-bit weights (the pure modes'), as they are now: a copy to compare with."""
-    return [
-        p.detach().clone() for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)
-    ]
+    """The model's 16-bit weights (the pure modes'), detached, not copied."""
+    return [p.detach() for p in model.parameters() if p.dtype in SIXTEEN_BIT]
 
 
 def since_start(model: torch.nn.Module, start: list[torch.Tensor]) -> dict[str, float | None]:
     """The 16-bit weights against `start` (a sync): the share of elements still exactly where
     they were, and the ratio of their L2 norms now and then (what weight decay shrinks)."""
-    now = [p.detach() for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)]
+    now = low_precision_weights(model)
     if not start or len(now) != len(start):
         return {"unmoved_share": None, "weight_norm_ratio": None}
     same = torch.stack([(a == b).sum() for a, b in zip(now, start)]).sum()

@@ -80,32 +80,23 @@ def comparison(test: Capture, ref: Capture) -> dict[str, Any]:
     }
 
 
-def bands_model() -> dict[str, Any]:
-    return {
-        "band": "SPREAD * max(u so far) * sqrt(1 + log2(rounding modules so far))",
-        "spread": SPREAD,
-        "flag_factor": FLAG_FACTOR,
-        "headroom": HEADROOM,
-    }
-
-
 def vs_fp32(overrides: list[str], modes: list[str], work: Path, steps: int) -> dict[str, Any]:
     """Each mode against fp32 on the same batch and weights; with `steps`, over that many
     training steps too (weight_drift.py)."""
     ref_run, ref = _capture([*overrides, *REFERENCE], work / "fp32", None, None, True)
     batch = first_batch(ref_run)
-    result: dict[str, Any] = {"vs": "fp32", "bands": bands_model(), "modes": {}}
+    found: dict[str, Any] = {}
     for mode in modes:
         mine = [*overrides, f"precision={mode}"]
         _, test = _capture(mine, work / mode, batch, ref_run, True)
-        result["modes"][mode] = comparison(test, ref)
+        found[mode] = comparison(test, ref)
         if steps:
             with (
                 built([*overrides, *REFERENCE], work / "fp32_steps", steps) as ref_steps,
                 built(mine, work / f"{mode}_steps", steps) as test_steps,
             ):
-                result["modes"][mode]["drift"] = drift(ref_steps, test_steps, steps)
-    return result
+                found[mode]["drift"] = drift(ref_steps, test_steps, steps)
+    return {"modes": found}
 
 
 def vs_compiled(overrides: list[str], mode: str, work: Path) -> dict[str, Any]:
@@ -120,8 +111,6 @@ def vs_compiled(overrides: list[str], mode: str, work: Path) -> dict[str, Any]:
     compiled.roundings = eager.roundings  # the same labels: the same bands
     eager_cmp, compiled_cmp = comparison(eager, ref), comparison(compiled, ref)
     return {
-        "vs": "compiled",
-        "bands": bands_model(),
         "modes": {mode: eager_cmp, f"{mode} compiled": compiled_cmp},
         "compiled_flags": compiled_flags(eager_cmp, compiled_cmp),
     }
@@ -180,7 +169,13 @@ def find(
         else:
             modes = [m for m in dict.fromkeys([str(mode), *also]) if m != "fp32"]
             result = vs_fp32(overrides, modes, Path(work), steps)
-    return {"overrides": overrides, "precision": str(mode), **result}
+    bands = {
+        "band": "SPREAD * max(u so far) * sqrt(1 + log2(rounding modules so far))",
+        "spread": SPREAD,
+        "flag_factor": FLAG_FACTOR,
+        "headroom": HEADROOM,
+    }
+    return {"overrides": overrides, "precision": str(mode), "vs": vs, "bands": bands, **result}
 
 
 def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:

@@ -76,7 +76,22 @@ class FirstNonFinite:
         return {"step": step, "module": name, "dtype": dtype, "max_abs": float(self.value)}
 
 
-class ModuleProbe:
+class Hooks:
+    """Hook handles, removed together by detach()."""
+
+    handles: list[torch.utils.hooks.RemovableHandle]
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.handles)
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+class ModuleProbe(Hooks):
     """Hooks on every named module; attach() for the steps to watch, detach() after.
 
     Each call records `measure(tensor)` (default max |x|); with `inputs`, the first floating
@@ -101,20 +116,11 @@ class ModuleProbe:
         self.act_max: torch.Tensor | None = None  # per forward call, max over watched steps
         self.act_names: list[tuple[str, str]] = []
 
-    @property
-    def attached(self) -> bool:
-        return bool(self.handles)
-
     def attach(self) -> None:
         if not self.handles:
             self.handles = [
                 m.register_forward_hook(self._forward_hook(name)) for name, m in self.modules
             ]
-
-    def detach(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
 
     def _forward_hook(self, name: str):
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:

@@ -33,11 +33,6 @@ class ScaleTracker:
     last_growth: int | None = None
     held: int = 0  # consecutive skipped steps that kept the scale
 
-    @property
-    def allowed_holds(self) -> int:
-        """Skipped steps in a row that may keep the scale: 0, or the hysteresis scaler's."""
-        return self.cfg.hysteresis - 1 if self.cfg.kind == "hysteresis" else 0
-
     def _check_change(self, step: int, old: float, scale: float) -> None:
         """update() per micro-batch: the scale grows sooner than growth_interval allows, or
         moves by more than one factor in one optimizer step."""
@@ -60,6 +55,8 @@ class ScaleTracker:
     def feed(self, first_step: int, scales: list[float], skipped: list[float]) -> list[dict]:
         """Add a window (scale after each step, 1.0 where it skipped); returns its events."""
         window = []
+        # skipped steps in a row that may keep the scale: 0, or the hysteresis scaler's
+        holds = self.cfg.hysteresis - 1 if self.cfg.kind == "hysteresis" else 0
         for step, (scale, skip) in enumerate(zip(scales, skipped), start=first_step):
             old, self.scale = self.scale, scale
             if scale != old:
@@ -67,7 +64,7 @@ class ScaleTracker:
                 window.append({"step": step, "kind": kind, "from": old, "to": scale})
                 self._check_change(step, old, scale)
             self.held = self.held + 1 if skip and scale == old else 0
-            if self.dynamic and self.held > self.allowed_holds:
+            if self.dynamic and self.held > holds:
                 self.signatures.setdefault(
                     NO_UPDATE,
                     f"step {step} skipped (inf/nan gradients) but the scale stayed at {scale:g}",
