@@ -26,11 +26,6 @@ from amp_lab.report.search import markdown as search_markdown
 from amp_lab.report.tables import findings, print_tables, report_markdown, write_block
 
 
-def default_out(paths: list[Path]) -> Path:
-    base = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
-    return base / "report"
-
-
 def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
     """Load the runs, compare them (a search's sweep folder: its studies), print and write the
     report; returns report.md. `argv`: the command line, for the report's context."""
@@ -42,7 +37,8 @@ def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
         console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
     if readme is not None and not readme.is_file():
         raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
-    out = args.out or default_out(paths)
+    common = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
+    out = args.out or common / "report"
     search = is_search(paths)  # a search's sweep folder: its studies, not a comparison of runs
     runs = [] if search else load_runs(paths)
     data = search_data(paths[0], argv) if search else build(runs, args.by, args.ref, argv)

@@ -213,9 +213,8 @@ def _study(ax: Axes, study: dict[str, Any], color: str) -> None:
 def plot_search(data: dict[str, Any], out: Path) -> Path:
     """search.png in `out`: final val loss against lr.base (log scale), one colour per study."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, study in enumerate(data["studies"]):
-        _study(ax, study, colors[i % len(colors)])
+        _study(ax, study, f"C{i % 10}")
     title = "loss against LR per study (x at the top: failed or diverged; ring: pruned)"
     ax.set(xscale="log", xlabel="lr.base", ylabel="final val loss", title=title)
     ax.legend(loc="best", fontsize="small")  # inside the axes: the figure keeps its width

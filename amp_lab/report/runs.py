@@ -19,7 +19,7 @@ from amp_lab.config import flat_settings
 from amp_lab.records import HYDRA_DIR, METRICS_FILE, SETTINGS_FILE, SUMMARY_FILE
 
 log = logging.getLogger(__name__)
-RUN_FILES = (METRICS_FILE, SUMMARY_FILE)
+RUN_MARKERS = (METRICS_FILE, SUMMARY_FILE, HYDRA_DIR)  # any of them makes a folder a run
 SEED_KEY = "trainer.seed"
 
 
@@ -77,13 +77,13 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.is_dir():
             raise ReportError(f"{path} is not a directory; pass run or multirun directories")
-        if any((path / name).exists() for name in (*RUN_FILES, HYDRA_DIR)):
+        if any((path / name).exists() for name in RUN_MARKERS):
             found.add(path)
             continue
         # a sweep job refused at start-up (or not started) has its .hydra/ and nothing else
         runs = {
             f.parent
-            for name in (*RUN_FILES, HYDRA_DIR)
+            for name in RUN_MARKERS
             for f in path.rglob(name)
             if "wandb" not in f.relative_to(path).parts
         }

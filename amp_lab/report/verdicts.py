@@ -11,7 +11,7 @@ from collections import Counter
 
 from amp_lab.config import HealthConfig
 from amp_lab.health.compare import BETTER, MATCHES, WORSE, Difference
-from amp_lab.health.rules import RULES, words_of
+from amp_lab.health.rules import RULES, rule_names, words_of
 from amp_lab.report.figures import Comparison
 from amp_lab.report.groups import Cell, Group
 from amp_lab.report.runs import RunData
@@ -59,7 +59,7 @@ def merged_health(runs: list[RunData]) -> list[str]:
         return health(runs[0])
     found: Counter[str] = Counter()
     for run in runs:
-        names = sorted({e["rule"] for e in run.summary.get("health") or []})
+        names = sorted(rule_names(run.summary))
         found.update(status.split(":")[0] for status in _unfinished(run))
         found.update(RULES[n].label if n in RULES else n for n in names)
         found.update(["precision audit broken"] if audit_failures(run) else [])
