@@ -21,7 +21,7 @@ from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend, user_probe
 from amp_lab.doctor.fixes import applied_by, verify
-from amp_lab.doctor.probes import Doctor, command, key
+from amp_lab.doctor.probes import Doctor, command
 from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.numerics.finder import for_doctor
 
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             why = f"the forward pass overflows ({event['module']}), every step skips"
             console.print(escape(f"probe {name}: skipped: {why}"))
             continue
-        steps = next((o.split("=")[1] for o in extra if key(o) == "trainer.max_steps"), args.steps)
+        steps = mechanism.STEPS if name == mechanism.NAME else args.steps
         console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings

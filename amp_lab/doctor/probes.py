@@ -210,8 +210,8 @@ class Doctor:
         }
 
 
-def command(user: list[str], override: str | None) -> str:
+def command(user: list[str], override: str) -> str:
     """One runnable line: the user's overrides with the recommended ones in their place."""
-    new = override.split() if override else []
+    new = override.split()
     kept = [o for o in user if key(o) not in {key(n) for n in new}]
     return " ".join(["python -m amp_lab", *kept, *new])
