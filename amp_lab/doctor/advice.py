@@ -200,10 +200,10 @@ def _forward_rec(
 ) -> dict[str, Any] | None:
     """The first forward overflow (the event the table shows as a probe's first non-finite
     value): keep its module in fp32, or the one amp_lab numerics ranks first."""
-    culprit = next(((p, e) for p in low if (e := p.first_event) and e["phase"] == "forward"), None)
-    if not culprit:
+    probe = next((p for p in low if p.overflow), None)
+    if not probe:
         return None
-    probe, event = culprit
+    event = probe.overflow
     module = (advice.fp32_candidates or (event["module"],))[0]
     ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
     modules = fp32_set or [*advice.settings.precision.fp32_modules, module]

@@ -14,14 +14,14 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from amp_lab.command import dated, parser, strict_json
 from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
-from amp_lab.doctor.advice import Advice, recommend
+from amp_lab.doctor.advice import Advice, recommend, user_probe
 from amp_lab.doctor.fixes import applied_by, verify
-from amp_lab.doctor.probes import Doctor, command, key
+from amp_lab.doctor.probes import Doctor, command
 from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.numerics.finder import for_doctor
 
@@ -30,21 +30,13 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
     """One row per probe: its verdict against the fp32 baseline, its health findings (the
     judge's words, as in its summary.json) and the numerics behind it."""
     base = probes["fp32"]
-    table = Table(title="amp_lab doctor: probes vs the fp32 baseline")
-    for column in [
-        "probe",
-        "verdict",
-        "health",
-        "loss first -> last",
-        "vs fp32",
-        "first non-finite",
-        "skipped",
-        "scale",
-        "zero grads",
-        "fp16 flush@scale",
-        "upd/weight",
-    ]:
-        table.add_column(column, no_wrap=column in ("probe", "first non-finite"))
+    table = Table(
+        Column("probe", no_wrap=True),
+        *("verdict", "health", "loss first -> last", "vs fp32"),
+        Column("first non-finite", no_wrap=True),
+        *("skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"),
+        title="amp_lab doctor: probes vs the fp32 baseline",
+    )
     for name, p in probes.items():
         if p.unavailable or p.crashed:
             why = p.unavailable or p.crashed or ""
@@ -122,12 +114,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "bf16; name what goes wrong numerically and the override to try.",
     )
     cli.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
-    cli.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="optimizer steps per probe (40; with --suite 12)",
-    )
+    cli.add_argument("--steps", type=int, help="optimizer steps per probe (40; with --suite 12)")
     cli.add_argument(
         "--search-fp32",
         action="store_true",
@@ -142,7 +129,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli.add_argument(
         "--out",
         type=Path,
-        default=None,
         help="output folder (default outputs/doctor/DATE/TIME; with --suite outputs/doctor_suite)",
     )
     cli.add_argument(
@@ -151,9 +137,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="run the doctor benchmark (failure cases with a known cause) "
         "instead of your config; see amp_lab/doctor/suite.py",
     )
-    cli.add_argument(
-        "--cases", nargs="+", default=None, metavar="NAME", help="with --suite: only these cases"
-    )
+    cli.add_argument("--cases", nargs="+", metavar="NAME", help="with --suite: only these cases")
     cli.add_argument(
         "--draw",
         type=int,
@@ -165,7 +149,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli.add_argument(
         "--models",
         nargs="+",
-        default=None,
         metavar="MODEL",
         help="with --suite --draw: draw among these models (test_vit test_convnext resnet18)",
     )
@@ -187,7 +170,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             why = f"the forward pass overflows ({event['module']}), every step skips"
             console.print(escape(f"probe {name}: skipped: {why}"))
             continue
-        steps = next((o.split("=")[1] for o in extra if key(o) == "trainer.max_steps"), args.steps)
+        steps = mechanism.STEPS if name == mechanism.NAME else args.steps
         console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))
         probes[name] = doctor.run_probe(name, extra)
     s = doctor.settings
@@ -219,7 +202,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "overrides": args.overrides,
         "steps": args.steps,
         "output_dir": str(out),
-        "user_probe": "autocast+scaler" if doctor.user_scaled else "autocast",
+        "user_probe": user_probe(probes, advice).name,
         "probes": {
             n: {
                 "overrides": p.overrides,

@@ -110,10 +110,8 @@ def verify_fix(
     # compared with fp32 under the same change
     if any(key(o).startswith(("lr.", "model.", "optim.", "data.")) for o in new):
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
-    event = fix.first_event
-    if rec["cause"] == "forward_overflow" and event and event["phase"] == "forward":
+    if rec["cause"] == "forward_overflow" and fix.overflow:
         fix = _grow(doctor, rec, fix, i, deadline)
-        event = fix.first_event
     said = verdict(fix, base, doctor.health)
     rec["fix_probe"] = {
         "name": fix.name,
@@ -122,18 +120,18 @@ def verify_fix(
         "health": fix.summary.get("health"),
         "deviation_from_fp32": fix.deviation(base) if fix.losses else None,
     }
-    rec["verified"], rec["verification"] = _outcome(rec, fix, base, said, event, doctor)
+    rec["verified"], rec["verification"] = _outcome(rec, fix, base, said, doctor)
     if rec.get("grown"):
         rec["verification"] += f"; {rec['grown']['said']}"
 
 
 def _outcome(
-    rec: dict[str, Any], fix: Probe, base: Probe, said: str, event: dict | None, doctor: Doctor
+    rec: dict[str, Any], fix: Probe, base: Probe, said: str, doctor: Doctor
 ) -> tuple[bool, str]:
     """Whether the fix probe verifies the recommendation, and the sentence that says so."""
     if fix.crashed:
         return False, f"the fix crashed: {fix.crashed}"
-    if event and event["phase"] == "forward":
+    if event := fix.overflow:
         moved = (
             f" moved to {event['module']}" if event["module"] != rec.get("module") else " remains"
         )

@@ -65,7 +65,7 @@ class Doctor:
         import torch  # torch and timm load only after the config parsed
 
         from amp_lab.build import build
-        from amp_lab.precision.modes import PRECISION_MODES
+        from amp_lab.precision.scaling import uses_dynamic_scaling
 
         kept = [o for o in overrides if key(o) not in PROBE_KEYS]
         self.common = [*kept, f"trainer.max_steps={steps}", *PROBE_SETTINGS]
@@ -77,20 +77,18 @@ class Doctor:
         # the user's own config is valid on this machine: it builds (in a folder it never
         # writes to, so an --out that holds a run is left alone)
         single = replace(self.settings.trainer, strategy=Strategy.single)
-        build(replace(self.settings, trainer=single), out / "probes" / "config_check")
+        checked = build(replace(self.settings, trainer=single), out / "probes" / "config_check")
+        policy = checked.policy
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
-        mode = PRECISION_MODES[self.settings.precision.name]
+        mode = policy.mode
         self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
         self.scaled = [f"precision={self.low}", "scaler.enabled=true"]  # autocast+scaler's
         # what the user runs (a fix is verified on it): their precision and scaler, or, for
         # an fp32 config, the autocast+scaler probe's
         own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
         self.own = own if mode.autocast_dtype is not None else self.scaled
-        scaler = self.settings.scaler
-        self.user_scaled = mode.autocast_dtype is None or (
-            scaler.kind != "static"
-            and (mode.dynamic_scaling if scaler.enabled is None else scaler.enabled)
-        )
+        scaled = uses_dynamic_scaling(self.settings.scaler, policy)
+        self.user_scaled = mode.autocast_dtype is None or scaled
         # every probe of the fp32 search, per (base overrides, module set): deterministic
         self.fp32_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], Probe] = {}
         # the user's own step runs a dynamic scaler: its mechanism is probed actively
@@ -212,8 +210,8 @@ class Doctor:
         }
 
 
-def command(user: list[str], override: str | None) -> str:
+def command(user: list[str], override: str) -> str:
     """One runnable line: the user's overrides with the recommended ones in their place."""
-    new = override.split() if override else []
+    new = override.split()
     kept = [o for o in user if key(o) not in {key(n) for n in new}]
     return " ".join(["python -m amp_lab", *kept, *new])

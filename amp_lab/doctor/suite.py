@@ -126,18 +126,8 @@ def run_case(
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="amp_lab doctor benchmark")
-    for column in (
-        "case",
-        "verdict",
-        "expected cause",
-        "ranked first",
-        "right",
-        "top fix",
-        "fix verified",
-        "s",
-    ):
-        t.add_column(column)
+    headers = ("case", "verdict", "expected cause", "ranked first", "right", "top fix")
+    t = Table(*headers, "fix verified", "s", title="amp_lab doctor benchmark")
     for r in rows:
         t.add_row(
             r["case"],

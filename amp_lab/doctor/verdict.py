@@ -48,6 +48,12 @@ class Probe:
         }
 
     @property
+    def overflow(self) -> dict[str, Any] | None:
+        """The first non-finite event when it is in the forward pass (no loss scale fixes it)."""
+        event = self.first_event
+        return event if event and event["phase"] == "forward" else None
+
+    @property
     def forward(self) -> dict[str, Any] | None:
         """The first non-finite value of the forward pass (its module), or None."""
         return (self.diag.get("nonfinite") or {}).get("forward")
