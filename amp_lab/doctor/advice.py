@@ -200,10 +200,11 @@ def _forward_rec(
 ) -> dict[str, Any] | None:
     """The first forward overflow (the event the table shows as a probe's first non-finite
     value): keep its module in fp32, or the one amp_lab numerics ranks first."""
-    probe = next((p for p in low if p.overflow), None)
-    if not probe:
+    for probe in low:
+        if (event := probe.overflow) is not None:
+            break
+    else:
         return None
-    event = probe.overflow
     module = (advice.fp32_candidates or (event["module"],))[0]
     ranked = f"; amp_lab numerics ranks {module} first" if advice.fp32_candidates else ""
     modules = fp32_set or [*advice.settings.precision.fp32_modules, module]
