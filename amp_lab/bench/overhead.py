@@ -209,7 +209,7 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
         "lr.schedule=constant",
     ]
     for model, variant, precision in itertools.product(args.models, args.variants, args.precisions):
-        if getattr(PRECISION_MODES[precision], "param_dtype", torch.float32) != torch.float32:
+        if PRECISION_MODES[precision].param_dtype != torch.float32:
             print(
                 f"overhead {model} {variant} {precision}: skipped, the bare recipe (autocast over "
                 "fp32 weights) has no pure 16-bit weights",

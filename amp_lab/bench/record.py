@@ -22,6 +22,7 @@ from amp_lab.bench.flops import device_name
 from amp_lab.bench.overhead import OverheadResult
 from amp_lab.bench.peer import PeerComparison
 from amp_lab.bench.throughput import ThroughputRow
+from amp_lab.checkpoint.run_dir import write_bytes_atomic
 from amp_lab.report.tables import markdown_table
 
 # bench.json's result lists, in its order; each part's runner replaces its own as it measures
@@ -159,7 +160,7 @@ def peer_section(comparisons: list[PeerComparison]) -> list[str]:
     )
 
 
-def write_report(out_dir: Path, env: dict[str, Any], results: dict[str, list[Any]]) -> str:
+def write_report(out_dir: Path, env: dict[str, Any], results: dict[str, list[Any]]) -> None:
     """Write bench.json and bench.md (atomically, so a reader never sees half a file) from
     `results`, RESULTS' lists."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -182,12 +183,6 @@ def write_report(out_dir: Path, env: dict[str, Any], results: dict[str, list[Any
         ]
     )
     # dataclasses (a comparison's runs too) as their fields
-    text = {
-        "bench.json": json.dumps({"environment": env, **data}, indent=2, default=asdict),
-        "bench.md": markdown,
-    }
-    for name, content in text.items():
-        tmp = out_dir / f"{name}.tmp"
-        tmp.write_text(content, encoding="utf-8")
-        tmp.replace(out_dir / name)
-    return markdown
+    text = json.dumps({"environment": env, **data}, indent=2, default=asdict)
+    write_bytes_atomic(out_dir / "bench.json", text.encode())
+    write_bytes_atomic(out_dir / "bench.md", markdown.encode())

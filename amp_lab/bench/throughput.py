@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from amp_lab.bench.flops import mfu, peak_flops, train_step_flops
+from amp_lab.bench.flops import TFLOPS, mfu, peak_flops, train_step_flops
 from amp_lab.bench.runs import Report, throughput_overrides
 from amp_lab.build import build
 from amp_lab.choices import CompileMode
@@ -137,7 +137,7 @@ def measure_throughput(
     s = run.settings
     mode = run.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
-    peak = peak_flops(run.device, mode.matmul_dtype) if getattr(mode, "reports_mfu", True) else None
+    peak = peak_flops(run.device, mode.matmul_dtype) if mode.reports_mfu else None
     return ThroughputRow(
         model=s.model.name,
         precision=mode.name,
@@ -153,14 +153,14 @@ def measure_throughput(
         optimizer_ms=1000 * optimizer_s,
         peak_memory_mb=memory,
         flops_per_step=flops,
-        achieved_tflops=flops / step_s / 1e12,
+        achieved_tflops=flops / step_s / TFLOPS,
         mfu=mfu(flops, step_s, peak),
         state_dtype=s.optim.state_dtype,
         state_mb=(state_bytes(run.optimizer) + master_weight_bytes(run.optimizer, run.model))
         / 2**20,
         # by class name: torchao is an optional extra, imported only by fp8 runs
         fp8_linears=sum(type(m).__name__ == "Float8Linear" for m in run.model.modules()),
-        fp8_recipe=str(s.precision.fp8_recipe) if getattr(mode, "fp8", False) else None,
+        fp8_recipe=str(s.precision.fp8_recipe) if mode.fp8 else None,
     )
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import timm
 import torch
 
 from amp_lab.choices import CompileMode
 from amp_lab.components.augment import resolve_normalisation
 from amp_lab.components.lr import peak_lr
+from amp_lab.components.models import create_sized
 from amp_lab.config import AmpLabConfig, ConfigError
 
 # amp_lab precision mode -> timm train.py's autocast flags (it has no other modes)
@@ -29,22 +29,12 @@ AMP_FLAGS = {
 TRAIN_LINE = re.compile(r"Train: (\d+) \[\s*(\d+)/\d+ .*?Time: [\d.]+s,\s+([\d.]+)/s")
 
 
-def _takes_img_size(name: str, kwargs: dict) -> bool:
-    """Whether timm's model accepts img_size (transformers do, CNNs reject it), as amp_lab's
-    build_model finds out; built on the meta device, so no memory or time is spent."""
-    try:
-        with torch.device("meta"):
-            timm.create_model(name, pretrained=False, img_size=224, **kwargs)
-    except TypeError:
-        return False
-    return True
-
-
 def _model_args(settings: AmpLabConfig) -> list[str]:
     model = settings.model
-    kwargs = dict(model.kwargs)
-    if _takes_img_size(model.name, kwargs):
-        kwargs["img_size"] = settings.data.img_size
+    kwargs, size = dict(model.kwargs), settings.data.img_size
+    with torch.device("meta"):  # as build_model finds out, with no memory or time spent
+        if create_sized(model.name, size, **kwargs)[1]:
+            kwargs["img_size"] = size
     args = ["--model", model.name]
     if kwargs:
         args += ["--model-kwargs", *(f"{k}={v}" for k, v in kwargs.items())]
@@ -73,9 +63,7 @@ def _schedule_args(settings: AmpLabConfig) -> list[str]:
 
 def _data_args(settings: AmpLabConfig, data_dir: Path, device: torch.device) -> list[str]:
     data = settings.data
-    norm = resolve_normalisation(
-        data, settings.model.name, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    )  # the ImageNet statistics amp_lab's imagefolder falls back to
+    norm = resolve_normalisation(data, settings.model.name)  # as amp_lab's imagefolder's
     args = ["--data-dir", str(data_dir), "--train-split", "train", "--val-split", "val"]
     args += ["--input-size", "3", str(data.img_size), str(data.img_size)]
     args += ["--mean", *map(str, norm.mean), "--std", *map(str, norm.std)]

@@ -13,12 +13,10 @@ from dataclasses import dataclass
 import timm
 import torch
 from PIL import Image
-from timm.data import Mixup, auto_augment, create_transform
+from timm.data import Mixup, auto_augment, constants, create_transform
 from torchvision import transforms as T
 
 from amp_lab.config import ConfigError, DataConfig
-
-DEFAULT_CROP_PCT = 0.875  # timm's evaluation crop when the model has no pretrained config
 
 
 def _posterize(img: Image.Image, bits_to_keep: int, **kwargs: object) -> Image.Image:
@@ -45,16 +43,20 @@ class Normalisation:
 
 
 def resolve_normalisation(
-    cfg: DataConfig, model_name: str | None, data_mean: Sequence[float], data_std: Sequence[float]
+    cfg: DataConfig,
+    model_name: str | None,
+    data_mean: Sequence[float] = constants.IMAGENET_DEFAULT_MEAN,
+    data_std: Sequence[float] = constants.IMAGENET_DEFAULT_STD,
 ) -> Normalisation:
-    """The settings' values first, then the model's pretrained config, then the data set's."""
+    """The settings' values first, then the model's pretrained config, then the data set's
+    (ImageNet's unless given; timm's 0.875 evaluation crop)."""
     pretrained = timm.models.get_pretrained_cfg(model_name) if model_name else None
     mean = cfg.mean or getattr(pretrained, "mean", None) or data_mean
     std = cfg.std or getattr(pretrained, "std", None) or data_std
     interpolation = str(cfg.interpolation)
     if interpolation == "model":
         interpolation = getattr(pretrained, "interpolation", None) or "bilinear"
-    crop_pct = cfg.crop_pct or getattr(pretrained, "crop_pct", None) or DEFAULT_CROP_PCT
+    crop_pct = cfg.crop_pct or getattr(pretrained, "crop_pct", None) or constants.DEFAULT_CROP_PCT
     return Normalisation(tuple(mean), tuple(std), interpolation, crop_pct)
 
 

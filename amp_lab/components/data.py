@@ -239,9 +239,7 @@ def _imagefolder(
             f"data.decode=gpu needs a CUDA training device, not {device.type}; use "
             "data.decode=device (decode on this device) or data.decode=cpu"
         )
-    norm = resolve_normalisation(
-        cfg, model_name, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    )  # ImageNet channel stats
+    norm = resolve_normalisation(cfg, model_name)  # ImageNet channel stats unless the model's
     transforms = build_transforms(cfg, norm) if cfg.decode == Decode.cpu else None
 
     def image_set(path: Path, train: bool, indices: list[int] | None = None) -> MapData:

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import copy
 import difflib
+from typing import Any
 
 import timm
 import torch
 
 from amp_lab.components.data import DataSpec
 from amp_lab.config import ConfigError, ModelConfig
+
+
+def create_sized(name: str, img_size: int, **kwargs: Any) -> tuple[torch.nn.Module, bool]:
+    """timm.create_model(pretrained=False), given img_size when the model takes it, and whether
+    it did; kwargs the model rejects are a ConfigError."""
+    try:  # transformers need the image size; CNNs take any size and reject the argument
+        return timm.create_model(name, pretrained=False, img_size=img_size, **kwargs), True
+    except TypeError as err:
+        if "img_size" not in str(err):
+            raise ConfigError(f"model.kwargs do not fit {name}: {err}") from err
+    try:
+        return timm.create_model(name, pretrained=False, **kwargs), False
+    except TypeError as err:
+        raise ConfigError(f"model.kwargs do not fit {name}: {err}") from err
 
 
 def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
@@ -24,21 +39,12 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
         if v > 0
     }  # timm's meaning
     kwargs = {
-        "pretrained": False,
         "num_classes": spec.num_classes,
         "in_chans": spec.channels,
         **regularisers,
         **cfg.kwargs,
     }
-    try:  # transformers need the image size; CNNs take any size and reject the argument
-        model = timm.create_model(cfg.name, img_size=spec.img_size, **kwargs)
-    except TypeError as err:
-        if "img_size" not in str(err):
-            raise ConfigError(f"model.kwargs do not fit {cfg.name}: {err}") from err
-        try:
-            model = timm.create_model(cfg.name, **kwargs)
-        except TypeError as err2:
-            raise ConfigError(f"model.kwargs do not fit {cfg.name}: {err2}") from err2
+    model, _ = create_sized(cfg.name, spec.img_size, **kwargs)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
