@@ -34,7 +34,7 @@ from torch.amp import GradScaler
 
 from amp_lab.audit.audit import PrecisionAudit, expected
 from amp_lab.checkpoint.store import Checkpointer
-from amp_lab.choices import CompileMode, ScalerKind
+from amp_lab.choices import CompileMode
 from amp_lab.components.augment import build_mixup
 from amp_lab.components.compile import (
     check_backend,
@@ -59,7 +59,7 @@ from amp_lab.numerics.diagnostics import build_diagnostics
 from amp_lab.numerics.pitfalls import prepare_model, step_class
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import PrecisionPolicy, resolve_precision
-from amp_lab.precision.scaling import build_scaler, uses_dynamic_scaling
+from amp_lab.precision.scaling import allowed_holds, build_scaler, uses_dynamic_scaling
 from amp_lab.records import METRICS_FILE
 from amp_lab.run import LoopState, Run
 from amp_lab.search.trial import pruning_sinks
@@ -226,12 +226,11 @@ def step(
 
 def monitor(settings: AmpLabConfig, where: Placement, feed: Feed, prec: Precision) -> Monitor:
     """The run's per-step counters and its health judge (amp_lab/health/)."""
-    s = settings.scaler
     history = History(
         prec.dynamic,
         float(prec.scaler.get_scale()),
         math.log(feed.data.spec.num_classes),
-        s.hysteresis - 1 if s.kind == ScalerKind.hysteresis else 0,
+        allowed_holds(settings.scaler),
     )
     return Monitor(settings.health, where.device, settings.trainer.log_every, prec.scaler, history)
 

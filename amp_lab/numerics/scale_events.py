@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from amp_lab.choices import PitfallName
 from amp_lab.config import ScalerConfig
+from amp_lab.precision.scaling import allowed_holds
 
 # plain str keys: the tracker's state goes into checkpoints loaded with weights_only=True
 NO_UPDATE = PitfallName.no_scaler_update.value
@@ -55,8 +56,7 @@ class ScaleTracker:
     def feed(self, first_step: int, scales: list[float], skipped: list[float]) -> list[dict]:
         """Add a window (scale after each step, 1.0 where it skipped); returns its events."""
         window = []
-        # skipped steps in a row that may keep the scale: 0, or the hysteresis scaler's
-        holds = self.cfg.hysteresis - 1 if self.cfg.kind == "hysteresis" else 0
+        holds = allowed_holds(self.cfg)
         for step, (scale, skip) in enumerate(zip(scales, skipped), start=first_step):
             old, self.scale = self.scale, scale
             if scale != old:

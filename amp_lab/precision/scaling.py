@@ -34,6 +34,12 @@ def uses_dynamic_scaling(cfg: ScalerConfig, policy: PrecisionPolicy) -> bool:
     return policy.mode.dynamic_scaling if cfg.enabled is None else cfg.enabled
 
 
+def allowed_holds(cfg: ScalerConfig) -> int:
+    """Skipped steps in a row that may keep the scale: the hysteresis scaler's hysteresis - 1,
+    else 0 (every other dynamic scaler backs off at each skip)."""
+    return cfg.hysteresis - 1 if cfg.kind == "hysteresis" else 0
+
+
 def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
     """The scaler the config asks for; modes that need no scaling get a static scale of 1."""
     device = policy.device.type
