@@ -126,8 +126,17 @@ def run_case(
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
-    headers = ("case", "verdict", "expected cause", "ranked first", "right", "top fix")
-    t = Table(*headers, "fix verified", "s", title="amp_lab doctor benchmark")
+    columns = (
+        "case",
+        "verdict",
+        "expected cause",
+        "ranked first",
+        "right",
+        "top fix",
+        "fix verified",
+        "s",
+    )
+    t = Table(*columns, title="amp_lab doctor benchmark")
     for r in rows:
         t.add_row(
             r["case"],

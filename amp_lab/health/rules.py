@@ -107,8 +107,8 @@ def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
         )
     elif h.floor is not None:
         why = h.floor
-    elif at_end and _final(h, cfg)[2] == 0:
-        why = f"every loss of the last {_final(h, cfg)[1]} steps is inf/nan"
+    elif at_end and (final := _final(h, cfg))[2] == 0:
+        why = f"every loss of the last {final[1]} steps is inf/nan"
     else:
         return None
     step = h.first_bad if h.first_bad is not None else h.windows[-1].last_step
