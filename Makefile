@@ -37,7 +37,7 @@ doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 mi
 	$(PY) -m amp_lab.doctor --suite $(ARGS)
 
 warnings-bench: $(VENV)/.installed  ## the early warnings' lead time and false alarms (CPU)
-	$(PY) -m amp_lab.health.lead_time $(ARGS)
+	$(PY) -m amp_lab.bench.lead_time $(ARGS)
 
 # Each study's CPU variant, then its report (verdicts, tables, overview.png) written into
 # experiments/<study>/README.md; `make study-scaler_grid` runs one (1-6 min each: 138 jobs in 21

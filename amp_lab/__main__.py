@@ -2,8 +2,8 @@
 
 The installed `amp_lab` command is the same, and runs the lab's tools by name:
 `amp_lab doctor|report|bench ARGS` is `python -m amp_lab.doctor|report|bench ARGS`;
-`amp_lab audit ARGS` audits one training step's precision (amp_lab/audit/cli.py);
-`amp_lab numerics ARGS` finds where a precision parts ways with fp32 (amp_lab/numerics/cli.py).
+`amp_lab audit ARGS` audits one training step's precision (amp_lab/audit_cli.py);
+`amp_lab numerics ARGS` finds where a precision parts ways with fp32 (amp_lab/finder/cli.py).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ TOOLS = {
     "doctor": "amp_lab.doctor.cli",
     "report": "amp_lab.report.compare",
     "bench": "amp_lab.bench.cli",
-    "audit": "amp_lab.audit.cli",
-    "numerics": "amp_lab.numerics.cli",
+    "audit": "amp_lab.audit_cli",
+    "numerics": "amp_lab.finder.cli",
 }
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.amp import GradScaler
 
 from amp_lab.components.fsdp import full_value
+from amp_lab.components.loss import loss_fn
 from amp_lab.precision.modes import PrecisionPolicy
 from amp_lab.precision.scaler_internals import found_inf, scale_tensor
 
@@ -125,11 +125,6 @@ class StepObserver:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore."""
-
-
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    # The loss runs in fp32: log-softmax over fp16 logits loses the small probabilities.
-    return F.cross_entropy(logits.float(), labels)
 
 
 def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from amp_lab.audit.cli import main as audit
+from amp_lab.audit_cli import main as audit
 from amp_lab.bench.cli import main as bench
 from amp_lab.doctor.cli import main as doctor
-from amp_lab.numerics.cli import main as numerics
+from amp_lab.finder.cli import main as numerics
 from amp_lab.report.compare import main as report
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from amp_lab.step import loss_fn
+from amp_lab.components.loss import loss_fn
 
 TFLOPS = 1e12
 

@@ -3,7 +3,7 @@
 Mixup/CutMix on: soft targets, timm's SoftTargetCrossEntropy (the smoothing is inside the
 targets). Label smoothing alone: timm's LabelSmoothingCrossEntropy on hard labels. Neither: plain
 cross-entropy. `data.z_loss` adds its penalty on the logits to any of them. Evaluation stays
-hard-label cross-entropy (amp_lab.step.loss_fn).
+hard-label cross-entropy (loss_fn).
 """
 
 from __future__ import annotations
@@ -11,12 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from amp_lab.config import DataConfig
-from amp_lab.step import loss_fn
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # The loss runs in fp32: log-softmax over fp16 logits loses the small probabilities.
+    return F.cross_entropy(logits.float(), labels)
 
 
 def fp32_loss(loss: torch.nn.Module) -> LossFn:

@@ -23,7 +23,7 @@ from amp_lab.doctor.advice import Advice, recommend, user_probe
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor, command
 from amp_lab.doctor.verdict import Probe, verdict
-from amp_lab.numerics.finder import for_doctor
+from amp_lab.finder.find import for_doctor
 
 
 def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:

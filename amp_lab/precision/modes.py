@@ -216,7 +216,7 @@ class PrecisionPolicy:
             if low_weights and not self.options.master_weights
             else "fp32",
             state=state_dtype,
-            loss="fp32",  # step.loss_fn: log-softmax over 16-bit logits loses small probabilities
+            loss="fp32",  # loss.py: log-softmax over 16-bit logits loses small probabilities
             scaler=dynamic_scaling,
         )
 

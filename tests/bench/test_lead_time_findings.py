@@ -7,8 +7,8 @@ import json
 
 from helpers import ROOT
 
+from amp_lab.bench.lead_time import LEAD_TARGET, LEARN_THEN_DIVERGE
 from amp_lab.config import HealthConfig
-from amp_lab.health.lead_time import LEAD_TARGET, LEARN_THEN_DIVERGE
 
 RUNS = ROOT / "docs" / "lead_time"
 DOC = " ".join((ROOT / "docs" / "diagnostics.md").read_text().split())  # lines joined

@@ -8,9 +8,9 @@ import json
 
 from helpers import FAST
 
-from amp_lab.numerics.cli import NUMERICS_FILE, main
-from amp_lab.numerics.finder import find
-from amp_lab.numerics.weight_drift import drift_lines
+from amp_lab.finder.cli import NUMERICS_FILE, main
+from amp_lab.finder.find import find
+from amp_lab.finder.weight_drift import drift_lines
 
 STEPS = 6
 

@@ -1,4 +1,4 @@
-"""How early the early warnings come: `python -m amp_lab.health.lead_time` (`make warnings-bench`).
+"""How early the early warnings come: `python -m amp_lab.bench.lead_time` (`make warnings-bench`).
 
 Diverging cases run with a probe and a log window at every step; a run diverges at its first step
 whose loss is non-finite, or whose mean over the last SMOOTH steps is above twice the lowest such
@@ -194,7 +194,7 @@ def table(diverging: list[CaseResult], healthy: list[CaseResult]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command.parser("python -m amp_lab.health.lead_time", __doc__)
+    parser = command.parser("python -m amp_lab.bench.lead_time", __doc__)
     parser.add_argument("--out", type=Path, default=Path("outputs/lead_time"))
     cases = {**DIVERGING, **QK_NORM}
     parser.add_argument("--cases", nargs="*", default=list(cases), choices=list(cases))

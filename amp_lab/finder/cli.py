@@ -15,7 +15,7 @@ from typing import Any
 
 from amp_lab.command import dated, parser, run_tool, strict_json
 from amp_lab.config import ConfigError
-from amp_lab.numerics.weight_drift import drift_lines
+from amp_lab.finder.weight_drift import drift_lines
 
 NUMERICS_FILE, PLOT_FILE = "numerics.json", "numerics.png"
 SHOWN = 8  # flagged rows printed per mode and phase (numerics.json keeps all)
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _numerics(args: argparse.Namespace) -> int:
-    from amp_lab.numerics.error_plot import plot  # after parsing: --help stays fast
-    from amp_lab.numerics.finder import find
+    from amp_lab.finder.error_plot import plot  # after parsing: --help stays fast
+    from amp_lab.finder.find import find
     from amp_lab.precision.modes import PRECISION_MODES
 
     out = dated(args.out, "outputs/numerics")

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from amp_lab.numerics.bands import FLAG_FACTOR
+from amp_lab.finder.bands import FLAG_FACTOR
 from amp_lab.run import Run
 
 LAYERS = 5  # modules named at the first step that grows too fast

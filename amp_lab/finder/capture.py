@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from amp_lab.numerics.bands import UNIT_ROUNDOFF, dtype_key
+from amp_lab.finder.bands import UNIT_ROUNDOFF, dtype_key
 from amp_lab.numerics.module_probe import ModuleProbe
 from amp_lab.run import Run
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from amp_lab.numerics.bands import FLAG_FACTOR, bands, near_overflow, subnormal
-from amp_lab.numerics.capture import Capture, Entry
+from amp_lab.finder.bands import FLAG_FACTOR, bands, near_overflow, subnormal
+from amp_lab.finder.capture import Capture, Entry
 
 AMPLIFIERS = 5  # how many of the strongest amplifiers the report names
 

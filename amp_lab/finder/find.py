@@ -17,10 +17,10 @@ from typing import Any
 
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
-from amp_lab.numerics import compare
-from amp_lab.numerics.bands import FLAG_FACTOR, HEADROOM, SPREAD, weight_grad_band
-from amp_lab.numerics.capture import Batch, Capture, capture, first_batch
-from amp_lab.numerics.weight_drift import drift
+from amp_lab.finder import compare
+from amp_lab.finder.bands import FLAG_FACTOR, HEADROOM, SPREAD, weight_grad_band
+from amp_lab.finder.capture import Batch, Capture, capture, first_batch
+from amp_lab.finder.weight_drift import drift
 from amp_lab.run import Run
 
 # a run to compare, nothing kept: no tracker, no checkpoint, no progress bar, no audit

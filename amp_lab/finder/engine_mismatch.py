@@ -8,7 +8,7 @@ module stands two computation paths of one built run in for them:
   (q @ k^T, softmax, @ v: timm's `fused_attn = False`), as a separate serving kernel would.
 Both under the same autocast; the mismatch is the logits' mean KL(training || inference).
 
-`python -m amp_lab.numerics.engine_mismatch <overrides>` prints it for fp16 and bf16.
+`python -m amp_lab.finder.engine_mismatch <overrides>` prints it for fp16 and bf16.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from amp_lab.numerics.capture import first_batch
-from amp_lab.numerics.compare import kl
-from amp_lab.numerics.finder import built
+from amp_lab.finder.capture import first_batch
+from amp_lab.finder.compare import kl
+from amp_lab.finder.find import built
 from amp_lab.run import Run
 
 INFER_BATCH = 8

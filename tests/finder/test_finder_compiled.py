@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import FAST
 
-from amp_lab.numerics.cli import NUMERICS_FILE, main
+from amp_lab.finder.cli import NUMERICS_FILE, main
 
 
 def _backend(name: str, wrap: Callable[[Callable], Callable]) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from amp_lab.health.lead_time import (
+from amp_lab.bench.lead_time import (
     BASE,
     EVERY_STEP,
     PHENOMENA,

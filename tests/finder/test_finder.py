@@ -11,8 +11,8 @@ import torch
 from helpers import FAST
 
 import amp_lab.build
-from amp_lab.numerics.cli import NUMERICS_FILE, PLOT_FILE, main
-from amp_lab.numerics.finder import find
+from amp_lab.finder.cli import NUMERICS_FILE, PLOT_FILE, main
+from amp_lab.finder.find import find
 
 MODELS = ["test_vit", "test_convnext"]
 # per model: a norm whose fp32 output (max |x| ~3), times the fault's factor, is finite but passes
