@@ -167,6 +167,7 @@ class Precision(NamedTuple):
     before_unscale: Callable[[], None]  # the pure modes copy 16-bit grads into the masters
     scaler: GradScaler
     dynamic: bool  # the scaler adapts the scale (backs off, grows): judged so by the monitor
+    holds: int  # skips in a row it may keep its scale through (hysteresis): so judged too
 
 
 def precision(
@@ -175,7 +176,8 @@ def precision(
     """fp8 layers, 16-bit weights with fp32 masters in the optimizer's param groups, the scaler."""
     before_unscale = where.policy.prepare(net, opt.optimizer)
     scaler = build_scaler(settings.scaler, where.policy)
-    return Precision(before_unscale, scaler, uses_dynamic_scaling(settings.scaler, where.policy))
+    dynamic = uses_dynamic_scaling(settings.scaler, where.policy)
+    return Precision(before_unscale, scaler, dynamic, allowed_holds(settings.scaler))
 
 
 class Stepping(NamedTuple):
@@ -192,6 +194,8 @@ def step(
 ) -> Stepping:
     """The training step over the wrapped (DDP) and compiled model, and the EMA it feeds."""
     t = settings.trainer
+    # of the class the pitfall lab picks; the step builds its numerics observer from its view
+    make_step = step_class(settings.pitfall.name, settings.fault)
     ema = build_ema(net, t.ema)  # after precision(): a copy of the cast weights
     parallel = where.dist.wrap(net, where.device)
     forward = parallel
@@ -199,8 +203,6 @@ def step(
         check_backend(t.compile_backend)
         forward = compile_model(parallel, t.compile_backend)
     loss = build_loss(settings.data)
-    # of the class the pitfall lab picks; the step builds its numerics observer from its view
-    make_step = step_class(settings.pitfall.name, settings.fault)
     train_step = make_step(
         forward,
         opt.optimizer,
@@ -230,7 +232,7 @@ def monitor(settings: AmpLabConfig, where: Placement, feed: Feed, prec: Precisio
         prec.dynamic,
         float(prec.scaler.get_scale()),
         math.log(feed.data.spec.num_classes),
-        allowed_holds(settings.scaler),
+        prec.holds,
     )
     return Monitor(settings.health, where.device, settings.trainer.log_every, prec.scaler, history)
 
