@@ -17,7 +17,7 @@ import timm
 import torch
 from torch.amp import GradScaler
 
-from amp_lab.precision.hysteresis import HysteresisGradScaler
+from amp_lab.precision.scaling import HysteresisGradScaler
 
 GROWTH, BACKOFF = 1.7, 0.37
 STEPS = 200

@@ -13,8 +13,7 @@ from helpers.resume import interrupt as _interrupt
 
 from amp_lab.build import build
 from amp_lab.config import ConfigError
-from amp_lab.precision.hysteresis import HysteresisGradScaler
-from amp_lab.precision.scaling import StaticGradScaler
+from amp_lab.precision.scaling import HysteresisGradScaler, StaticGradScaler
 from amp_lab.trainer import Trainer
 
 # fp32 with the scaler forced on: the scaler logic is the same as under fp16, and fast on CPU
