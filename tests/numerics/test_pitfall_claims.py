@@ -6,9 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import timm
+import torch
 from helpers import settings
 
 from amp_lab.build import build
+from amp_lab.choices import PitfallName, PrecisionName
+from amp_lab.config import FaultConfig, PrecisionConfig
+from amp_lab.numerics.pitfalls import prepare_model
+from amp_lab.precision.modes import resolve_precision
 from amp_lab.trainer import Trainer
 
 TINY = [
@@ -103,6 +109,20 @@ def test_half_model_keeps_fp16_weights_and_optimizer_state(tmp_path, optim):
     # AdamW: every weight and both its moments are fp16; SGD without momentum keeps no state
     assert evidence.startswith(f"{weights * (3 if optim == 'adamw' else 1)} not fp32")
     assert "float16" in evidence
+
+
+@pytest.mark.parametrize("model", ["test_vit", "test_convnext"])
+def test_half_model_beside_bf16_shows_no_mistake_so_it_is_refused(model):
+    """What the refusal of pitfall=half_model under the bf16 modes says (tests/test_bad_input.py):
+    under bf16 autocast timm stops with a dtype error; bf16_pure casts the weights back."""
+    sized = {"img_size": 32} if "vit" in model else {}
+    net = timm.create_model(model, pretrained=False, num_classes=10, **sized)
+    prepare_model(net, FaultConfig(), PitfallName.half_model)
+    with pytest.raises(RuntimeError), torch.autocast("cpu", dtype=torch.bfloat16):
+        net(torch.randn(2, 3, 32, 32))
+    pure = resolve_precision(PrecisionName.bf16_pure, torch.device("cpu"), PrecisionConfig())
+    pure.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert {p.dtype for p in net.parameters()} == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("optim", OPTIMIZERS)
