@@ -155,13 +155,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return cli.parse_args(argv)
 
 
-def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """All probes, the optional fp32 search, the report and doctor.json."""
-    args.steps = args.steps or 40
-    if args.steps < 4:
-        raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
-    out = dated(args.out, "outputs/doctor")
-    doctor = Doctor(args.overrides, args.steps, out)
+def run_probes(doctor: Doctor, steps: int, console: Console) -> dict[str, Probe]:
+    """Each probe of the doctor's plan, in order, told on the console as it starts."""
     probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
         # the scaler check of a step that overflows in the forward pass cannot change the
@@ -170,9 +165,38 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             why = f"the forward pass overflows ({event['module']}), every step skips"
             console.print(escape(f"probe {name}: skipped: {why}"))
             continue
-        steps = mechanism.STEPS if name == mechanism.NAME else args.steps
-        console.print(escape(f"probe {name}: {' '.join(extra)} ({steps} steps)"))
+        length = mechanism.STEPS if name == mechanism.NAME else steps
+        console.print(escape(f"probe {name}: {' '.join(extra)} ({length} steps)"))
         probes[name] = doctor.run_probe(name, extra)
+    return probes
+
+
+def probe_record(p: Probe, fp32: Probe, health: HealthConfig) -> dict[str, Any]:
+    """A probe as doctor.json holds it."""
+    return {
+        "overrides": p.overrides,
+        "verdict": verdict(p, fp32, health),
+        "health": p.health,
+        "unavailable": p.unavailable,
+        "crashed": p.crashed,
+        "losses": p.losses,
+        "deviation_from_fp32": p.deviation(fp32) if p.losses else None,
+        "zero_grad_share": p.flushed,
+        "fp16_flush_share_at_scale": p.would_flush,
+        "skip_rate": p.skip_rate,
+        "update_ratio": p.mean("diag/update_ratio"),
+        "summary": p.summary,
+    }
+
+
+def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """All probes, the optional fp32 search, the report and doctor.json."""
+    args.steps = args.steps or 40
+    if args.steps < 4:
+        raise ConfigError(f"--steps={args.steps} is too short to compare curves; use >= 4")
+    out = dated(args.out, "outputs/doctor")
+    doctor = Doctor(args.overrides, args.steps, out)
+    probes = run_probes(doctor, args.steps, console)
     s = doctor.settings
     search = None
     overflowed = any(p.forward for p in probes.values() if p.name != "fp32")
@@ -203,23 +227,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "steps": args.steps,
         "output_dir": str(out),
         "user_probe": user_probe(probes, advice).name,
-        "probes": {
-            n: {
-                "overrides": p.overrides,
-                "verdict": verdict(p, probes["fp32"], doctor.health),
-                "health": p.health,
-                "unavailable": p.unavailable,
-                "crashed": p.crashed,
-                "losses": p.losses,
-                "deviation_from_fp32": p.deviation(probes["fp32"]) if p.losses else None,
-                "zero_grad_share": p.flushed,
-                "fp16_flush_share_at_scale": p.would_flush,
-                "skip_rate": p.skip_rate,
-                "update_ratio": p.mean("diag/update_ratio"),
-                "summary": p.summary,
-            }
-            for n, p in probes.items()
-        },
+        "probes": {n: probe_record(p, probes["fp32"], doctor.health) for n, p in probes.items()},
         "recommendations": recs,
         "next": next_line,
         "search_fp32": search,
