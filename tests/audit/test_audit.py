@@ -8,9 +8,10 @@ import json
 
 import pytest
 import torch
-from helpers import settings
+from helpers import FAST, settings
 
 from amp_lab.audit.audit import BrokenPromise
+from amp_lab.audit_cli import audit_one_step
 from amp_lab.build import build
 from amp_lab.precision.scaling import StaticGradScaler
 from amp_lab.records import AUDIT_FILE, SUMMARY_FILE
@@ -245,6 +246,15 @@ def test_clipping_scaled_gradients_is_caught_and_a_pitfall_only_warns(tmp_path, 
     )
     assert trainer.fit()["steps"] == 2
     assert "the loss scaler promises unscaled gradients at clipping" in caplog.text
+
+
+def test_clipping_before_unscale_at_a_scale_of_1_clips_unscaled_gradients(tmp_path):
+    """Without loss scaling (bf16: a fixed scale of 1) the order of clip and unscale_ changes
+    nothing, so the audit of that pitfall finds no broken promise."""
+    result = audit_one_step(
+        [*FAST, "precision=bf16", "pitfall=clip_before_unscale", "trainer.clip_grad=1.0"], tmp_path
+    )
+    assert result["kept"] and not result["breaches"], result["breaches"]
 
 
 def test_audit_warn_trains_on_and_audit_off_records_nothing(tmp_path, monkeypatch, caplog):
