@@ -131,7 +131,7 @@ def model(settings: AmpLabConfig, where: Placement, feed: Feed) -> torch.nn.Modu
     net = place(build_model(settings.model, feed.data.spec), where.device)
     check_input_fits(net, settings.model.name, feed.data.spec, where.device)
     keep_in_fp32(net, settings.precision.fp32_modules, where.device)
-    prepare_model(net, settings.fault, settings.pitfall.name)
+    prepare_model(net, settings.fault, settings.pitfall.name, where.policy)
     if where.fsdp is not None:  # DTensor shards replace the parameters: before the optimizer
         shard_model(net, settings.fsdp.wrap, where.fsdp)
     return net
@@ -194,8 +194,7 @@ def step(
 ) -> Stepping:
     """The training step over the wrapped (DDP) and compiled model, and the EMA it feeds."""
     t = settings.trainer
-    # of the class the pitfall lab picks; the step builds its numerics observer from its view
-    make_step = step_class(settings.pitfall.name, settings.fault)
+    make_step = step_class(settings.pitfall.name, settings.fault)  # the pitfall lab's class
     ema = build_ema(net, t.ema)  # after precision(): a copy of the cast weights
     parallel = where.dist.wrap(net, where.device)
     forward = parallel
@@ -203,6 +202,7 @@ def step(
         check_backend(t.compile_backend)
         forward = compile_model(parallel, t.compile_backend)
     loss = build_loss(settings.data)
+    # the step builds its numerics observer from its view
     train_step = make_step(
         forward,
         opt.optimizer,

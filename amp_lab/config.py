@@ -569,9 +569,6 @@ class FaultConfig:
         _bound(self, "fault", "> 0", "overflow_factor", "loss_multiplier")
 
 
-BF16_MODES = (PrecisionName.bf16, PrecisionName.bf16_pure, PrecisionName.fp8)  # fp8: bf16 autocast
-
-
 @dataclass
 class AmpLabConfig:
     """Every group of a run's settings."""
@@ -594,22 +591,6 @@ class AmpLabConfig:
     pitfall: PitfallConfig = field(default_factory=PitfallConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary
-
-    def __post_init__(self) -> None:
-        # model.half() beside bf16: fp16 weights meet bf16 activations (bf16, fp8: timm stops
-        # with a dtype error) or are cast to bf16 again (bf16_pure): neither shows the mistake
-        mode = self.precision.name
-        if self.pitfall.name == PitfallName.half_model and mode in BF16_MODES:
-            happens = (
-                "casts every weight to bf16 itself, which undoes model.half()"
-                if mode == PrecisionName.bf16_pure
-                else "feeds the fp16 weights bf16 activations, and timm's layers stop with a "
-                "dtype error instead of showing the mistake"
-            )
-            raise ConfigError(
-                f"pitfall=half_model is model.half() in an fp16 or fp32 run; precision={mode} "
-                f"{happens}; use precision=fp16 or fp32"
-            )
 
 
 def register() -> None:

@@ -56,7 +56,7 @@ BAD_INPUTS = [
     (["fsdp.reduce_dtype=int8"], "fsdp.reduce_dtype='int8' is unknown; use one of auto, fp32,"),
     (["trainer.strategy=fsdp"], "trainer.strategy=fsdp needs a distributed launch: torchrun"),
     (["trainer.compile=fast"], "trainer.compile=fast is not one of off, model, step"),
-    (["precision=bf16", "pitfall=half_model"], "precision=bf16 feeds the fp16 weights bf16"),
+    (["precision=bf16", "pitfall=half_model"], "precision=bf16 on the CPU feeds the fp16 weights"),
     (["precision=bf16_pure", "pitfall=half_model"], "which undoes model.half(); use precision="),
 ]
 

@@ -167,8 +167,9 @@ def _step_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
         )
         if why:
             breaches.append(_broken(mode, "a dynamic loss scaler", why, key="scaler"))
-    # at a scale of 1 (fp32, bf16) clipping before unscale_ clips the unscaled gradients
-    if scaler["enabled"] and scaler["unscaled_before_clip"] is False and scaler["scale"] != 1:
+    # a scale fixed at 1 (fp32, bf16): clipping before unscale_ clips the unscaled gradients
+    fixed_at_1 = scaler["class"] == "StaticGradScaler" and scaler["scale"] == 1
+    if scaler["enabled"] and scaler["unscaled_before_clip"] is False and not fixed_at_1:
         clipped = "they were clipped before unscale_"
         at_clip = "unscaled gradients at clipping"
         breaches.append(_broken("the loss scaler", at_clip, clipped, key="scaler"))

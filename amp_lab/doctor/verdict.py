@@ -24,7 +24,7 @@ class Probe:
     losses: list[float] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
-    unavailable: str | None = None  # why the device cannot run it
+    unavailable: str | None = None  # why this device or config cannot run it
     crashed: str | None = None  # the error that ended it
 
     def mean(self, key: str) -> float | None:

@@ -1,2 +1,2 @@
-"""Numerics: the device counters, diagnostics, run health, the module probe, gradient and
-optimizer-state statistics, scale events, the pitfall lab."""
+"""Numerics: diagnostics, the module probe, gradient and optimizer-state statistics, scale
+events, early signals, the pitfall lab."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from amp_lab.choices import PitfallName
 from amp_lab.components.fsdp import full_value
 from amp_lab.config import ConfigError, FaultConfig
+from amp_lab.precision.modes import PrecisionPolicy
 from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
 from amp_lab.step import TrainStep
 
@@ -26,8 +27,12 @@ def _inputs_to_fp16(module: torch.nn.Module, args: tuple) -> tuple:
     return tuple(a.half() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
 
 
-def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> None:
+def prepare_model(
+    model: torch.nn.Module, fault: FaultConfig, pitfall: str, policy: PrecisionPolicy
+) -> None:
     """Model-side faults: scale one module's output; `half_model` casts weights to fp16."""
+    if pitfall == PitfallName.half_model:
+        _check_half_model(policy)
     if fault.overflow_module:
         modules = dict(model.named_modules())
         if fault.overflow_module not in modules:
@@ -42,6 +47,23 @@ def prepare_model(model: torch.nn.Module, fault: FaultConfig, pitfall: str) -> N
     if pitfall == PitfallName.half_model:
         model.half()  # the mistake: the optimizer built next keeps fp16 weights and fp16 state
         model.register_forward_pre_hook(_inputs_to_fp16)
+
+
+def _check_half_model(policy: PrecisionPolicy) -> None:
+    """model.half() beside bf16 shows no mistake: a bf16 mode casts the weights back, and on the
+    CPU the fp16 weights meet bf16 autocast activations, which timm's ViT token concat and
+    ConvNeXt's layer norm refuse with a dtype error (tests/numerics/test_pitfall_claims.py)."""
+    mode = policy.mode
+    if mode.param_dtype == torch.bfloat16:
+        happens = "casts every weight to bf16 itself, which undoes model.half()"
+    elif mode.autocast_dtype == torch.bfloat16 and policy.device.type == "cpu":
+        happens = "on the CPU feeds the fp16 weights bf16 activations, which timm's layers refuse"
+    else:
+        return
+    raise ConfigError(
+        f"pitfall=half_model is model.half() beside fp16 or fp32 compute; precision={mode.name} "
+        f"{happens}; use precision=fp16 (or another mode without bf16)"
+    )
 
 
 @dataclass

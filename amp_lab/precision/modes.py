@@ -60,7 +60,7 @@ class PrecisionMode:
     tf32: bool  # let fp32 matmuls/convolutions use TF32 tensor cores (CUDA, Ampere+)
     summary: str
     param_dtype: torch.dtype = torch.float32  # the model's weights (pure modes: 16-bit)
-    fp8: bool = False  # Linear layers run float8 matmuls (torchao), see amp_lab/fp8.py
+    fp8: bool = False  # Linear layers run float8 matmuls (torchao), see precision/fp8.py
     reports_mfu: bool = True  # False: no MFU, the peak FLOP/s of mixed fp8/bf16 is ill-defined
 
     @property
@@ -216,7 +216,7 @@ class PrecisionPolicy:
             if low_weights and not self.options.master_weights
             else "fp32",
             state=state_dtype,
-            loss="fp32",  # loss.py: log-softmax over 16-bit logits loses small probabilities
+            loss="fp32",  # components/loss.py: 16-bit log-softmax loses small probabilities
             scaler=dynamic_scaling,
         )
 

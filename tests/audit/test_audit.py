@@ -248,13 +248,28 @@ def test_clipping_scaled_gradients_is_caught_and_a_pitfall_only_warns(tmp_path, 
     assert "the loss scaler promises unscaled gradients at clipping" in caplog.text
 
 
-def test_clipping_before_unscale_at_a_scale_of_1_clips_unscaled_gradients(tmp_path):
-    """Without loss scaling (bf16: a fixed scale of 1) the order of clip and unscale_ changes
-    nothing, so the audit of that pitfall finds no broken promise."""
-    result = audit_one_step(
-        [*FAST, "precision=bf16", "pitfall=clip_before_unscale", "trainer.clip_grad=1.0"], tmp_path
+@pytest.mark.parametrize(
+    "overrides, breaks",
+    [(["precision=bf16"], False), (["precision=fp16", "scaler.init_scale=1"], True)],
+    ids=["bf16", "fp16 starting at scale 1"],
+)
+def test_clipping_before_unscale_breaks_a_promise_only_where_the_scale_can_move(
+    tmp_path, overrides, breaks
+):
+    """A scale fixed at 1 (bf16) makes the order of clip and unscale_ change nothing: no broken
+    promise. A dynamic scaler at 1 grows later, so the wrong order is still caught."""
+    pitfall = ["pitfall=clip_before_unscale", "trainer.clip_grad=1.0"]
+    result = audit_one_step([*FAST, *overrides, *pitfall], tmp_path)
+    assert result["scaler"]["unscaled_before_clip"] is False and result["scaler"]["scale"] == 1
+    lines = [b["line"] for b in result["breaches"]]
+    assert lines == (
+        [
+            "the loss scaler promises unscaled gradients at clipping, but they were "
+            "clipped before unscale_"
+        ]
+        if breaks
+        else []
     )
-    assert result["kept"] and not result["breaches"], result["breaches"]
 
 
 def test_audit_warn_trains_on_and_audit_off_records_nothing(tmp_path, monkeypatch, caplog):

@@ -139,7 +139,7 @@ def test_half_model_leaves_the_bf16_probe_out_and_says_why(tmp_path, capsys):
     report, out = _doctor(tmp_path, capsys, "precision=fp16", "pitfall=half_model", "--steps", "4")
     bf16 = report["probes"]["bf16"]
     assert bf16["verdict"] == "unavailable"
-    assert "precision=bf16 feeds the fp16 weights bf16 activations" in bf16["unavailable"]
+    assert "precision=bf16 on the CPU feeds the fp16 weights" in bf16["unavailable"]
     problems = [r["problem"] for r in report["recommendations"]]
     assert problems[0] == "master weights / optimizer state are not fp32"
     assert "fp16's range is the problem; bf16 has fp32's exponent range" not in problems

@@ -12,9 +12,9 @@ from helpers import settings
 
 from amp_lab.build import build
 from amp_lab.choices import PitfallName, PrecisionName
-from amp_lab.config import FaultConfig, PrecisionConfig
+from amp_lab.config import ConfigError, FaultConfig, PrecisionConfig
 from amp_lab.numerics.pitfalls import prepare_model
-from amp_lab.precision.modes import resolve_precision
+from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
 from amp_lab.trainer import Trainer
 
 TINY = [
@@ -25,6 +25,7 @@ TINY = [
     "precision=fp16",
     "trainer.log_every=1",
 ]
+FP8_ON_CPU = ["precision.fp8_emulate=true"]  # fp8's emulated matmuls, where no GPU has them
 OPTIMIZERS = {
     "sgd": ["optim=sgd", "optim.weight_decay=0", "optim.momentum=0", "lr.base=0.1"],
     "adamw": ["optim=adamw"],
@@ -113,16 +114,29 @@ def test_half_model_keeps_fp16_weights_and_optimizer_state(tmp_path, optim):
 
 @pytest.mark.parametrize("model", ["test_vit", "test_convnext"])
 def test_half_model_beside_bf16_shows_no_mistake_so_it_is_refused(model):
-    """What the refusal of pitfall=half_model under the bf16 modes says (tests/test_bad_input.py):
-    under bf16 autocast timm stops with a dtype error; bf16_pure casts the weights back."""
+    """What the refusal of pitfall=half_model beside bf16 says (tests/test_bad_input.py): on the
+    CPU, timm's layers refuse fp16 weights beside bf16 autocast activations; bf16_pure casts the
+    weights back."""
     sized = {"img_size": 32} if "vit" in model else {}
     net = timm.create_model(model, pretrained=False, num_classes=10, **sized)
-    prepare_model(net, FaultConfig(), PitfallName.half_model)
-    with pytest.raises(RuntimeError), torch.autocast("cpu", dtype=torch.bfloat16):
+    cpu = torch.device("cpu")
+    fp16 = resolve_precision(PrecisionName.fp16, cpu, PrecisionConfig())
+    prepare_model(net, FaultConfig(), PitfallName.half_model, fp16)
+    refused = "Unexpected floating ScalarType|mixed dtype"
+    with pytest.raises(RuntimeError, match=refused), torch.autocast("cpu", dtype=torch.bfloat16):
         net(torch.randn(2, 3, 32, 32))
-    pure = resolve_precision(PrecisionName.bf16_pure, torch.device("cpu"), PrecisionConfig())
+    pure = resolve_precision(PrecisionName.bf16_pure, cpu, PrecisionConfig())
     pure.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
     assert {p.dtype for p in net.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [n for n, m in PRECISION_MODES.items() if torch.bfloat16 in (m.param_dtype, m.autocast_dtype)],
+)
+def test_half_model_is_refused_beside_every_bf16_mode(tmp_path, mode):
+    with pytest.raises(ConfigError, match=f"pitfall=half_model .*; precision={mode} "):
+        build(settings(*TINY, "pitfall=half_model", f"precision={mode}", *FP8_ON_CPU), tmp_path)
 
 
 @pytest.mark.parametrize("optim", OPTIMIZERS)
