@@ -113,13 +113,13 @@ class Doctor:
 
         replaced = {key(e) for e in extra}
         probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
+        settings = compose_settings(probe.overrides)
+        # the fp32 baseline, once per config in this process (the suite's cases share it)
+        config = json.dumps(asdict(settings), sort_keys=True, default=str) if name == "fp32" else ""
+        if config in BASELINES:
+            log.info("probe fp32: the baseline of this config, already run in this process")
+            return replace(BASELINES[config], overrides=probe.overrides)
         try:
-            settings = compose_settings(probe.overrides)
-            # the fp32 baseline, once per config in this process (the suite's cases share it)
-            config = json.dumps(asdict(settings), sort_keys=True, default=str)
-            if name == "fp32" and config in BASELINES:
-                log.info("probe fp32: the baseline of this config, already run in this process")
-                return replace(BASELINES[config], overrides=probe.overrides)
             trainer = Trainer(build(settings, self.out / "probes" / name))
         except ConfigError as err:
             if name != "bf16":
@@ -143,7 +143,7 @@ class Doctor:
         rows = (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
         probe.records = [r for r in map(json.loads, rows) if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
-        if name == "fp32":
+        if config:
             BASELINES[config] = probe
         log.info("probe %s: %s", name, " ".join(extra))
         return probe
