@@ -7,12 +7,14 @@ The runner hands every record to a `Sinks` container; each sink decides what to 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 Record = dict[str, Any]
 
@@ -61,6 +63,17 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+class _BarOverMetrics(Progress):
+    """The bar, the step count and the time left on one line, the latest metrics on the next:
+    on an 80-column terminal neither squeezes the other out."""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            if task.fields["status"]:
+                yield Text(task.fields["status"], no_wrap=True, overflow="ellipsis")
+
+
 class ConsoleSink(Sink):
     """A rich progress bar on a terminal; plain lines at each evaluation elsewhere (SLURM logs)."""
 
@@ -68,12 +81,11 @@ class ConsoleSink(Sink):
         self.console = Console(stderr=True)
         self.total_steps = total_steps
         self.live = enabled and self.console.is_terminal
-        self.progress = Progress(
+        self.progress = _BarOverMetrics(
             TextColumn("[bold]train"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[status]}"),
             console=self.console,
             disable=not self.live,
         )

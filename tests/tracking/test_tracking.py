@@ -517,3 +517,22 @@ def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
         assert summary["setup_s"] >= 8 > summary["train_time_s"]
     assert max(r["time_s"] for r in _jsonl(run_dir, "train")) <= summary["train_time_s"]
     _no_key_anywhere(run_dir)
+
+
+@pytest.mark.slow
+def test_the_progress_bar_keeps_its_step_count_and_metrics_on_an_80_column_terminal(tmp_path):
+    shown = [arg for arg in TERMINAL_RUN if not arg.startswith(("trainer.progress", "logger"))]
+    code, output, _ = _on_terminal(
+        [*shown, "logger.mode=disabled", f"hydra.run.dir={tmp_path / 'run'}"],
+        _terminal_env(tmp_path, COLUMNS="80"),
+        timeout=120,
+    )
+    assert code == 0, output[-3000:]
+    lines = ANSI.sub("", output).replace("\r", "\n").splitlines()
+    bars = [line for line in lines if line.startswith("train ")]
+    metrics = [line for line in lines if line.startswith("loss ")]
+    # the last frame: the bar with its step count and time left, the metrics whole under it
+    # (on one line, rich squeezed both to "train ╸ … … loss 2.287 ...")
+    assert re.fullmatch(r"train ━+ 4/4 \d:\d\d:\d\d *", bars[-1]), bars[-1]
+    assert re.match(r"loss \S+  acc \S+  val \S+  scale \S+  samples/s \d", metrics[-1])
+    assert "…" not in metrics[-1] and len(bars[-1].rstrip()) <= 80
