@@ -25,44 +25,50 @@ from amp_lab.doctor.probes import Doctor, command
 from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.finder.find import for_doctor
 
+# the table's rows, one column per probe: probes side by side fit an 80-column terminal
+MEASURES = (
+    *("verdict", "health", "loss first -> last", "vs fp32", "first non-finite"),
+    *("skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"),
+)
+
 
 def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
-    """One row per probe: its verdict against the fp32 baseline, its health findings (the
+    """One column per probe: its verdict against the fp32 baseline, its health findings (the
     judge's words, as in its summary.json) and the numerics behind it."""
-    base = probes["fp32"]
+    columns = {name: _measures(p, probes["fp32"], health) for name, p in probes.items()}
     table = Table(
         Column("probe", no_wrap=True),
-        *("verdict", "health", "loss first -> last", "vs fp32"),
-        Column("first non-finite", no_wrap=True),
-        *("skipped", "scale", "zero grads", "fp16 flush@scale", "upd/weight"),
+        *(Column(escape(name), overflow="fold", min_width=len(name)) for name in columns),
         title="amp_lab doctor: probes vs the fp32 baseline",
     )
-    for name, p in probes.items():
-        if p.unavailable or p.crashed:
-            why = p.unavailable or p.crashed or ""
-            table.add_row(name, verdict(p, base, health), "", escape(why), *[""] * 7)
-            continue
-        event = p.first_event  # the same event the advice reads
-        where = "-"
-        if event:  # no module: the weight gradients overflowed, or the scale did, while no
-            # activation or input gradient was non-finite
-            named = f"{event['module']} ({event['phase']})" if event["module"] else None
-            where = f"step {event['step']}: {named or 'skipped, no module named'}"
-        ratio = p.mean("diag/update_ratio")
-        table.add_row(
-            name,
-            verdict(p, base, health),
-            escape("; ".join(p.health) or "ok"),
-            p.curve(4) if p.losses else "-",
-            _fmt(p.deviation(base)),
-            where,
-            f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
-            f"{p.summary.get('final_loss_scale', 0):g}",
-            _fmt(p.flushed),
-            _fmt(p.would_flush),
-            "-" if ratio is None else f"{ratio:.2e}",
-        )
+    for row, measure in enumerate(MEASURES):
+        table.add_row(measure, *(escape(cells[row]) for cells in columns.values()))
     return table
+
+
+def _measures(p: Probe, base: Probe, health: HealthConfig) -> list[str]:
+    """A probe's cell for each of MEASURES."""
+    if p.unavailable or p.crashed:
+        return [verdict(p, base, health), p.unavailable or p.crashed or "", *[""] * 8]
+    event = p.first_event  # the same event the advice reads
+    where = "-"
+    if event:  # no module: the weight gradients overflowed, or the scale did, while no
+        # activation or input gradient was non-finite
+        named = f"{event['module']} ({event['phase']})" if event["module"] else None
+        where = f"step {event['step']}: {named or 'skipped, no module named'}"
+    ratio = p.mean("diag/update_ratio")
+    return [
+        verdict(p, base, health),
+        "; ".join(p.health) or "ok",
+        p.curve(4) if p.losses else "-",
+        _fmt(p.deviation(base)),
+        where,
+        f"{p.summary.get('skipped_steps', 0)}/{p.summary.get('steps', 0)}",
+        f"{p.summary.get('final_loss_scale', 0):g}",
+        _fmt(p.flushed),
+        _fmt(p.would_flush),
+        "-" if ratio is None else f"{ratio:.2e}",
+    ]
 
 
 def _fmt(value: float | None) -> str:

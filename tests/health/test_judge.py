@@ -16,7 +16,7 @@ from rich.console import Console
 from amp_lab.build import build
 from amp_lab.config import HealthConfig
 from amp_lab.doctor.diagnose import verdict_table
-from amp_lab.doctor.verdict import Probe
+from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.health.rules import RULES, rule_names, words_of
 from amp_lab.trainer import Trainer
 
@@ -78,10 +78,22 @@ def test_every_surface_reports_the_judges_findings_in_the_same_words(tmp_path, c
     }
     probes["fp32"] = probes["loss_rises"]  # the table's baseline column
     table = verdict_table(probes, HealthConfig())
-    health = dict(zip(table.columns[0]._cells, table.columns[2]._cells))
+    assert table.columns[0]._cells[1] == "health"
+    health = {column.header: column._cells[1] for column in table.columns[1:]}
     for rule, summary in summaries.items():
         assert health[rule] == "; ".join(words_of(summary))
-    Console(width=300, record=True).print(table)  # the table renders
+    # as many probes as the doctor runs, on an 80-column terminal: every probe's name and
+    # verdict whole (eleven measures side by side squeezed six columns to nothing)
+    shown = {name: probes[name] for name in ["fp32", "underflow", "scale_pinned", "diverged"]}
+    console = Console(width=80, record=True)
+    console.print(verdict_table(shown, HealthConfig()))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    header = next(line for line in lines if line.startswith("┃ probe"))
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")] == ["probe", *shown]
+    verdicts = next(line for line in lines if line.startswith("│ verdict"))
+    expected = [verdict(probe, probes["fp32"], HealthConfig()) for probe in shown.values()]
+    assert [cell.strip() for cell in verdicts.strip("│ ").split("│")] == ["verdict", *expected]
 
 
 @pytest.mark.slow
