@@ -1,5 +1,5 @@
-"""The comparison's tables: one row per cell, as markdown (report.md, a study's README) and as
-rich tables on the terminal, each group under its verdict.
+"""The comparison's tables: one row per cell as markdown (report.md, a study's README), one
+column per cell as rich tables on the terminal, each group under its verdict.
 
 `--readme FILE` writes the findings into a markdown file (a study's README): everything between
 `<!-- amp_lab.report:start -->` and `<!-- amp_lab.report:end -->` is replaced; a file without the
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from amp_lab.report.context import markdown as context_markdown
 
@@ -161,13 +162,19 @@ def write_block(readme: Path, body: str) -> None:
 
 
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
-    """A terminal table; a row whose last cell is bold (a cell in trouble) in bold red."""
-    table = Table(title=title)
-    for name in header:
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        style = "bold red" if "**" in row[-1] else None
-        table.add_row(*[c.replace("**", "") for c in row], style=style)
+    """The terminal's view of a markdown table, turned: one column per row (a cell, a study),
+    its first entry the column's name, so a few of them fit an 80-column terminal where twenty
+    figures side by side do not; a cell in trouble (bold in markdown) in bold red."""
+    table = Table(
+        Column(header[0], no_wrap=True),
+        *(Column(row[0], overflow="fold", min_width=min(len(row[0]), 16)) for row in rows),
+        title=title,
+    )
+    for i, name in enumerate(header[1:], 1):
+        table.add_row(
+            name,
+            *(Text(r[i].replace("**", ""), style="bold red" if "**" in r[i] else "") for r in rows),
+        )
     return table
 
 

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.reports import OVERFLOW, cells, report, run, summary
+from rich.console import Console
 
 from amp_lab.health.compare import BETTER, MATCHES, WORSE, Difference
 from amp_lab.report.compare import main
 from amp_lab.report.figures import Comparison, Stat
 from amp_lab.report.runs import load_runs
+from amp_lab.report.tables import print_tables
 from amp_lab.report.verdicts import accuracy_words
 from amp_lab.report.wandb_report import build_report, report_spec
 
@@ -65,6 +67,18 @@ def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path
     md = (sweep / "report" / "report.md").read_text()
     assert "Speed and memory are **not representative**" in md and data["rules"] in md
     assert "verdict: bf16" in capsys.readouterr().out  # the terminal tables
+    # ... as an 80-column terminal shows them, one column per cell: each figure whole
+    terminal = Console(width=80, record=True)
+    print_tables(terminal, data)
+    lines = terminal.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    heads = [[c.strip() for c in line.strip("┃ ").split("┃")] for line in lines if "┃" in line]
+    assert heads == [["precision", "fp32 (ref)", "bf16"]] * 2
+    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in lines if "│" in line]
+    assert ["status", "completed", "completed"] in rows
+    for group in data["groups"]:
+        delta = cells(group)["bf16"]["delta"]["acc"]["mean"]
+        assert ["Δacc pp", "+0.0", f"{100 * delta:+.1f}"] in rows
 
 
 def test_diverged_mode_is_named_with_its_step_and_scale(tmp_path):
