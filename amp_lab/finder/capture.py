@@ -76,7 +76,8 @@ def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) 
     terms = {}
     for name, p in model.named_parameters():
         owner = name.rpartition(".")[0]
-        terms[name] = outputs[owner] // p.shape[0] if owner in outputs and p.dim() else batch
+        features = p.shape[0] if p.dim() else 1
+        terms[name] = max(outputs[owner] // features, 1) if owner in outputs else batch
     return terms
 
 
