@@ -9,6 +9,10 @@ u met on the way (an error once made stays):
 
     band = SPREAD * max(u_i, i <= n) * sqrt(1 + log2(n))
 
+Each element of a weight's gradient sums T products (T: its reduction length, batch x positions),
+and a sum whose result cancels keeps its terms' errors: its band is that of depth 2n (all of
+forward, about as much backward) times sqrt(1 + T / GRAD_TERMS).
+
 A module's norm-wise error leaves its band when it exceeds FLAG_FACTOR x band.
 """
 
@@ -45,6 +49,12 @@ FLAG_FACTOR = 2.0
 # compute dtype (its consumer, a GEMM, casts it there) is flagged even if its error is in band:
 # the next reduction over it (a matmul, attention's q.k, a sum of squares) overflows.
 HEADROOM = 0.25
+# A gradient whose T products cancel may err more than its depth's band: errors its terms share
+# add up as T while the cancelling result grows as sqrt(T), so its relative error grows as
+# sqrt(T). Measured (docs/diagnostics.md): test_convnext's LayerNorm weights reach 0.08-0.22 x
+# sqrt(T) x the band of their depth (T = 1024 to 32768), its other weights and all of test_vit's
+# 0.3-2x that band whatever T. Below GRAD_TERMS products the depth's band holds.
+GRAD_TERMS = 64
 
 
 def dtype_key(dtype: str) -> str:
@@ -58,10 +68,10 @@ def band(u: float, depth: int) -> float:
     return SPREAD * u * math.sqrt(1 + math.log2(max(depth, 1)))
 
 
-def weight_grad_band(u: float, depth: int, samples: int) -> float:
-    """A weight's gradient sums over every sample of the batch, and cancellation in that sum
-    raises its relative error: the band of its depth, scaled by sqrt(1 + log2(samples))."""
-    return band(u, depth) * math.sqrt(1 + math.log2(max(samples, 1)))
+def weight_grad_band(u: float, depth: int, terms: int) -> float:
+    """The band of a weight's gradient whose elements each sum `terms` products, after `depth`
+    rounding modules whose coarsest had unit roundoff u."""
+    return band(u, depth) * math.sqrt(1 + terms / GRAD_TERMS)
 
 
 def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]:

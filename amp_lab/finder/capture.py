@@ -36,6 +36,7 @@ class Capture:
     inputs: list[torch.Tensor | None] = field(default_factory=list)  # their inputs, likewise
     backward: list[Entry] = field(default_factory=list)  # input gradients, in backward order
     roundings: list[float] = field(default_factory=list)  # per forward call: u of its rounding
+    terms: dict[str, int] = field(default_factory=dict)  # parameter -> terms in its gradient's sums
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -60,6 +61,24 @@ def _rounding(module: torch.nn.Module, entry: Entry, given: torch.Tensor | None)
     if type(module).__name__ == "Float8Linear":
         return UNIT_ROUNDOFF["fp8_e4m3"]
     return UNIT_ROUNDOFF[dtype_key(dtype)]
+
+
+def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) -> dict[str, int]:
+    """Per parameter, the terms summed into each element of its gradient: one per use of that
+    element in the forward pass. A parameter leads with its module's output features (a Linear's
+    or conv's out channels, a norm's or layer scale's channels), so each of its elements is used
+    once per output element of that feature: the outputs' size / the leading dimension (batch x
+    tokens, batch x output positions). A parameter of the model itself (ViT's class token and
+    position embedding, added to every sample) is used once per sample."""
+    outputs: dict[str, int] = {}
+    for name, _, tensor in forward:
+        outputs[name] = outputs.get(name, 0) + tensor.numel()
+    terms = {}
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        features = p.shape[0] if p.dim() else 1
+        terms[name] = max(outputs[owner] // features, 1) if owner in outputs else batch
+    return terms
 
 
 def _pass(
@@ -116,4 +135,5 @@ def capture(run: Run, batch: Batch, hooks: bool = True) -> Capture:
         got.roundings = [
             _rounding(modules[e[0]], e, given) for e, given in zip(got.forward, got.inputs)
         ]
+        got.terms = reduction_lengths(run.model, got.forward, len(batch[1]))
     return got

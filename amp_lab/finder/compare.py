@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from amp_lab.finder.bands import FLAG_FACTOR, bands, near_overflow, subnormal
+from amp_lab.finder.bands import FLAG_FACTOR, bands, near_overflow, subnormal, weight_grad_band
 from amp_lab.finder.capture import Capture, Entry
 
 AMPLIFIERS = 5  # how many of the strongest amplifiers the report names
@@ -118,8 +118,11 @@ def backward_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
     ]
 
 
-def param_rows(test: Capture, ref: Capture, band: float) -> list[dict[str, Any]]:
-    """One row per module owning parameters (its gradients concatenated), in backward order."""
+def param_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
+    """One row per module owning parameters (its gradients concatenated), in backward order,
+    each with the reduction length of its gradient (`terms`) and the band that follows."""
+    # a weight's gradient comes after every forward rounding and about as many backward ones
+    depth, coarsest = sum(u > 0 for u in test.roundings), max(test.roundings, default=0.0)
     owners: dict[str, list[str]] = {}
     for name in test.params:
         owners.setdefault(name.rpartition(".")[0], []).append(name)
@@ -127,7 +130,10 @@ def param_rows(test: Capture, ref: Capture, band: float) -> list[dict[str, Any]]
     for i, (module, names) in enumerate(reversed(owners.items())):
         test_g = torch.cat([test.params[n].flatten() for n in names])
         ref_g = torch.cat([ref.params[n].flatten() for n in names])
-        rows.append(_row(i, (module, "torch.float32", test_g), ref_g, band, test.compute))
+        terms = max(test.terms[n] for n in names)
+        grad_band = weight_grad_band(coarsest, 2 * depth, terms)
+        row = _row(i, (module, "torch.float32", test_g), ref_g, grad_band, test.compute)
+        rows.append({**row, "terms": terms})
     return rows
 
 

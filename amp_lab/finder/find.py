@@ -18,7 +18,7 @@ from typing import Any
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
 from amp_lab.finder import compare
-from amp_lab.finder.bands import FLAG_FACTOR, HEADROOM, SPREAD, weight_grad_band
+from amp_lab.finder.bands import FLAG_FACTOR, GRAD_TERMS, HEADROOM, SPREAD
 from amp_lab.finder.capture import Batch, Capture, capture, first_batch
 from amp_lab.finder.weight_drift import drift
 from amp_lab.run import Run
@@ -61,11 +61,7 @@ def comparison(test: Capture, ref: Capture) -> dict[str, Any]:
     """Module-by-module comparison of `test` against `ref`, with its first flagged rows."""
     forward = compare.forward_rows(test, ref) if test.forward else []
     backward = compare.backward_rows(test, ref) if test.backward else []
-    # a weight's gradient comes after every forward rounding and about as many backward ones
-    depth = sum(u > 0 for u in test.roundings)
-    coarsest = max(test.roundings, default=0.0)
-    samples = test.logits.shape[0]
-    params = compare.param_rows(test, ref, weight_grad_band(coarsest, 2 * depth, samples))
+    params = compare.param_rows(test, ref)
     return {
         "loss_scale": test.scale,
         "output": compare.outputs(test, ref),
@@ -108,7 +104,7 @@ def vs_compiled(overrides: list[str], mode: str, work: Path) -> dict[str, Any]:
     _, compiled = _capture(
         [*mine, "trainer.compile=model"], work / "compiled", batch, ref_run, False
     )
-    compiled.roundings = eager.roundings  # the same labels: the same bands
+    compiled.roundings, compiled.terms = eager.roundings, eager.terms  # the same bands
     eager_cmp, compiled_cmp = comparison(eager, ref), comparison(compiled, ref)
     return {
         "modes": {mode: eager_cmp, f"{mode} compiled": compiled_cmp},
@@ -171,7 +167,10 @@ def find(
             result = vs_fp32(overrides, modes, Path(work), steps)
     bands = {
         "band": "SPREAD * max(u so far) * sqrt(1 + log2(rounding modules so far))",
+        "weight_grad_band": "band after all of forward and as much backward "
+        "* sqrt(1 + terms / GRAD_TERMS)",
         "spread": SPREAD,
+        "grad_terms": GRAD_TERMS,
         "flag_factor": FLAG_FACTOR,
         "headroom": HEADROOM,
     }

@@ -70,7 +70,28 @@ def test_a_module_computing_below_its_label_is_named_first(model, tmp_path, monk
     assert first["first_out_of_band"]["forward"]["module"] == LOWERED[model]
     assert first["first_out_of_band"]["forward"]["flag"] == "out of band"
     assert f"first out of band, forward:  {LOWERED[model]} (out of band" in capsys.readouterr().out
+    # the cast's backward rounds the gradient to e4m3 too: the module's weight gradient is a fault
+    weights = {r["module"]: r for r in first["params"]}
+    assert weights[LOWERED[model]]["flag"] == "out of band", weights[LOWERED[model]]
     assert (tmp_path / PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_convnexts_bf16_weight_gradients_sit_in_bands_that_count_their_own_sums():
+    """At the default batch (64 digits at 32 px) ConvNeXt's first LayerNorms sum each weight's
+    gradient over 64 x 8 x 8 positions; their healthy bf16 error (3x a band counting the batch
+    alone) sits inside a band counting that sum's length. The ViT's class token and position
+    embedding are added once per sample: their sums count the batch."""
+    found = find(["model=test_convnext", "precision=bf16", "trainer.device=cpu"], "fp32", [])
+    bf16 = found["modes"]["bf16"]
+    assert [r["module"] for r in bf16["params"] if r["flag"]] == []
+    assert bf16["first_out_of_band"]["backward"] is None
+    weights = {r["module"]: r for r in bf16["params"]}
+    assert [weights[m]["terms"] for m in ("stem.1", "stages.0.blocks.0.mlp.fc1")] == [4096, 4096]
+    assert weights["stages.3.blocks.0.norm"]["terms"] == 64  # 1 x 1 positions left
+    assert weights["head.fc"]["terms"] == 64
+    vit = find(_overrides("test_vit", "precision=bf16"), "fp32", [])["modes"]["bf16"]
+    weights = {r["module"]: r for r in vit["params"]}
+    assert (weights[""]["terms"], weights["blocks.0.attn.qkv"]["terms"]) == (16, 16 * (16 + 1))
 
 
 @pytest.mark.parametrize("model", MODELS)
