@@ -14,16 +14,11 @@ import torch
 
 from amp_lab.config import ConfigError
 from amp_lab.precision.fp32_modules import within
-
-_INSTALL = "pip install amp-lab[fp8]"
+from amp_lab.precision.torchao_extra import import_torchao
 
 
 def _torchao_float8() -> Any:
-    try:
-        import torchao.float8 as float8  # lazy: the extra is optional
-    except ImportError as err:
-        raise ConfigError(f"precision=fp8 needs torchao ({err}); {_INSTALL}") from err
-    return float8
+    return import_torchao("torchao.float8", "precision=fp8", "amp-lab[fp8]")
 
 
 def check_fp8_device(device: torch.device, emulate: bool) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from amp_lab.config import ConfigError, OptimConfig
+from amp_lab.config import OptimConfig
 from amp_lab.precision.master_weights import stochastic_round_to_bf16
 from amp_lab.precision.modes import dtype_name
+from amp_lab.precision.torchao_extra import import_torchao
 
 CHOSEN_STATE = "amp_lab_state_dtype"  # attribute on an optimizer whose state dtype was chosen
 MOMENT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -129,14 +130,11 @@ def build_state_optimizer(
     else:
         if cfg.block_size is not None:
             kwargs["block_size"] = cfg.block_size
-        try:
-            import torchao.optim
-        except ImportError as err:
-            raise ConfigError(
-                f"optim.state_dtype={cfg.state_dtype} needs torchao: pip install 'amp-lab[optim]'"
-            ) from err
+        torchao_optim = import_torchao(
+            "torchao.optim", f"optim.state_dtype={cfg.state_dtype}", "amp-lab[optim]"
+        )
         base = "AdamW" if cfg.name == "adamw" else "Adam"  # torchao.optim.AdamW8bit, Adam4bit...
-        optimizer = getattr(torchao.optim, base + LOW_BIT[cfg.state_dtype])(groups, lr=lr, **kwargs)
+        optimizer = getattr(torchao_optim, base + LOW_BIT[cfg.state_dtype])(groups, lr=lr, **kwargs)
     setattr(optimizer, CHOSEN_STATE, cfg.state_dtype)
     return optimizer
 

@@ -198,5 +198,7 @@ def test_bad_precision_settings_are_one_line_errors(tmp_path, overrides, message
 
 def test_fp8_without_torchao_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails as if not installed
-    with pytest.raises(ConfigError, match=r"pip install amp-lab\[fp8\]"):
+    with pytest.raises(
+        ConfigError, match=r"^precision=fp8 needs torchao .*: pip install 'amp-lab\[fp8\]'$"
+    ):
         Trainer(build(settings(*FP8), tmp_path))
