@@ -7,11 +7,14 @@ The runner hands every record to a `Sinks` container; each sink decides what to 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console, RenderableType
+from rich.file_proxy import FileProxy
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -91,10 +94,29 @@ class ConsoleSink(Sink):
         )
         self.task = self.progress.add_task("train", total=total_steps, status="")
         self.last: Record = {}
+        self.rerouted: list[tuple[logging.StreamHandler, Any]] = []
 
     def start(self, info: Record) -> None:
         self.progress.start()
+        self._log_above_the_bar()
         self.progress.update(self.task, completed=info.get("step", 0))  # a resumed run's step
+
+    def _log_above_the_bar(self) -> None:
+        """While the bar is live, the log handlers writing to this terminal write through rich's
+        proxies of stdout and stderr: a log line then lands whole above the bar, not inside it
+        (where the bar's next refresh erased what did not fit)."""
+        proxies = [stream for stream in (sys.stdout, sys.stderr) if isinstance(stream, FileProxy)]
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler:  # a FileHandler keeps its file
+                for proxy in proxies:
+                    if handler.stream is proxy.rich_proxied_file:
+                        self.rerouted.append((handler, handler.setStream(proxy)))
+
+    def _stop(self) -> None:
+        self.progress.stop()
+        for handler, stream in self.rerouted:
+            handler.setStream(stream)
+        self.rerouted = []
 
     def log(self, record: Record) -> None:
         self.last.update(record)
@@ -114,7 +136,7 @@ class ConsoleSink(Sink):
             self.console.print(f"step {record['step']}/{self.total_steps}  {status}")
 
     def finish(self, summary: Record) -> None:
-        self.progress.stop()
+        self._stop()
         table = Table(title="amp_lab run summary", show_header=False)
         for key in [
             "status",
@@ -139,7 +161,7 @@ class ConsoleSink(Sink):
         self.console.print(table)
 
     def close(self) -> None:
-        self.progress.stop()
+        self._stop()
 
 
 class Sinks(Sink):

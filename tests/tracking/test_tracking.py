@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pyte
 import pytest
 from helpers import FAST, ROOT, run_cli, settings
 from helpers.sinks import Boom
@@ -520,7 +521,11 @@ def test_online_on_a_terminal_never_prompts(case, tmp_path, rejecting_server):
 
 
 @pytest.mark.slow
-def test_the_progress_bar_keeps_its_step_count_and_metrics_on_an_80_column_terminal(tmp_path):
+def test_on_an_80_column_terminal_the_bar_keeps_its_count_and_log_lines_stay_whole(tmp_path):
+    """What the terminal shows (pyte replays the run's output on an 80 x 200 screen): log lines
+    whole above the bar, the bar with its step count and time left, the metrics whole under it.
+    Before, rich squeezed all on one line ("train ╸ … … loss 2.287 ...") and its refreshes erased
+    the log lines that landed inside it (the run's closing "run health" line among them)."""
     shown = [arg for arg in TERMINAL_RUN if not arg.startswith(("trainer.progress", "logger"))]
     code, output, _ = _on_terminal(
         [*shown, "logger.mode=disabled", f"hydra.run.dir={tmp_path / 'run'}"],
@@ -528,11 +533,14 @@ def test_the_progress_bar_keeps_its_step_count_and_metrics_on_an_80_column_termi
         timeout=120,
     )
     assert code == 0, output[-3000:]
-    lines = ANSI.sub("", output).replace("\r", "\n").splitlines()
-    bars = [line for line in lines if line.startswith("train ")]
-    metrics = [line for line in lines if line.startswith("loss ")]
-    # the last frame: the bar with its step count and time left, the metrics whole under it
-    # (on one line, rich squeezed both to "train ╸ … … loss 2.287 ...")
-    assert re.fullmatch(r"train ━+ 4/4 \d:\d\d:\d\d *", bars[-1]), bars[-1]
-    assert re.match(r"loss \S+  acc \S+  val \S+  scale \S+  samples/s \d", metrics[-1])
-    assert "…" not in metrics[-1] and len(bars[-1].rstrip()) <= 80
+    screen = pyte.Screen(80, 200)
+    pyte.Stream(screen).feed(output)
+    lines = [line.rstrip() for line in screen.display if line.strip()]
+    bar = next(i for i, line in enumerate(lines) if line.startswith("train "))
+    assert re.fullmatch(r"train ━+ 4/4 \d:\d\d:\d\d", lines[bar]), lines
+    assert re.fullmatch(r"loss \S+  acc \S+  val \S+  scale \S+  samples/s [\d.]+", lines[bar + 1])
+    logged = "".join(lines[:bar])  # the log lines, wrapped at 80 columns
+    assert "[amp_lab.audit.audit][INFO] - precision audit: fp32:" in logged
+    assert "GEMM FLOPs in fp32[" in logged  # whole, and the next log line after it
+    assert logged.endswith("[amp_lab.trainer][INFO] - run health: ok (no finding)"), lines[:bar]
+    assert lines[bar + 2].strip() == "amp_lab run summary"
