@@ -1,0 +1,136 @@
+"""What the docs state about the command line is what it does: every training command they show
+composes (each value of a sweep), the README's config examples and bad-input lines, the resume
+rule's list of free settings, the bench's options table."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from functools import cache
+
+import pytest
+from helpers import ROOT, run_cli
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from amp_lab.compose import compose_settings
+from amp_lab.config import free_on_resume
+
+DOCS = ["README.md", "CONTRIBUTING.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
+# `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value
+TRAIN = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python -m amp_lab|amp_lab|torchrun .*?-m amp_lab)\s(.*)$")
+TOOLS = {"doctor", "report", "bench", "audit", "numerics"}  # each has its own parser and tests
+
+
+def _doc(name: str) -> str:
+    folder = ROOT if name in ("README.md", "CONTRIBUTING.md") else ROOT / "docs"
+    return (folder / name).read_text()
+
+
+def training_commands(markdown: str) -> list[list[str]]:
+    """The overrides of each training command in the page's bash and console blocks."""
+    commands = []
+    for kind, block in re.findall(r"^```(bash|console)\n(.*?)^```", markdown, flags=re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if kind == "console" and not line.startswith("$ "):
+                continue  # what a command printed
+            found = TRAIN.match(line.removeprefix("$ ").split(" #")[0].strip())
+            if found and not set(shlex.split(found.group(1))[:1]) & TOOLS:
+                words = shlex.split(found.group(1).replace("$HOME", "/home/user"))
+                commands.append([w for w in words if "=" in w and not w.startswith("<")])
+    return commands
+
+
+def each_value(overrides: list[str]) -> list[list[str]]:
+    """A sweep's command lines, one per value of each swept key (the other keys at their first
+    value): every value the sweep would run is composed once."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    values = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+        if o.is_sweep_override()
+        else [o.input_line]
+        for o in parsed
+    ]
+    first = [v[0] for v in values]
+    return [first] + [
+        [*first[:i], value, *first[i + 1 :]] for i, v in enumerate(values) for value in v[1:]
+    ]
+
+
+@cache
+def composes(overrides: tuple[str, ...]) -> None:
+    """compose_settings, once per command line in the session (pages repeat their examples)."""
+    compose_settings(list(overrides))  # ConfigError names the bad override
+
+
+@pytest.mark.slow  # a Hydra compose per command line: about 0.3 s each
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_training_command_the_docs_show_composes(doc):
+    for command in training_commands(_doc(doc)):
+        for overrides in each_value(command):
+            composes(tuple(overrides))
+
+
+def test_the_docs_show_training_commands_where_expected():
+    """The extraction finds the commands (a regex that matched nothing would pass above)."""
+    counts = {doc: len(training_commands(_doc(doc))) for doc in DOCS}
+    assert counts["README.md"] >= 3 and counts["sweeps.md"] >= 6 and counts["fsdp.md"] >= 6
+    assert counts["precision.md"] >= 6 and counts["recipes.md"] >= 6
+    assert ["precision=fp32,bf16"] in [
+        [w for w in c if w.startswith("precision=")] for c in training_commands(_doc("README.md"))
+    ]
+
+
+def _readme_section(title: str) -> str:
+    text = _doc("README.md")
+    start = text.index(f"\n## {title}")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+@pytest.mark.slow
+def test_every_example_of_the_readmes_config_table_composes():
+    rows = [r for r in _readme_section("Config groups").splitlines() if r.startswith("| `")]
+    examples = [e for row in rows for e in re.findall(r"`([^`]+)`", row.rsplit(" | ", 1)[1])]
+    assert len(examples) > 30
+    for example in examples:
+        words = [w.replace("$HOME", "/home/user") for w in example.split() if w != "-m"]
+        for overrides in each_value(words):
+            composes(tuple(overrides))
+
+
+def test_the_readmes_bad_input_lines_are_what_amp_lab_prints(tmp_path):
+    [block] = re.findall(r"^```text\n(.*?)^```", _readme_section("Config groups"), re.M | re.S)
+    lines = block.splitlines()
+    shown = {lines[i][len("$ amp_lab ") :]: lines[i + 1] for i in range(0, len(lines), 2)}
+    assert len(shown) == 3
+    for override, line in shown.items():
+        result = run_cli(override, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [line]
+
+
+def test_the_resume_rule_names_exactly_the_settings_free_on_resume():
+    text = " ".join(_doc("sweeps.md").split())
+    listed = text.split("marked `FREE_ON_RESUME` beside their field in `amp_lab/config.py` (")[1]
+    listed = listed.split(";")[0]
+    assert set(re.findall(r"`([\w.]+)`", listed)) == free_on_resume()
+
+
+def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
+    from amp_lab.bench.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    options = set(re.findall(r"^\s+(--[a-z-]+)", capsys.readouterr().out, flags=re.M)) - {"--help"}
+    text = _doc("benchmarks.md")
+    table = text[text.index("\n## Options") : text.index("\n## ", text.index("\n## Options") + 1)]
+    rows = {}
+    for row in (r for r in table.splitlines() if r.startswith("| `--")):
+        names, default = row.split(" | ")[:2]
+        for name in re.findall(r"`(--[a-z-]+)`", names):
+            rows[name] = default
+    assert set(rows) == options
+    defaults = vars(parse_args([]))
+    for name, cell in rows.items():
+        value = defaults[name[2:].replace("-", "_")]
+        if isinstance(value, int):  # the numeric defaults the table states as `N`
+            assert cell.strip("| ") == f"`{value}`", name
