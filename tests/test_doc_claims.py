@@ -9,7 +9,7 @@ import shlex
 from functools import cache
 
 import pytest
-from helpers import ROOT, run_cli
+from helpers import CONF_DIR, ROOT, run_cli
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from amp_lab.compose import compose_settings
@@ -134,3 +134,13 @@ def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
         value = defaults[name[2:].replace("-", "_")]
         if isinstance(value, int):  # the numeric defaults the table states as `N`
             assert cell.strip("| ") == f"`{value}`", name
+
+
+def test_the_readme_and_sweeps_md_count_and_name_every_study():
+    studies = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    numbers = "one two three four five six seven eight nine ten eleven twelve thirteen".split()
+    count = re.search(r"`experiments/` holds (\w+) studies", _doc("README.md"))
+    assert count and numbers.index(count.group(1)) + 1 == len(studies)
+    text = _doc("sweeps.md")
+    section = text[text.index("\n## Studies") : text.index("\n## ", text.index("\n## Studies") + 1)]
+    assert [s for s in studies if f"`{s}`" not in section] == []
