@@ -1,6 +1,7 @@
-"""What the docs state about the command line is what it does: every training command they show
-composes (each value of a sweep), the README's config examples and bad-input lines, the resume
-rule's list of free settings, the bench's options table."""
+"""What the docs state about the command line and a run's files is what amp_lab does: every
+training command they show composes (each value of a sweep), the README's config examples and
+bad-input lines, the resume rule's list of free settings, the bench's options table, the studies
+they name, the files a run writes."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import shlex
 from functools import cache
 
 import pytest
-from helpers import CONF_DIR, ROOT, run_cli
+from helpers import CONF_DIR, FAST, ROOT, run_cli, settings
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from amp_lab.build import build
 from amp_lab.compose import compose_settings
 from amp_lab.config import free_on_resume
+from amp_lab.trainer import Trainer
 
 DOCS = ["README.md", "CONTRIBUTING.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
 # `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value
@@ -144,3 +147,21 @@ def test_the_readme_and_sweeps_md_count_and_name_every_study():
     text = _doc("sweeps.md")
     section = text[text.index("\n## Studies") : text.index("\n## ", text.index("\n## Studies") + 1)]
     assert [s for s in studies if f"`{s}`" not in section] == []
+
+
+def test_every_file_a_run_writes_is_in_tracking_mds_table(tmp_path):
+    """A run with W&B offline and a checkpoint; Hydra's own files (`.hydra/`, the job log) come
+    from the command line and are not written here."""
+    overrides = [o for o in FAST if not o.startswith("logger.")]
+    run = settings(*overrides, "checkpoint.every_steps=3", fast=False)
+    Trainer(build(run, tmp_path)).fit()
+    text = _doc("tracking.md")
+    table = text[text.index("\n## What a run writes") : text.index("\nTrain records hold")]
+    named = " ".join(re.findall(r"^\| (.*?) \|", table, flags=re.M))
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert {"summary.json", "precision_audit.json", "wandb", "checkpoints"} <= set(written)
+    assert [name for name in written if f"`{name}" not in named] == []
+    [example] = re.findall(r"`(step_\d+\.pt)`", table)  # N in as many digits as the example's
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [
+        f"step_{3:0{len(example) - len('step_.pt')}d}.pt"
+    ]
