@@ -5,6 +5,7 @@ they name, the files a run writes."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from functools import cache
@@ -165,3 +166,35 @@ def test_every_file_a_run_writes_is_in_tracking_mds_table(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [
         f"step_{3:0{len(example) - len('step_.pt')}d}.pt"
     ]
+
+
+def test_the_readmes_gpu_figures_are_the_committed_gpu_checks():
+    """Each figure of the README's GPU table is in the bench.json files of the check it cites."""
+    [folder] = re.findall(
+        r"\]\((docs/gpu_check/[^/)]+)/README\.md\)", _readme_section("GPU figures")
+    )
+    samples, overhead = {}, {}
+    for path in (ROOT / folder).glob("*.json"):
+        bench = json.loads(path.read_text())
+        for r in bench["throughput"]:
+            key = (r["model"], r["compile"], r["precision"])
+            samples.setdefault(key, set()).add(round(r["samples_per_s"]))
+        for r in bench["overhead"]:
+            if r["variant"].startswith("default"):
+                overhead[r["precision"]] = round(r["median_ratio"], 3)
+    rows = [r.strip("|").split("|") for r in _readme_section("GPU figures").splitlines()]
+    [modes] = [[c.strip() for c in r[1:]] for r in rows if len(r) > 1 and r[0].strip() == ""]
+    checked = 0
+    for label, *cells in (r for r in rows if len(r) == len(modes) + 1 and r[0].strip()):
+        label = label.strip()
+        if set(label) <= set("-"):
+            continue
+        for mode, cell in zip(modes, cells, strict=True):
+            figure = float(cell.split()[0])
+            if label.startswith("overhead"):
+                assert overhead[mode] == figure, (label, mode)
+            else:
+                model = "resnet50" if "resnet50" in label else "vit_base_patch16_224"
+                assert figure in samples[(model, "compiled" in label, mode)], (label, mode)
+            checked += 1
+    assert checked == 16
