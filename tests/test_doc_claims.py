@@ -14,6 +14,7 @@ import pytest
 from helpers import CONF_DIR, FAST, ROOT, run_cli, settings
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from amp_lab.__main__ import TOOLS  # each has its own parser and tests
 from amp_lab.build import build
 from amp_lab.compose import compose_settings
 from amp_lab.config import free_on_resume
@@ -22,7 +23,6 @@ from amp_lab.trainer import Trainer
 DOCS = ["README.md", "CONTRIBUTING.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
 # `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value
 TRAIN = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python -m amp_lab|amp_lab|torchrun .*?-m amp_lab)\s(.*)$")
-TOOLS = {"doctor", "report", "bench", "audit", "numerics"}  # each has its own parser and tests
 
 
 def _doc(name: str) -> str:
@@ -38,7 +38,7 @@ def training_commands(markdown: str) -> list[list[str]]:
             if kind == "console" and not line.startswith("$ "):
                 continue  # what a command printed
             found = TRAIN.match(line.removeprefix("$ ").split(" #")[0].strip())
-            if found and not set(shlex.split(found.group(1))[:1]) & TOOLS:
+            if found and not set(shlex.split(found.group(1))[:1]) & set(TOOLS):
                 words = shlex.split(found.group(1).replace("$HOME", "/home/user"))
                 commands.append([w for w in words if "=" in w and not w.startswith("<")])
     return commands
@@ -198,3 +198,16 @@ def test_the_readmes_gpu_figures_are_the_committed_gpu_checks():
                 assert figure in samples[(model, "compiled" in label, mode)], (label, mode)
             checked += 1
     assert checked == 16
+
+
+def test_the_help_names_every_tool_and_its_training_examples_compose():
+    footer = (CONF_DIR / "hydra" / "help" / "amp_lab.yaml").read_text().split("footer: |")[1]
+    named = re.findall(r"`amp_lab ([\w|]+) ARGS`", footer)  # `amp_lab doctor|report|bench ARGS`
+    assert sorted(t for words in named for t in words.split("|")) == sorted(TOOLS)
+    examples = [TRAIN.match(line.split(" #")[0].strip()) for line in footer.splitlines()]
+    runs = [shlex.split(m.group(1)) for m in examples if m]
+    runs = [words for words in runs if not set(words[:1]) & set(TOOLS)]
+    assert len(runs) >= 4
+    for words in runs:
+        for overrides in each_value([w for w in words if "=" in w]):
+            composes(tuple(overrides))
