@@ -120,7 +120,7 @@ def test_the_resume_rule_names_exactly_the_settings_free_on_resume():
 
 
 def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
-    from amp_lab.bench.cli import parse_args
+    from amp_lab.bench.cli import DEFAULTS, parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -138,6 +138,11 @@ def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
         value = defaults[name[2:].replace("-", "_")]
         if isinstance(value, int):  # the numeric defaults the table states as `N`
             assert cell.strip("| ") == f"`{value}`", name
+    for key, kinds in DEFAULTS.items():  # defaults per device: "CPU: ...; CUDA: ..."
+        cells = rows[f"--{key.replace('_', '-')}"].split("CUDA:")
+        for value, cell in zip(kinds, cells, strict=True):
+            shown = " ".join(value) if isinstance(value, list) else str(value)
+            assert shown in cell, key
 
 
 def test_the_readme_and_sweeps_md_count_and_name_every_study():
