@@ -216,3 +216,14 @@ def test_the_help_names_every_tool_and_its_training_examples_compose():
     for words in runs:
         for overrides in each_value([w for w in words if "=" in w]):
             composes(tuple(overrides))
+
+
+def test_make_studies_job_count_in_tracking_md_is_the_studies_cpu_jobs():
+    """The index's CPU job counts are checked against the configs in tests/test_experiments.py."""
+    index = (ROOT / "experiments" / "README.md").read_text()
+    cpu_jobs = [int(n) for n in re.findall(r"^\| \[\w+\].*\| \d+ / (\d+) \|$", index, flags=re.M)]
+    assert len(cpu_jobs) == len(list((CONF_DIR / "experiment" / "cpu").glob("*.yaml")))
+    shown = re.search(
+        r"`make studies` reruns every study's CPU variant \((\d+) jobs", _doc("tracking.md")
+    )
+    assert shown and int(shown.group(1)) == sum(cpu_jobs)
