@@ -227,3 +227,30 @@ def test_make_studies_job_count_in_tracking_md_is_the_studies_cpu_jobs():
         r"`make studies` reruns every study's CPU variant \((\d+) jobs", _doc("tracking.md")
     )
     assert shown and int(shown.group(1)) == sum(cpu_jobs)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "precision.md"])
+def test_the_mode_tables_autocast_and_loss_scaling_are_each_modes(doc):
+    from amp_lab.precision.modes import PRECISION_MODES, dtype_name
+
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| ([^|]+) \| ([^|]+) \|", _doc(doc), flags=re.M)
+    assert sorted(name for name, *_ in rows) == sorted(PRECISION_MODES)
+    for name, autocast, scaling, weights in rows:
+        mode = PRECISION_MODES[name]
+        assert autocast == (dtype_name(mode.autocast_dtype) if mode.autocast_dtype else "off")
+        assert scaling.strip() == ("dynamic (GradScaler)" if mode.dynamic_scaling else "none")
+        if doc == "README.md":
+            assert weights.split(";")[0].split(",")[0].split(":")[0] == dtype_name(mode.param_dtype)
+
+
+def test_fsdp_mds_policy_table_is_what_auto_resolves_to():
+    from amp_lab.components.fsdp import resolve_plan
+    from amp_lab.precision.modes import dtype_name
+
+    text = _doc("fsdp.md")
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (\w+) \| (\w+) \|", text, flags=re.M)
+    assert len(rows) == 4
+    for name, param, reduce, autocast in rows:
+        plan = resolve_plan(settings(f"precision={name}"))
+        assert (dtype_name(plan.param_dtype), dtype_name(plan.reduce_dtype)) == (param, reduce)
+        assert autocast == ("off" if name == "fp32" else param)
