@@ -254,3 +254,16 @@ def test_fsdp_mds_policy_table_is_what_auto_resolves_to():
         plan = resolve_plan(settings(f"precision={name}"))
         assert (dtype_name(plan.param_dtype), dtype_name(plan.reduce_dtype)) == (param, reduce)
         assert autocast == ("off" if name == "fp32" else param)
+
+
+def test_benchmarks_md_lists_every_setting_the_gpu_check_script_reads():
+    """The script's header documents its environment; the docs' table names the same."""
+    header = (ROOT / "scripts" / "gpu_check.sh").read_text().split("set -uo pipefail")[0]
+    documented = re.findall(r"^#   ([A-Z_]+(?:, [A-Z_]+)*) ", header, flags=re.M)
+    in_script = {name for names in documented for name in names.split(", ")}
+    text = _doc("benchmarks.md")
+    table = text[text.index("| variable | default |") : text.index("GPU time is scarce")]
+    in_docs = set(
+        re.findall(r"`([A-Z_]+)`", " ".join(r.split(" | ")[0] for r in table.splitlines()))
+    )
+    assert in_script >= {"BUDGET_S", "STEPS", "OVERHEAD_STEPS"} and in_docs == in_script
