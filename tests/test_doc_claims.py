@@ -267,3 +267,19 @@ def test_benchmarks_md_lists_every_setting_the_gpu_check_script_reads():
         re.findall(r"`([A-Z_]+)`", " ".join(r.split(" | ")[0] for r in table.splitlines()))
     )
     assert in_script >= {"BUDGET_S", "STEPS", "OVERHEAD_STEPS"} and in_docs == in_script
+
+
+def test_the_hot_path_tables_modules_and_tests_exist():
+    """benchmarks.md's "The hot path": each module under amp_lab/ and each test it names."""
+    text = _doc("benchmarks.md")
+    rows = [r.split(" | ") for r in text[text.index("\n## The hot path") :].splitlines()[5:]]
+    rows = [r for r in rows if len(r) == 3]
+    assert len(rows) >= 10
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
+    for _, where, checked_by in rows:
+        for module in re.findall(r"`([\w/]+\.py)`", where):
+            assert (ROOT / "amp_lab" / module).is_file(), module
+        for name in re.findall(r"`(test_\w+)`", checked_by):
+            assert f"def {name}(" in tests, name
+        for path in re.findall(r"`(tests/[\w/]+\.py)`", checked_by):
+            assert (ROOT / path).is_file(), path
