@@ -283,3 +283,15 @@ def test_the_hot_path_tables_modules_and_tests_exist():
             assert f"def {name}(" in tests, name
         for path in re.findall(r"`(tests/[\w/]+\.py)`", checked_by):
             assert (ROOT / path).is_file(), path
+
+
+def test_sweeps_md_names_every_setting_and_the_partition_of_the_test_cluster():
+    script = (ROOT / "scripts" / "slurm_cluster.sh").read_text()
+    settings_read = set(re.findall(r"^#   (SLURM_CLUSTER_\w+) ", script, flags=re.M))
+    text = _doc("sweeps.md")
+    section = " ".join(text[text.index("\n## A SLURM to test against") :].split())
+    assert len(settings_read) == 4 and settings_read == set(
+        re.findall(r"SLURM_CLUSTER_\w+", section)
+    )
+    assert "PartitionName=debug " in script and "MaxTime=04:00:00" in script
+    assert "partition `debug`, no GPUs, a 4-hour time limit" in section
