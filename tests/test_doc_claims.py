@@ -155,13 +155,27 @@ def test_the_readme_and_sweeps_md_count_and_name_every_study():
     assert [s for s in studies if f"`{s}`" not in section] == []
 
 
-def test_every_file_a_run_writes_is_in_tracking_mds_table(tmp_path):
+def test_every_file_and_record_key_a_run_writes_is_in_tracking_md(tmp_path):
     """A run with W&B offline and a checkpoint; Hydra's own files (`.hydra/`, the job log) come
-    from the command line and are not written here."""
+    from the command line and are not written here. The records' and the summary's keys the
+    page names are in what the run wrote."""
     overrides = [o for o in FAST if not o.startswith("logger.")]
     run = settings(*overrides, "checkpoint.every_steps=3", fast=False)
-    Trainer(build(run, tmp_path)).fit()
+    summary = Trainer(build(run, tmp_path)).fit()
     text = _doc("tracking.md")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    keys = {
+        kind: set().union(*(r for r in records if r["kind"] == kind)) for kind in ("train", "val")
+    }
+    paragraph = text[
+        text.index("\nTrain records hold") : text.index("\n## The W&B run: how to use")
+    ]
+    train, val = paragraph.split("Val records hold")
+    assert len(set(re.findall(r"`(\w+/\w+)`", train))) >= 10
+    assert set(re.findall(r"`(\w+/\w+)`", train)) - keys["train"] == set()
+    assert set(re.findall(r"`(\w+/\w+)`", val.split(".")[0])) - keys["val"] == set()
+    named = set(re.findall(r"`(\w+_(?:s|bytes))`", paragraph)) - {"time_s"}
+    assert len(named) >= 7 and named - set(summary) == set() and "time_s" in keys["train"]
     table = text[text.index("\n## What a run writes") : text.index("\nTrain records hold")]
     named = " ".join(re.findall(r"^\| (.*?) \|", table, flags=re.M))
     written = sorted(p.name for p in tmp_path.iterdir())
