@@ -6,8 +6,11 @@ they name, the files a run writes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from functools import cache
 
 import pytest
@@ -110,6 +113,17 @@ def test_the_readmes_bad_input_lines_are_what_amp_lab_prints(tmp_path):
         result = run_cli(override, cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [line]
+    assert "(`HYDRA_FULL_ERROR=1` shows Hydra's own report instead)" in _doc("README.md")
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONPATH": str(ROOT)}
+    full = subprocess.run(
+        [sys.executable, "-m", "amp_lab", "precision=fp17"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" in full.stderr
+    assert "MissingConfigException: In 'config': Could not find 'precision/fp17'" in full.stderr
 
 
 def test_the_resume_rule_names_exactly_the_settings_free_on_resume():
