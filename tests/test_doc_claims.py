@@ -5,6 +5,9 @@ they name, the files a run writes."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import re
@@ -323,3 +326,35 @@ def test_sweeps_md_names_every_setting_and_the_partition_of_the_test_cluster():
     )
     assert "PartitionName=debug " in script and "MaxTime=04:00:00" in script
     assert "partition `debug`, no GPUs, a 4-hour time limit" in section
+
+
+def _options(tool: str) -> set[str]:
+    """The --options a tool's --help lists."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
+        importlib.import_module(TOOLS[tool]).main(["--help"])
+    return set(OPTION.findall(printed.getvalue()))
+
+
+OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+TOOL_COMMAND = re.compile(r"(?:python -m amp_lab\.(\w+)|amp_lab (\w+))\s(.*)$")
+
+
+def test_every_option_the_docs_pass_to_a_tool_is_one_it_has():
+    """`python -m amp_lab.bench --parts ...`, `amp_lab doctor --search-fp32`, ... in code blocks
+    and inline code: each option is in the tool's --help."""
+    known = {tool: _options(tool) for tool in TOOLS}
+    used = 0
+    for doc in DOCS:
+        text = _doc(doc)
+        blocks = re.findall(r"^```\w*\n(.*?)^```", text, flags=re.M | re.S)
+        lines = [line for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+        lines += re.findall(r"`([^`\n]+)`", text)
+        for line in lines:
+            for found in TOOL_COMMAND.finditer(line.removeprefix("$ ").split(" #")[0]):
+                tool = found.group(1) or found.group(2)
+                if tool in known:
+                    options = OPTION.findall(found.group(3))
+                    assert set(options) <= known[tool], (doc, line)
+                    used += len(options)
+    assert used > 50
