@@ -27,8 +27,12 @@ from amp_lab.config import free_on_resume
 from amp_lab.trainer import Trainer
 
 DOCS = ["README.md", "CONTRIBUTING.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
-# `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value
-TRAIN = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python -m amp_lab|amp_lab|torchrun .*?-m amp_lab)\s(.*)$")
+# `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value;
+# `python -m amp_lab.doctor ARGS` too: the doctor, the audit and numerics take a run's overrides
+TRAIN = re.compile(
+    r"^(?:[A-Z_]+=\S+ )*(?:python -m amp_lab(?:\.doctor)?|amp_lab|torchrun .*?-m amp_lab)\s(.*)$"
+)
+OVERRIDE_TOOLS = {"doctor", "audit", "numerics"}
 
 
 def _doc(name: str) -> str:
@@ -37,16 +41,21 @@ def _doc(name: str) -> str:
 
 
 def training_commands(markdown: str) -> list[list[str]]:
-    """The overrides of each training command in the page's bash and console blocks."""
+    """The overrides of each command in the page's bash and console blocks that takes a run's
+    overrides: a training run, the doctor, the audit, numerics."""
     commands = []
     for kind, block in re.findall(r"^```(bash|console)\n(.*?)^```", markdown, flags=re.M | re.S):
         for line in block.replace("\\\n", " ").splitlines():
             if kind == "console" and not line.startswith("$ "):
                 continue  # what a command printed
             found = TRAIN.match(line.removeprefix("$ ").split(" #")[0].strip())
-            if found and not set(shlex.split(found.group(1))[:1]) & set(TOOLS):
-                words = shlex.split(found.group(1).replace("$HOME", "/home/user"))
-                commands.append([w for w in words if "=" in w and not w.startswith("<")])
+            words = shlex.split(found.group(1).replace("$HOME", "/home/user")) if found else []
+            if words[:1] and words[0] in TOOLS:
+                if words[0] not in OVERRIDE_TOOLS:
+                    continue  # report and bench take paths and options
+                words = words[1:]
+            if found:
+                commands.append([w for w in words if "=" in w and not w.startswith(("<", "-"))])
     return commands
 
 
