@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -17,6 +18,7 @@ import sys
 from functools import cache
 
 import pytest
+import torch
 from helpers import CONF_DIR, FAST, ROOT, run_cli, settings
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -367,3 +369,42 @@ def test_every_option_the_docs_pass_to_a_tool_is_one_it_has():
                     assert set(options) <= known[tool], (doc, line)
                     used += len(options)
     assert used > 50
+
+
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    return torch.tensor(value, dtype=torch.float64).to(dtype).double().item()
+
+
+def _short(x: float) -> str:
+    """Two significant figures as the docs write them: 6.1e-9, 2.4e-4."""
+    return re.sub(r"e(-?)0*(\d+)", r"e\1\2", f"{x:.1e}")
+
+
+def test_amp_pitfalls_numeric_cliff_is_what_each_dtype_rounds_to():
+    text = _doc("amp_pitfalls.md")
+    table = text[text.index("## 1. The numeric cliff") : text.index("\n- Overflow")]
+    dtypes = [torch.float32, torch.float16, torch.bfloat16]
+    rows = [r.strip("|").split(" | ") for r in table.splitlines() if r.startswith("| ")][1:]
+    assert len(rows) == 4
+    for first, *cells, _ in rows[:3]:
+        value = float(re.findall(r"[\d.]+(?:e-?\d+)?", first)[-1])
+        for dtype, cell in zip(dtypes, cells, strict=True):
+            got = _rounded(value, dtype)
+            if cell == "exact":
+                assert got == value
+            elif cell.startswith("0: flushed"):
+                assert got == 0.0
+            elif cell.startswith("inf"):
+                assert got == math.inf and f"max {torch.finfo(dtype).max:.0f}" in cell
+            else:
+                [shown] = re.findall(r"\(([\d.e-]+) relative", cell)
+                assert _short(abs(got - value) / value) == shown, (first, dtype, cell)
+    fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    assert f"smallest subnormal ≈ {2.0**-24:.0e}".replace("e-08", "e-8") in table
+    assert f"smallest normal ≈ {_short(fp16.smallest_normal)}" in table
+    off = _rounded(1e-7, torch.float16) / 1e-7 - 1
+    assert f"1e-7 survives as a subnormal, {off:.0%} off" in table
+    assert f"at most {_short(fp16.eps / 2)}" in table and f"at most {_short(bf16.eps / 2)}" in table
+    assert _rounded(1e5, torch.bfloat16) == 99840 and "99840" in table
+    assert f"1e-5 is {_short(abs(_rounded(1e-5, torch.float16) - 1e-5) / 1e-5)} off" in table
+    assert _rounded(2.9e-8, torch.float16) == 0 and "below 3e-8 it is 0" in table
