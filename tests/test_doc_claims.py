@@ -408,3 +408,18 @@ def test_amp_pitfalls_numeric_cliff_is_what_each_dtype_rounds_to():
     assert _rounded(1e5, torch.bfloat16) == 99840 and "99840" in table
     assert f"1e-5 is {_short(abs(_rounded(1e-5, torch.float16) - 1e-5) / 1e-5)} off" in table
     assert _rounded(2.9e-8, torch.float16) == 0 and "below 3e-8 it is 0" in table
+
+
+def test_help_does_not_import_wandb(tmp_path):
+    """tracking.md: "`wandb` is imported when a run starts, never at `--help`"."""
+    assert "`wandb` is imported when a run starts, never at `--help`" in _doc("tracking.md")
+    script = (
+        "import sys\nsys.argv = ['amp_lab', '--help']\nfrom amp_lab.__main__ import cli\n"
+        "try:\n    cli()\nexcept SystemExit:\n    pass\n"
+        "print('wandb' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert "Config groups" in done.stdout and done.stdout.splitlines()[-1] == "False"
