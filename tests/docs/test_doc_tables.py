@@ -1,147 +1,25 @@
-"""What the docs state about the command line and a run's files is what amp_lab does: every
-training command they show composes (each value of a sweep), the README's config examples and
-bad-input lines, the resume rule's list of free settings, the bench's options table, the studies
-they name, the files a run writes."""
+"""The docs' tables, lists and figures are the code's: the modes' tables, FSDP's auto policy, the
+settings free on resume, the bench's options and the GPU check's settings, the studies, a run's
+files and record keys, the committed GPU figures, the numeric cliff."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import io
 import json
 import math
-import os
 import re
-import shlex
-import subprocess
-import sys
-from functools import cache
 
 import pytest
 import torch
-from helpers import CONF_DIR, FAST, ROOT, run_cli, settings
-from hydra.core.override_parser.overrides_parser import OverridesParser
+from helpers import CONF_DIR, FAST, ROOT, settings
+from helpers.docs import page, section
 
-from amp_lab.__main__ import TOOLS  # each has its own parser and tests
 from amp_lab.build import build
-from amp_lab.compose import compose_settings
 from amp_lab.config import free_on_resume
 from amp_lab.trainer import Trainer
 
-DOCS = ["README.md", "CONTRIBUTING.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
-# `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value;
-# `python -m amp_lab.doctor ARGS` too: the doctor, the audit and numerics take a run's overrides
-TRAIN = re.compile(
-    r"^(?:[A-Z_]+=\S+ )*(?:python -m amp_lab(?:\.doctor)?|amp_lab|torchrun .*?-m amp_lab)\s(.*)$"
-)
-OVERRIDE_TOOLS = {"doctor", "audit", "numerics"}
-
-
-def _doc(name: str) -> str:
-    folder = ROOT if name in ("README.md", "CONTRIBUTING.md") else ROOT / "docs"
-    return (folder / name).read_text()
-
-
-def training_commands(markdown: str) -> list[list[str]]:
-    """The overrides of each command in the page's bash and console blocks that takes a run's
-    overrides: a training run, the doctor, the audit, numerics."""
-    commands = []
-    for kind, block in re.findall(r"^```(bash|console)\n(.*?)^```", markdown, flags=re.M | re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            if kind == "console" and not line.startswith("$ "):
-                continue  # what a command printed
-            found = TRAIN.match(line.removeprefix("$ ").split(" #")[0].strip())
-            words = shlex.split(found.group(1).replace("$HOME", "/home/user")) if found else []
-            if words[:1] and words[0] in TOOLS:
-                if words[0] not in OVERRIDE_TOOLS:
-                    continue  # report and bench take paths and options
-                words = words[1:]
-            if found:
-                commands.append([w for w in words if "=" in w and not w.startswith(("<", "-"))])
-    return commands
-
-
-def each_value(overrides: list[str]) -> list[list[str]]:
-    """A sweep's command lines, one per value of each swept key (the other keys at their first
-    value): every value the sweep would run is composed once."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    values = [
-        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
-        if o.is_sweep_override()
-        else [o.input_line]
-        for o in parsed
-    ]
-    first = [v[0] for v in values]
-    return [first] + [
-        [*first[:i], value, *first[i + 1 :]] for i, v in enumerate(values) for value in v[1:]
-    ]
-
-
-@cache
-def composes(overrides: tuple[str, ...]) -> None:
-    """compose_settings, once per command line in the session (pages repeat their examples)."""
-    compose_settings(list(overrides))  # ConfigError names the bad override
-
-
-@pytest.mark.slow  # a Hydra compose per command line: about 0.3 s each
-@pytest.mark.parametrize("doc", DOCS)
-def test_every_training_command_the_docs_show_composes(doc):
-    for command in training_commands(_doc(doc)):
-        for overrides in each_value(command):
-            composes(tuple(overrides))
-
-
-def test_the_docs_show_training_commands_where_expected():
-    """The extraction finds the commands (a regex that matched nothing would pass above)."""
-    counts = {doc: len(training_commands(_doc(doc))) for doc in DOCS}
-    assert counts["README.md"] >= 3 and counts["sweeps.md"] >= 6 and counts["fsdp.md"] >= 6
-    assert counts["precision.md"] >= 6 and counts["recipes.md"] >= 6
-    assert ["precision=fp32,bf16"] in [
-        [w for w in c if w.startswith("precision=")] for c in training_commands(_doc("README.md"))
-    ]
-
-
-def _readme_section(title: str) -> str:
-    text = _doc("README.md")
-    start = text.index(f"\n## {title}")
-    return text[start : text.index("\n## ", start + 1)]
-
-
-@pytest.mark.slow
-def test_every_example_of_the_readmes_config_table_composes():
-    rows = [r for r in _readme_section("Config groups").splitlines() if r.startswith("| `")]
-    examples = [e for row in rows for e in re.findall(r"`([^`]+)`", row.rsplit(" | ", 1)[1])]
-    assert len(examples) > 30
-    for example in examples:
-        words = [w.replace("$HOME", "/home/user") for w in example.split() if w != "-m"]
-        for overrides in each_value(words):
-            composes(tuple(overrides))
-
-
-def test_the_readmes_bad_input_lines_are_what_amp_lab_prints(tmp_path):
-    [block] = re.findall(r"^```text\n(.*?)^```", _readme_section("Config groups"), re.M | re.S)
-    lines = block.splitlines()
-    shown = {lines[i][len("$ amp_lab ") :]: lines[i + 1] for i in range(0, len(lines), 2)}
-    assert len(shown) == 3
-    for override, line in shown.items():
-        result = run_cli(override, cwd=tmp_path)
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.strip().splitlines() == [line]
-    assert "(`HYDRA_FULL_ERROR=1` shows Hydra's own report instead)" in _doc("README.md")
-    env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONPATH": str(ROOT)}
-    full = subprocess.run(
-        [sys.executable, "-m", "amp_lab", "precision=fp17"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert "Traceback" in full.stderr
-    assert "MissingConfigException: In 'config': Could not find 'precision/fp17'" in full.stderr
-
 
 def test_the_resume_rule_names_exactly_the_settings_free_on_resume():
-    text = " ".join(_doc("sweeps.md").split())
+    text = " ".join(page("sweeps.md").split())
     listed = text.split("marked `FREE_ON_RESUME` beside their field in `amp_lab/config.py` (")[1]
     listed = listed.split(";")[0]
     assert set(re.findall(r"`([\w.]+)`", listed)) == free_on_resume()
@@ -153,8 +31,7 @@ def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     options = set(re.findall(r"^\s+(--[a-z-]+)", capsys.readouterr().out, flags=re.M)) - {"--help"}
-    text = _doc("benchmarks.md")
-    table = text[text.index("\n## Options") : text.index("\n## ", text.index("\n## Options") + 1)]
+    table = section("benchmarks.md", "Options")
     rows = {}
     for row in (r for r in table.splitlines() if r.startswith("| `--")):
         names, default = row.split(" | ")[:2]
@@ -176,11 +53,10 @@ def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
 def test_the_readme_and_sweeps_md_count_and_name_every_study():
     studies = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
     numbers = "one two three four five six seven eight nine ten eleven twelve thirteen".split()
-    count = re.search(r"`experiments/` holds (\w+) studies", _doc("README.md"))
+    count = re.search(r"`experiments/` holds (\w+) studies", page("README.md"))
     assert count and numbers.index(count.group(1)) + 1 == len(studies)
-    text = _doc("sweeps.md")
-    section = text[text.index("\n## Studies") : text.index("\n## ", text.index("\n## Studies") + 1)]
-    assert [s for s in studies if f"`{s}`" not in section] == []
+    named = section("sweeps.md", "Studies")
+    assert [s for s in studies if f"`{s}`" not in named] == []
 
 
 def test_every_file_and_record_key_a_run_writes_is_in_tracking_md(tmp_path):
@@ -190,7 +66,7 @@ def test_every_file_and_record_key_a_run_writes_is_in_tracking_md(tmp_path):
     overrides = [o for o in FAST if not o.startswith("logger.")]
     run = settings(*overrides, "checkpoint.every_steps=3", fast=False)
     summary = Trainer(build(run, tmp_path)).fit()
-    text = _doc("tracking.md")
+    text = page("tracking.md")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     keys = {
         kind: set().union(*(r for r in records if r["kind"] == kind)) for kind in ("train", "val")
@@ -218,7 +94,7 @@ def test_every_file_and_record_key_a_run_writes_is_in_tracking_md(tmp_path):
 def test_the_readmes_gpu_figures_are_the_committed_gpu_checks():
     """Each figure of the README's GPU table is in the bench.json files of the check it cites."""
     [folder] = re.findall(
-        r"\]\((docs/gpu_check/[^/)]+)/README\.md\)", _readme_section("GPU figures")
+        r"\]\((docs/gpu_check/[^/)]+)/README\.md\)", section("README.md", "GPU figures")
     )
     samples, overhead = {}, {}
     for path in (ROOT / folder).glob("*.json"):
@@ -229,7 +105,7 @@ def test_the_readmes_gpu_figures_are_the_committed_gpu_checks():
         for r in bench["overhead"]:
             if r["variant"].startswith("default"):
                 overhead[r["precision"]] = round(r["median_ratio"], 3)
-    rows = [r.strip("|").split("|") for r in _readme_section("GPU figures").splitlines()]
+    rows = [r.strip("|").split("|") for r in section("README.md", "GPU figures").splitlines()]
     [modes] = [[c.strip() for c in r[1:]] for r in rows if len(r) > 1 and r[0].strip() == ""]
     checked = 0
     for label, *cells in (r for r in rows if len(r) == len(modes) + 1 and r[0].strip()):
@@ -247,26 +123,13 @@ def test_the_readmes_gpu_figures_are_the_committed_gpu_checks():
     assert checked == 16
 
 
-def test_the_help_names_every_tool_and_its_training_examples_compose():
-    footer = (CONF_DIR / "hydra" / "help" / "amp_lab.yaml").read_text().split("footer: |")[1]
-    named = re.findall(r"`amp_lab ([\w|]+) ARGS`", footer)  # `amp_lab doctor|report|bench ARGS`
-    assert sorted(t for words in named for t in words.split("|")) == sorted(TOOLS)
-    examples = [TRAIN.match(line.split(" #")[0].strip()) for line in footer.splitlines()]
-    runs = [shlex.split(m.group(1)) for m in examples if m]
-    runs = [words for words in runs if not set(words[:1]) & set(TOOLS)]
-    assert len(runs) >= 4
-    for words in runs:
-        for overrides in each_value([w for w in words if "=" in w]):
-            composes(tuple(overrides))
-
-
 def test_make_studies_job_count_in_tracking_md_is_the_studies_cpu_jobs():
     """The index's CPU job counts are checked against the configs in tests/test_experiments.py."""
     index = (ROOT / "experiments" / "README.md").read_text()
     cpu_jobs = [int(n) for n in re.findall(r"^\| \[\w+\].*\| \d+ / (\d+) \|$", index, flags=re.M)]
     assert len(cpu_jobs) == len(list((CONF_DIR / "experiment" / "cpu").glob("*.yaml")))
     shown = re.search(
-        r"`make studies` reruns every study's CPU variant \((\d+) jobs", _doc("tracking.md")
+        r"`make studies` reruns every study's CPU variant \((\d+) jobs", page("tracking.md")
     )
     assert shown and int(shown.group(1)) == sum(cpu_jobs)
 
@@ -275,7 +138,7 @@ def test_make_studies_job_count_in_tracking_md_is_the_studies_cpu_jobs():
 def test_the_mode_tables_autocast_and_loss_scaling_are_each_modes(doc):
     from amp_lab.precision.modes import PRECISION_MODES, dtype_name
 
-    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| ([^|]+) \| ([^|]+) \|", _doc(doc), flags=re.M)
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| ([^|]+) \| ([^|]+) \|", page(doc), flags=re.M)
     assert sorted(name for name, *_ in rows) == sorted(PRECISION_MODES)
     for name, autocast, scaling, weights in rows:
         mode = PRECISION_MODES[name]
@@ -289,7 +152,7 @@ def test_fsdp_mds_policy_table_is_what_auto_resolves_to():
     from amp_lab.components.fsdp import resolve_plan
     from amp_lab.precision.modes import dtype_name
 
-    text = _doc("fsdp.md")
+    text = page("fsdp.md")
     rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (\w+) \| (\w+) \|", text, flags=re.M)
     assert len(rows) == 4
     for name, param, reduce, autocast in rows:
@@ -303,7 +166,7 @@ def test_benchmarks_md_lists_every_setting_the_gpu_check_script_reads():
     header = (ROOT / "scripts" / "gpu_check.sh").read_text().split("set -uo pipefail")[0]
     documented = re.findall(r"^#   ([A-Z_]+(?:, [A-Z_]+)*) ", header, flags=re.M)
     in_script = {name for names in documented for name in names.split(", ")}
-    text = _doc("benchmarks.md")
+    text = page("benchmarks.md")
     table = text[text.index("| variable | default |") : text.index("GPU time is scarce")]
     in_docs = set(
         re.findall(r"`([A-Z_]+)`", " ".join(r.split(" | ")[0] for r in table.splitlines()))
@@ -313,8 +176,7 @@ def test_benchmarks_md_lists_every_setting_the_gpu_check_script_reads():
 
 def test_the_hot_path_tables_modules_and_tests_exist():
     """benchmarks.md's "The hot path": each module under amp_lab/ and each test it names."""
-    text = _doc("benchmarks.md")
-    rows = [r.split(" | ") for r in text[text.index("\n## The hot path") :].splitlines()[5:]]
+    rows = [r.split(" | ") for r in section("benchmarks.md", "The hot path").splitlines()[5:]]
     rows = [r for r in rows if len(r) == 3]
     assert len(rows) >= 10
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
@@ -330,45 +192,10 @@ def test_the_hot_path_tables_modules_and_tests_exist():
 def test_sweeps_md_names_every_setting_and_the_partition_of_the_test_cluster():
     script = (ROOT / "scripts" / "slurm_cluster.sh").read_text()
     settings_read = set(re.findall(r"^#   (SLURM_CLUSTER_\w+) ", script, flags=re.M))
-    text = _doc("sweeps.md")
-    section = " ".join(text[text.index("\n## A SLURM to test against") :].split())
-    assert len(settings_read) == 4 and settings_read == set(
-        re.findall(r"SLURM_CLUSTER_\w+", section)
-    )
+    named = " ".join(section("sweeps.md", "A SLURM to test against").split())
+    assert len(settings_read) == 4 and settings_read == set(re.findall(r"SLURM_CLUSTER_\w+", named))
     assert "PartitionName=debug " in script and "MaxTime=04:00:00" in script
-    assert "partition `debug`, no GPUs, a 4-hour time limit" in section
-
-
-def _options(tool: str) -> set[str]:
-    """The --options a tool's --help lists."""
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
-        importlib.import_module(TOOLS[tool]).main(["--help"])
-    return set(OPTION.findall(printed.getvalue()))
-
-
-OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-TOOL_COMMAND = re.compile(r"(?:python -m amp_lab\.(\w+)|amp_lab (\w+))\s(.*)$")
-
-
-def test_every_option_the_docs_pass_to_a_tool_is_one_it_has():
-    """`python -m amp_lab.bench --parts ...`, `amp_lab doctor --search-fp32`, ... in code blocks
-    and inline code: each option is in the tool's --help."""
-    known = {tool: _options(tool) for tool in TOOLS}
-    used = 0
-    for doc in DOCS:
-        text = _doc(doc)
-        blocks = re.findall(r"^```\w*\n(.*?)^```", text, flags=re.M | re.S)
-        lines = [line for b in blocks for line in b.replace("\\\n", " ").splitlines()]
-        lines += re.findall(r"`([^`\n]+)`", text)
-        for line in lines:
-            for found in TOOL_COMMAND.finditer(line.removeprefix("$ ").split(" #")[0]):
-                tool = found.group(1) or found.group(2)
-                if tool in known:
-                    options = OPTION.findall(found.group(3))
-                    assert set(options) <= known[tool], (doc, line)
-                    used += len(options)
-    assert used > 50
+    assert "partition `debug`, no GPUs, a 4-hour time limit" in named
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
@@ -381,8 +208,7 @@ def _short(x: float) -> str:
 
 
 def test_amp_pitfalls_numeric_cliff_is_what_each_dtype_rounds_to():
-    text = _doc("amp_pitfalls.md")
-    table = text[text.index("## 1. The numeric cliff") : text.index("\n- Overflow")]
+    table = section("amp_pitfalls.md", "1. The numeric cliff").split("\n- Overflow")[0]
     dtypes = [torch.float32, torch.float16, torch.bfloat16]
     rows = [r.strip("|").split(" | ") for r in table.splitlines() if r.startswith("| ")][1:]
     assert len(rows) == 4
@@ -408,18 +234,3 @@ def test_amp_pitfalls_numeric_cliff_is_what_each_dtype_rounds_to():
     assert _rounded(1e5, torch.bfloat16) == 99840 and "99840" in table
     assert f"1e-5 is {_short(abs(_rounded(1e-5, torch.float16) - 1e-5) / 1e-5)} off" in table
     assert _rounded(2.9e-8, torch.float16) == 0 and "below 3e-8 it is 0" in table
-
-
-def test_help_does_not_import_wandb(tmp_path):
-    """tracking.md: "`wandb` is imported when a run starts, never at `--help`"."""
-    assert "`wandb` is imported when a run starts, never at `--help`" in _doc("tracking.md")
-    script = (
-        "import sys\nsys.argv = ['amp_lab', '--help']\nfrom amp_lab.__main__ import cli\n"
-        "try:\n    cli()\nexcept SystemExit:\n    pass\n"
-        "print('wandb' in sys.modules)"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
-    assert "Config groups" in done.stdout and done.stdout.splitlines()[-1] == "False"
