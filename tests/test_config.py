@@ -188,6 +188,11 @@ def test_a_sweep_with_a_refused_job_runs_the_others_and_exits_2(tmp_path):
         "amp_lab: error: 1 sweep job(s) did not run: job 1: lr.base=-1.0 must be > 0"
     )
     assert "lr.base=-1.0 must be > 0" in result.stderr
+    printed = result.stdout + result.stderr  # the sweep's end, as docs/sweeps.md shows it
+    assert "amp_lab: sweep sweep: 2 job(s)" in printed
+    assert "  0: completed, best val acc " in printed
+    assert "  1: refused: lr.base=-1.0 must be > 0" in printed
+    assert "next: amp_lab report sweep" in printed
     summary = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
     assert summary["status"] == "completed"
     # A relaunch into the same folder: only this launch's refusals count (not job 1's above),

@@ -24,6 +24,14 @@ from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
 DTYPES = ["fp32", "bf16", "fp16", "int8", "int4", "fp8"]
+# docs/precision.md's figures for test_vit at 16 px (253,386 parameters)
+DOCS_STATE_BYTES = {
+    "fp32": 2_027_088,
+    "bf16": 1_013_544,
+    "int8": 609_360,
+    "fp8": 560_208,
+    "int4": 325_200,
+}
 # test_vit on 16x16 digits learns visibly in 60 steps at this LR (loss 2.30 at chance)
 LEARN = [
     "trainer.max_steps=60",
@@ -83,6 +91,7 @@ def test_every_state_dtype_trains_a_vit_and_reports_its_memory(state_dtype, tmp_
     assert summary["final_val_loss"] < 2.3
     assert all(r["diag/v_zero_share"] < 0.01 and r["diag/max_update_ratio"] < 0.1 for r in train)
     state_bytes = summary["optimizer_state_bytes"]
+    assert state_bytes == DOCS_STATE_BYTES[state_dtype]
     moments = [s["exp_avg_sq"] for s in trainer.run.optimizer.state.values()]
     expected = {"fp32": 8 * params, "bf16": 4 * params}
     if state_dtype in expected:
@@ -122,7 +131,9 @@ def test_fp16_moments_break_a_short_run_that_fp32_moments_train(tmp_path):
     assert max(r["diag/max_update_ratio"] for r in rows) < 0.1
     summary, rows = runs["fp16"]
     assert rows[0]["diag/v_zero_share"] + rows[0]["diag/v_subnormal_share"] > 0.9
+    assert rows[0]["diag/v_zero_share"] > 0.8  # docs/precision.md: 85.8% exactly 0
     assert rows[1]["diag/max_update_ratio"] > 100  # lr * m / eps
+    assert not math.isfinite(rows[4]["train/loss"])  # the docs' "nan at step 5"
     assert summary["skipped_steps"] > 0 and not math.isfinite(summary["final_val_loss"])
 
 
