@@ -70,8 +70,8 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
     reduce = torch.float32 if cfg.reduce_dtype == "auto" else DTYPES[str(cfg.reduce_dtype)]
     if reduce == torch.float16 and not mode.dynamic_scaling:
         raise ConfigError(
-            f"fsdp.reduce_dtype=fp16 under precision={name}: unscaled gradients flush to zero "
-            "below 6e-8 in fp16; use fsdp.reduce_dtype=fp32 or bf16, or precision=fp16"
+            f"fsdp.reduce_dtype=fp16 under precision={name}: unscaled gradients at or below "
+            "3e-8 flush to zero in fp16; use fsdp.reduce_dtype=fp32 or bf16, or precision=fp16"
         )
     if param != torch.float32 and settings.precision.fp32_modules:
         raise ConfigError(

@@ -1,17 +1,21 @@
 """How fp16 would hold the gradients: flushed-to-zero and subnormal shares, and a log2|g| histogram.
 
 fp16's smallest subnormal is 2^-24 (about 6e-8) and its smallest normal 2^-14 (about 6.1e-5):
-a gradient below 2^-24 flushes to zero, one below 2^-14 keeps only a few mantissa bits
-(docs/amp_pitfalls.md §1). The shares are measured on the unscaled gradients as they are
-(scale 1) and multiplied by the current loss scale, per parameter tensor, all on the device.
+a gradient at or below half the smallest subnormal (2^-25, about 3e-8) rounds to zero, one below
+the smallest normal keeps only a few mantissa bits (docs/amp_pitfalls.md §1). The shares are
+measured on the unscaled gradients as they are (scale 1) and multiplied by the current loss
+scale, per parameter tensor, all on the device.
 """
 
 from __future__ import annotations
 
 import torch
 
-FP16_MIN_SUBNORMAL = 2.0**-24  # below this, fp16 rounds to zero
-FP16_MIN_NORMAL = 2.0**-14  # below this, fp16 holds only subnormals (fewer mantissa bits)
+# round to nearest: at or below half the smallest subnormal (2^-24) fp16 rounds to zero (the tie
+# goes to the even 0); from half a subnormal step under the smallest normal it rounds up to it
+FP16_FLUSH = 2.0**-25
+FP16_MIN_NORMAL = 2.0**-14
+FP16_TO_NORMAL = FP16_MIN_NORMAL - FP16_FLUSH
 FP16_MAX = 65504.0  # largest finite fp16 value
 HIST_LOW, HIST_HIGH = -40, 24  # log2|g| histogram range: one bin per power of two
 STAT_NAMES = ("zero", "flush", "subnormal", "flush_scaled", "subnormal_scaled")
@@ -33,10 +37,10 @@ def grad_stats(grads: list[torch.Tensor], scale: torch.Tensor) -> tuple[torch.Te
     counts = torch.stack(
         [
             per_tensor(~nonzero),
-            per_tensor(nonzero & (flat < FP16_MIN_SUBNORMAL)),
-            per_tensor((flat >= FP16_MIN_SUBNORMAL) & (flat < FP16_MIN_NORMAL)),
-            per_tensor(nonzero & (scaled < FP16_MIN_SUBNORMAL)),
-            per_tensor((scaled >= FP16_MIN_SUBNORMAL) & (scaled < FP16_MIN_NORMAL)),
+            per_tensor(nonzero & (flat <= FP16_FLUSH)),
+            per_tensor((flat > FP16_FLUSH) & (flat < FP16_TO_NORMAL)),
+            per_tensor(nonzero & (scaled <= FP16_FLUSH)),
+            per_tensor((scaled > FP16_FLUSH) & (scaled < FP16_TO_NORMAL)),
         ]
     )
     # bin k counts |g| in [2^(HIST_LOW+k), 2^(HIST_LOW+k+1)): floor(log2|g|) is the exponent

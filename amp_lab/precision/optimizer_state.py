@@ -27,7 +27,7 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
     """Adam/AdamW with both moments stored in bf16 or fp16; the arithmetic runs in fp32.
 
     The update reads the moments as stored, so their rounding is what the run sees: in fp16 a
-    second moment below ~6e-8 (gradients under ~2.4e-4 at beta2=0.999) is 0, and the step
+    second moment at or below ~3e-8 (a steady gradient under ~1.7e-4) is 0, and the step
     becomes lr * m / eps (docs/amp_pitfalls.md §3).
     """
 

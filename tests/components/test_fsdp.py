@@ -62,7 +62,7 @@ def test_explicit_dtypes_win_over_the_mode():
         (["precision=fp8", "precision.fp8_emulate=true"], "precision=fp8 under"),
         (["precision=fp32", "fsdp.param_dtype=bf16"], "which computes in fp32"),
         (["precision=bf16", "fsdp.param_dtype=fp16"], "use fsdp.param_dtype=bf16 or fp32"),
-        (["precision=bf16", "fsdp.reduce_dtype=fp16"], "unscaled gradients flush to zero"),
+        (["precision=bf16", "fsdp.reduce_dtype=fp16"], "unscaled gradients at or below 3e-8 flush"),
         (["precision=bf16", "precision.fp32_modules=[head]"], "set fsdp.param_dtype=fp32"),
         (["trainer.ema.decay=0.99"], "set trainer.ema.decay=0"),
     ],
