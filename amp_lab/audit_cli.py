@@ -11,7 +11,6 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from amp_lab.audit.audit import BrokenPromise
 from amp_lab.choices import AuditMode
 from amp_lab.command import error, parser, run_tool
 from amp_lab.compose import compose_settings
@@ -60,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    from amp_lab.audit.audit import BrokenPromise  # torch loads once the arguments are read
+
     out = args.out or Path(tempfile.mkdtemp(prefix="amp_lab_audit_"))
     try:
         result = audit_one_step(args.overrides, out)

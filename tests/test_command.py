@@ -3,7 +3,12 @@ would be a second line), naming the tool's --help."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+from helpers import ROOT
 
 from amp_lab.audit_cli import main as audit
 from amp_lab.bench.cli import main as bench
@@ -33,3 +38,38 @@ def test_an_argument_error_is_one_line_and_exit_2(capsys, main, argv, start, end
     lines = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2
     assert len(lines) == 1 and lines[0].startswith(start) and lines[0].endswith(end), lines
+
+
+HELP_WITHOUT_TORCH = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    print("exit", stop.code, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["amp_lab", "audit", "--help"],
+        ["amp_lab", "numerics", "--help"],
+        ["amp_lab", "doctor", "--help"],
+        ["amp_lab.doctor", "--steps", "x"],
+        ["amp_lab.report", "--help"],
+    ],
+)
+def test_a_tools_help_and_argument_errors_answer_before_torch_loads(command):
+    """--help and a bad argument are read before torch, timm and wandb load (8-9 s each here)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_WITHOUT_TORCH, *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.stdout.splitlines()[-1] == f"exit {0 if '--help' in command else 2} False", (
+        done.stdout[-2000:],
+        done.stderr[-2000:],
+    )

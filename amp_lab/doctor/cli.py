@@ -12,8 +12,7 @@ import sys
 from rich.console import Console
 
 from amp_lab.command import run_tool
-from amp_lab.doctor import suite
-from amp_lab.doctor.diagnose import parse_args, run
+from amp_lab.doctor.arguments import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +29,9 @@ QUIET = (
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from amp_lab.doctor import suite  # torch, timm and the rest load once the arguments are read
+    from amp_lab.doctor.diagnose import run
+
     levels = {name: logging.getLogger(name).level for name in QUIET}
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from amp_lab.command import dated, parser, strict_json
+from amp_lab.command import dated, strict_json
 from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.advice import Advice, recommend, user_probe
@@ -111,54 +110,6 @@ def print_report(
             console.print(escape(f"   try: {rec['command']}"), soft_wrap=True)
         if rec.get("verification"):
             console.print(escape(f"   {rec['verification']}"))
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    cli = parser(
-        "python -m amp_lab.doctor",
-        description="Probe your config in fp32, autocast without and with the loss scaler, and "
-        "bf16; name what goes wrong numerically and the override to try.",
-    )
-    cli.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
-    cli.add_argument("--steps", type=int, help="optimizer steps per probe (40; with --suite 12)")
-    cli.add_argument(
-        "--search-fp32",
-        action="store_true",
-        help="greedily find modules to keep in fp32 that remove non-finite values",
-    )
-    cli.add_argument(
-        "--budget",
-        type=float,
-        default=60.0,
-        help="seconds for verifying fixes after the first (60)",
-    )
-    cli.add_argument(
-        "--out",
-        type=Path,
-        help="output folder (default outputs/doctor/DATE/TIME; with --suite outputs/doctor_suite)",
-    )
-    cli.add_argument(
-        "--suite",
-        action="store_true",
-        help="run the doctor benchmark (failure cases with a known cause) "
-        "instead of your config; see amp_lab/doctor/suite.py",
-    )
-    cli.add_argument("--cases", nargs="+", metavar="NAME", help="with --suite: only these cases")
-    cli.add_argument(
-        "--draw",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --suite: draw N new cases, every failure class in turn (amp_lab/doctor/draw.py)",
-    )
-    cli.add_argument("--seed", type=int, default=0, help="with --suite --draw: the draw's seed (0)")
-    cli.add_argument(
-        "--models",
-        nargs="+",
-        metavar="MODEL",
-        help="with --suite --draw: draw among these models (test_vit test_convnext resnet18)",
-    )
-    return cli.parse_args(argv)
 
 
 def run_probes(doctor: Doctor, steps: int, console: Console) -> dict[str, Probe]:

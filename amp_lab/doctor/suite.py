@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from amp_lab.config import ConfigError
+from amp_lab.doctor.arguments import parse_args
 from amp_lab.doctor.cases import Case
-from amp_lab.doctor.diagnose import parse_args, run
+from amp_lab.doctor.diagnose import run
 from amp_lab.doctor.draw import draw
 
 HEALTHY = ("none", "transient")  # causes that mean "no precision problem found"

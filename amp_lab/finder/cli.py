@@ -15,7 +15,6 @@ from typing import Any
 
 from amp_lab.command import dated, parser, run_tool, strict_json
 from amp_lab.config import ConfigError
-from amp_lab.finder.weight_drift import drift_lines
 
 NUMERICS_FILE, PLOT_FILE = "numerics.json", "numerics.png"
 SHOWN = 8  # flagged rows printed per mode and phase (numerics.json keeps all)
@@ -72,6 +71,8 @@ def table(result: dict[str, Any]) -> list[str]:
             gains = ", ".join(f"{a['module']} {a['gain']:.1f}x" for a in found["amplifiers"])
             lines.append(f"  amplify error most: {gains}")
         if "drift" in found:
+            from amp_lab.finder.weight_drift import drift_lines  # torch: only once it ran
+
             lines += drift_lines(found["drift"])
         for phase in ("forward", "backward", "params"):
             flagged = [r for r in found[phase] if r["flag"]]
