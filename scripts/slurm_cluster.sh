@@ -92,12 +92,14 @@ EOF
 
 node_state() { sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1; }
 
+# up: idle, or running jobs, or finishing one (completing: a requeued job's node is, for seconds)
+node_up() { [[ $(node_state) =~ ^(idle|mix|alloc|comp) ]]; }
+
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 start() {
     install_packages
-    if alive "$DIR/run/slurmctld.pid" && [[ $(node_state) == idle* || $(node_state) == mix* \
-        || $(node_state) == alloc* ]]; then
+    if alive "$DIR/run/slurmctld.pid" && node_up; then
         log "already running ($CONF)"
         return
     fi
@@ -143,7 +145,7 @@ status() {
         fi
     done
     sinfo 2>/dev/null || true
-    [[ $(node_state) == idle* || $(node_state) == mix* || $(node_state) == alloc* ]]
+    node_up
 }
 
 case ${1:-} in
