@@ -48,7 +48,8 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
 def _measures(p: Probe, base: Probe, health: HealthConfig) -> list[str]:
     """A probe's cell for each of MEASURES."""
     if p.unavailable or p.crashed:
-        return [verdict(p, base, health), p.unavailable or p.crashed or "", *[""] * 8]
+        why = p.unavailable or p.crashed or ""
+        return [verdict(p, base, health), why, *[""] * (len(MEASURES) - 2)]
     event = p.first_event  # the same event the advice reads
     where = "-"
     if event:  # no module: the weight gradients overflowed, or the scale did, while no

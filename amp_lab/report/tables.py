@@ -165,7 +165,7 @@ def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     """The terminal's view of a markdown table, turned: one column per row (a cell, a study),
     its first entry the column's name, so a few of them fit an 80-column terminal where twenty
     figures side by side do not; a cell in trouble (bold in markdown) in bold red."""
-    table = Table(
+    table = Table(  # a name of up to 16 characters stays whole; a longer one (a run's) folds
         Column(header[0], no_wrap=True),
         *(Column(row[0], overflow="fold", min_width=min(len(row[0]), 16)) for row in rows),
         title=title,

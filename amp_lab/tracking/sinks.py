@@ -98,7 +98,8 @@ class ConsoleSink(Sink):
 
     def start(self, info: Record) -> None:
         self.progress.start()
-        self._log_above_the_bar()
+        if self.live:
+            self._log_above_the_bar()
         self.progress.update(self.task, completed=info.get("step", 0))  # a resumed run's step
 
     def _log_above_the_bar(self) -> None:
