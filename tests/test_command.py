@@ -58,6 +58,8 @@ except SystemExit as stop:
         ["amp_lab", "doctor", "--help"],
         ["amp_lab.doctor", "--steps", "x"],
         ["amp_lab.report", "--help"],
+        ["amp_lab.bench", "--help"],
+        ["amp_lab.bench", "--rounds", "0"],
     ],
 )
 def test_a_tools_help_and_argument_errors_answer_before_torch_loads(command):

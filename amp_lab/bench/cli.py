@@ -15,21 +15,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from amp_lab.bench import compile_cache, feed, overhead, peer, throughput
-from amp_lab.bench.peer import check_data_dir, check_peer_script
-from amp_lab.bench.record import environment, write_report
-from amp_lab.bench.runs import throughput_overrides
+from amp_lab.choices import PrecisionName
 from amp_lab.command import dated, error, parser
-from amp_lab.components.distributed import resolve_device
-from amp_lab.compose import compose_settings
-from amp_lab.config import ConfigError
-from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
+
+if TYPE_CHECKING:
+    import torch
 
 # What an option not given means: (on a CPU, on a CUDA GPU)
 DEFAULTS = {
@@ -41,8 +36,14 @@ DEFAULTS = {
 }
 
 
+# The parts, in the order they run; each is the module amp_lab/bench/NAME.py, whose `part` runs it
+PARTS = ("compile_cache", "overhead", "throughput", "feed", "peer")
+
+
 def default_variants() -> list[str]:
     """Default telemetry, then each diagnostics mode (light, full) that the default is not."""
+    from amp_lab.compose import compose_settings
+
     default = compose_settings([]).diagnostics.mode
     return ["default"] + [f"diagnostics={name}" for name in ("light", "full") if name != default]
 
@@ -58,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--parts",
         nargs="+",
-        choices=list(PARTS),
+        choices=PARTS,
         default=["overhead", "throughput"],
         help="what to run, always in this order: compile_cache (fill torch.compile's caches "
         "for the compiled rows, --jobs processes at a time), overhead (amp_lab vs a bare loop), "
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--precisions",
         nargs="+",
-        choices=list(PRECISION_MODES),
+        choices=[p.value for p in PrecisionName],
         help="precision modes (default: all this device runs)",
     )
     add(
@@ -123,6 +124,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def runnable_precisions(device: torch.device) -> list[str]:
     """Every mode in PRECISION_MODES that this device can run, in table order."""
+    from amp_lab.config import ConfigError
+    from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
+
     names = []
     for name in PRECISION_MODES:
         with contextlib.suppress(ConfigError):  # a mode this device cannot run
@@ -131,18 +135,18 @@ def runnable_precisions(device: torch.device) -> list[str]:
     return names
 
 
-PARTS = {  # the order they run in
-    "compile_cache": compile_cache.part,
-    "overhead": overhead.part,
-    "throughput": throughput.part,
-    "feed": feed.part,
-    "peer": peer.part,
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse, fill in this device's defaults, check every input, then run the parts in order."""
-    args = parse_args(argv)
+    args = parse_args(argv)  # before torch loads: --help and a bad argument answer at once
+    import torch
+
+    from amp_lab.bench.peer import check_data_dir, check_peer_script
+    from amp_lab.bench.record import environment, write_report
+    from amp_lab.bench.runs import throughput_overrides
+    from amp_lab.components.distributed import resolve_device
+    from amp_lab.compose import compose_settings
+    from amp_lab.config import ConfigError
+
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -170,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             results.update(update)
             write_report(args.out, env, results)
 
-        for name, run_part in PARTS.items():
+        for name in PARTS:
             if name in args.parts:
-                run_part(args, device, report)
+                importlib.import_module(f"amp_lab.bench.{name}").part(args, device, report)
     except ConfigError as err:
         return error(str(err), "amp_lab.bench")
     print((args.out / "bench.md").read_text(encoding="utf-8"))

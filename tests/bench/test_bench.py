@@ -19,6 +19,7 @@ from helpers.peers import write_fake_peer
 
 from amp_lab.bench import cli as bench
 from amp_lab.bench import flops
+from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
 from amp_lab.precision.modes import PRECISION_MODES, resolve_precision
 
@@ -435,9 +436,7 @@ def test_the_bare_loop_trains_the_runners_parameter_groups_on_its_own_copy(tmp_p
     from amp_lab.build import build
     from amp_lab.trainer import Trainer
 
-    trainer = Trainer(
-        build(bench.compose_settings(["model=test_convnext", "logger=disabled"]), tmp_path)
-    )
+    trainer = Trainer(build(compose_settings(["model=test_convnext", "logger=disabled"]), tmp_path))
     runner_groups = trainer.run.optimizer.param_groups
     bare = BareLoop(trainer.run)
     groups = bare.optimizer.param_groups
