@@ -70,6 +70,8 @@ def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path
     assert last_train["throughput/samples_per_s_per_device"] == pytest.approx(
         last_train["throughput/samples_per_s"] / 2
     )
+    peak, total = last_train["memory/peak_mb"], last_train["memory/peak_mb_total"]
+    assert peak < total <= 2 * peak  # the largest rank's peak, and the sum over both ranks
 
 
 def _inf_run(rank: int, out_dir: str) -> None:
