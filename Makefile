@@ -50,7 +50,7 @@ REPORT_fp16_lr_warmup := --by lr.warmup_steps
 REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size
 REPORT_beyond_autocast := --ref bf16
 REPORT_optimizer_state := --by optim.state_dtype
-REPORT_attention_logits := --by model.kwargs,data.z_loss --ref '{"patch_size": 8, "qk_norm": false} z_loss=0'
+REPORT_attention_logits := --by model.kwargs,data.z_loss --ref 'kwargs={"patch_size": 8, "qk_norm": false} z_loss=0'
 REPORT_pure_bf16_updates := --by precision.master_weights,precision.update_rounding
 REPORT_silent_noops := --by optim.kwargs,precision.master_weights,optim.weight_decay
 REPORT_fsdp_precision := --by trainer.strategy,fsdp.param_dtype,fsdp.reduce_dtype --ref ddp

@@ -40,9 +40,20 @@ def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
     common = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
     out = args.out or common / "report"
     search = is_search(paths)  # a search's sweep folder: its studies, not a comparison of runs
+    if search and (args.by != DEFAULT_AXIS or args.ref is not None):
+        raise ReportError(
+            f"{paths[0]} is an LR search: its report compares each study's best LR, along "
+            "no --by and against no --ref; drop them (or pass its trials' run folders)"
+        )
     runs = [] if search else load_runs(paths)
     data = search_data(paths[0], argv) if search else build(runs, args.by, args.ref, argv)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        why = "it is a file" if out.is_file() else str(err.strerror).lower()
+        raise ReportError(
+            f"cannot write the report to {out}: {why}; pass --out DIR, a folder you can write"
+        ) from None
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     if search:  # `view`: the findings, given the picture's path
         print_search(console, data)

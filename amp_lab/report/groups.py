@@ -34,8 +34,9 @@ IGNORED = (
 class Cell:
     """The runs of one group at one axis value (its seeds)."""
 
-    value: str
+    value: str  # its label: `fp16`, or `key=value` for each axis key that varies
     runs: list[RunData]
+    first: str  # the value of the label's first key alone (`fp16`, `ddp`): --ref takes it
 
 
 @dataclass
@@ -93,24 +94,38 @@ def _plain(value: str | None) -> str:
     return parsed if isinstance(parsed, str) else json.dumps(parsed)
 
 
-def same_value(label: str, wanted: str) -> bool:
-    """Whether a cell's axis label is `wanted` (its first word; numbers compared as numbers)."""
-    first = label.split(" ")[0]
-    if wanted in (label, first):
+def same_value(cell: Cell, wanted: str) -> bool:
+    """Whether `wanted` names the cell: its label, or the value of its first key (numbers
+    compared as numbers)."""
+    if wanted in (cell.value, cell.first):
         return True
     try:
-        return float(first) == float(wanted)
+        return float(cell.first) == float(wanted)
     except ValueError:
         return False
 
 
-def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> str:
-    """`fp16`, or `fp16 fp32_modules=["head"]` when another key of the axis varies too."""
+def _short(key: str) -> str:
+    """A key as a label names it: a group's choice by the group (`precision`), another key
+    without its group (`master_weights`)."""
+    group, _, rest = key.partition(".")
+    return group if rest == "name" else rest or key
+
+
+def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> tuple[str, str]:
+    """The cell's label and its first key's value: `fp16` when one key of the axis varies; when
+    more do, each as `key=value` (`precision=fp16 fp32_modules=["head"]`, `kwargs={}
+    weight_decay=0.05`: a bare `{}` or `true` would not say what it is)."""
     candidates = [k for k in keys if k in shown] or keys
     first = next((k for k in candidates if k.endswith(".name")), candidates[0])
-    parts = [_plain(setting.get(first))]
-    parts += [f"{k.split('.', 1)[-1]}={_plain(setting.get(k))}" for k in shown if k != first]
-    return " ".join(parts)
+    value = _plain(setting.get(first))
+    if len(shown) < 2:
+        return value, value
+    ordered = [first, *(k for k in shown if k != first)]
+    names = [_short(k) for k in ordered]
+    if len(set(names)) < len(names):  # model.kwargs and optim.kwargs: the whole keys
+        names = ordered
+    return " ".join(f"{n}={_plain(setting.get(k))}" for n, k in zip(names, ordered)), value
 
 
 def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list[str]:
@@ -140,14 +155,15 @@ def make_groups(runs: list[RunData], by: str) -> list[Group]:
     others = sorted({k for s in settings for k in s if k not in keys and not is_ignored(k)})
     group_keys = [tuple(s.get(k) for k in others) for s in settings]
     apart = _naming(others, group_keys)
-    found: dict[tuple[str | None, ...], dict[str, list[RunData]]] = {}
+    found: dict[tuple[str | None, ...], dict[tuple[str, str], list[RunData]]] = {}
     for run, setting, key in zip(runs, settings, group_keys):
         found.setdefault(key, {}).setdefault(_axis_label(setting, keys, shown), []).append(run)
     groups = []
     for key, cells in found.items():
         own = {k: _plain(v) for k, v in zip(others, key) if k in apart}
         name = ", ".join(f"{k}={v}" for k, v in own.items()) or "all runs"
-        groups.append(Group(name, own, [Cell(value, members) for value, members in cells.items()]))
+        members = [Cell(label, runs, first) for (label, first), runs in cells.items()]
+        groups.append(Group(name, own, members))
     return groups
 
 
@@ -168,7 +184,7 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
         by_run = next((c for c in cells if any(matches(run, ref) for run in c.runs)), None)
         if by_run is not None:
             wanted = by_run.value
-        elif any(same_value(c.value, ref) for c in cells):
+        elif any(same_value(c, ref) for c in cells):
             wanted = ref
         else:
             values = ", ".join(sorted({c.value for c in cells}))
@@ -178,15 +194,15 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
             )
     for group in groups:
         candidates = [c for c in group.cells if c.value == wanted] or [
-            c for c in group.cells if same_value(c.value, wanted)
+            c for c in group.cells if same_value(c, wanted)
         ]
         done = [c for c in candidates if any(run.ok for run in c.runs)]
         if done:
             group.reference = done[0]
         elif candidates:
-            group.reference_note = f"no reference: the {wanted} run did not complete"
+            group.reference_note = f"no reference: the {candidates[0].value} run did not complete"
         else:
             group.reference_note = (
-                f"no reference: no {by}={wanted} run in this group "
+                f"no reference: no {by.split(',')[0]}={wanted} run in this group "
                 "(pass --ref VALUE or a run's label)"
             )

@@ -161,13 +161,18 @@ def write_block(readme: Path, body: str) -> None:
     readme.write_text(text)
 
 
+NAME_WIDTH = 16  # a column's name up to this stays whole; a longer one (a run's) folds
+
+
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     """The terminal's view of a markdown table, turned: one column per row (a cell, a study),
     its first entry the column's name, so a few of them fit an 80-column terminal where twenty
     figures side by side do not; a cell in trouble (bold in markdown) in bold red."""
-    table = Table(  # a name of up to 16 characters stays whole; a longer one (a run's) folds
-        Column(header[0], no_wrap=True),
-        *(Column(row[0], overflow="fold", min_width=min(len(row[0]), 16)) for row in rows),
+    table = Table(
+        Column(
+            "\n".join(header[0].split(",")), no_wrap=True
+        ),  # an axis of several keys: a line each
+        *(Column(row[0], overflow="fold", min_width=min(len(row[0]), NAME_WIDTH)) for row in rows),
         title=title,
     )
     for i, name in enumerate(header[1:], 1):
@@ -178,10 +183,31 @@ def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     return table
 
 
+def _widths(header: list[str], rows: list[list[str]], width: int) -> list[list[list[str]]]:
+    """The rows in runs whose tables fit `width` columns, the names' column beside each: rich
+    crops a wider table, and the cells past the edge are lost (three labels of several keys)."""
+    names = max(len(line) for line in [*header[0].split(","), *header[1:]])
+    runs: list[list[list[str]]] = []
+    used = width
+    for row in rows:
+        need = min(len(row[0]), NAME_WIDTH) + 3  # the column, its padding and its rule
+        if not runs or used + need > width:
+            runs.append([])
+            used = names + 4  # the names' column and the table's outer rules
+        runs[-1].append(row)
+        used += need
+    return runs
+
+
 def print_tables(console: Console, data: dict[str, Any]) -> None:
-    """The groups as rich tables, each with its verdict under it."""
+    """The groups as rich tables, each with its verdict under it; a group too wide for the
+    terminal in several tables."""
     for group in data["groups"]:
-        console.print(rich_table(f"group {group['id']}: {group['name']}", *_table(data, group)))
+        header, rows = _table(data, group)
+        title = f"group {group['id']}: {group['name']}"
+        for part in _widths(header, rows, console.width):
+            console.print(rich_table(title, header, part))
+            title = f"group {group['id']}, continued"
         console.print(f"verdict: {group['verdict']}")
     if not data["context"]["speed_representative"]:
         console.print(f"speed not representative: {data['context']['speed_note']}")

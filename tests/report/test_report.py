@@ -79,6 +79,15 @@ def test_groups_never_mix_batch_sizes_and_the_reference_is_exactly_zero(tmp_path
     for group in data["groups"]:
         delta = cells(group)["bf16"]["delta"]["acc"]["mean"]
         assert ["Δacc pp", "+0.0", f"{100 * delta:+.1f}"] in rows
+    both = ("--by", "precision,trainer.batch_size", "--out", str(tmp_path / "both"))
+    [group] = report(str(sweep), *both)["groups"]  # a mode's name by its group: not a bare fp32
+    assert list(cells(group)) == [
+        f"precision={p} batch_size={b}"
+        for p, b in [("fp32", 16), ("bf16", 16), ("fp32", 8), ("bf16", 8)]
+    ]
+    assert group["reference"] == "precision=fp32 batch_size=16"  # fp32, first seen
+    [group] = report(str(sweep), *both, "--ref", "bf16")["groups"]  # the first key's value
+    assert group["reference"] == "precision=bf16 batch_size=16"
 
 
 def test_diverged_mode_is_named_with_its_step_and_scale(tmp_path):
@@ -116,6 +125,41 @@ def test_ref_by_value_and_by_label_and_a_group_without_reference(tmp_path):
     assert by_label["groups"][0]["reference"] == "fp16"
     by_path = report(str(sweep), "--ref", str(sweep / "0_precision=bf16"))
     assert by_path["groups"][0]["reference"] == "bf16"
+
+
+def test_a_multi_key_axis_names_each_key_in_its_labels(tmp_path):
+    """silent_noops' axis: a bare `{}` (empty optim.kwargs) or `true` says nothing; each key
+    that varies is named, and --ref takes a label or the first key's value."""
+    sweep = tmp_path / "sweep"
+    default = run(sweep, "0_default", "optim.weight_decay=0.05")
+    run(sweep, "1_eps", "+optim.kwargs.eps=1e-4", "optim.weight_decay=0.05")
+    run(sweep, "2_eps_no_decay", "+optim.kwargs.eps=1e-4", "optim.weight_decay=0")
+    by = ("--by", "optim.kwargs,optim.weight_decay")
+    data = report(str(sweep), *by)
+    [group] = data["groups"]
+    eps, eps_no_decay = (
+        'kwargs={"eps": 0.0001} weight_decay=0.05',
+        'kwargs={"eps": 0.0001} weight_decay=0',
+    )
+    assert list(cells(group)) == ["kwargs={} weight_decay=0.05", eps, eps_no_decay]
+    assert group["reference"] == "kwargs={} weight_decay=0.05"  # optim.kwargs' default
+    assert group["verdict"].startswith(f"{eps} ")
+    terminal = Console(width=80, record=True)  # three such labels side by side: 82 columns
+    print_tables(terminal, data)
+    text = terminal.export_text()
+    tops = [line for line in text.splitlines() if line.startswith("┏")]
+    assert len(tops) == 2 and all(line.endswith("┓") for line in tops)  # no cell past the edge
+    assert "group 1, continued" in text
+    assert report(str(sweep), *by, "--ref", eps_no_decay)["groups"][0]["reference"] == eps_no_decay
+    (default / "summary.json").unlink()  # still running
+    [group] = report(str(sweep), *by)["groups"]
+    note = "no reference: the kwargs={} weight_decay=0.05 run did not complete"
+    assert group["reference_note"] == note
+    assert group["verdict"].startswith(f"N{note[1:]}; kwargs={{}} weight_decay=0.05 incomplete")
+    out = ("--out", str(tmp_path / "out"))
+    [group] = report(str(sweep / "1_eps"), str(sweep / "2_eps_no_decay"), *by, *out)["groups"]
+    assert list(cells(group)) == ["0.05", "0"]  # one key varies: its value alone
+    assert group["reference_note"].startswith("no reference: no optim.kwargs={} run in this")
 
 
 def test_killed_damaged_and_refused_runs_are_read_as_far_as_they_go(tmp_path, caplog):
@@ -180,6 +224,7 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
         ([str(tmp_path / "nope")], "is not a directory"),
         ([str(good), "--by", "scaler.nope"], "--by scaler.nope: no run has"),
         ([str(good), "--ref", "zzz"], "--ref zzz is neither a run nor a value of precision"),
+        ([str(good), "--out", str(good / "summary.json")], "summary.json: it is a file; pass"),
     ]:
         assert main(args) == 2
         err = capsys.readouterr().err

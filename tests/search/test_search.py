@@ -115,6 +115,10 @@ def test_the_report_reads_a_search(search, tmp_path):
     assert "| precision=fp32 | 3 (1 ok, 1 pruned, 1 diverged) | 0.003 | 0 |" in report
     assert (tmp_path / "report" / "search.png").stat().st_size > 10_000
     assert "best lr.base" in result.stdout and "× fp32 LR" in result.stdout
+    for axis in (["--by", "optim.weight_decay"], ["--ref", "fp32"]):  # no comparison of runs
+        result = run_cli("report", str(sweep), *axis, cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-3000:]
+        assert f"{sweep} is an LR search: its report compares each study's best LR" in result.stderr
 
 
 def test_a_search_whose_every_trial_diverges_ends_with_one_verdict_line(tmp_path):
