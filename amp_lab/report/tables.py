@@ -168,10 +168,9 @@ def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     """The terminal's view of a markdown table, turned: one column per row (a cell, a study),
     its first entry the column's name, so a few of them fit an 80-column terminal where twenty
     figures side by side do not; a cell in trouble (bold in markdown) in bold red."""
+    axis = "\n".join(header[0].split(","))  # an axis of several keys: a line each
     table = Table(
-        Column(
-            "\n".join(header[0].split(",")), no_wrap=True
-        ),  # an axis of several keys: a line each
+        Column(axis, no_wrap=True),
         *(Column(row[0], overflow="fold", min_width=min(len(row[0]), NAME_WIDTH)) for row in rows),
         title=title,
     )
