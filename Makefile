@@ -39,21 +39,12 @@ doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 mi
 warnings-bench: $(VENV)/.installed  ## the early warnings' lead time and false alarms (CPU)
 	$(PY) -m amp_lab.bench.lead_time $(ARGS)
 
-# Each study's CPU variant, then its report (verdicts, tables, overview.png) written into
+# Each study's CPU variant, then its report along the axis its config names (report.by), written into
 # experiments/<study>/README.md; `make study-scaler_grid` runs one (1-6 min each: 138 jobs in 21
 # minutes on 2 cores at load 4-7, one job at a time).
 STUDIES := precision_modes scaler_grid fp16_lr_warmup grad_accum beyond_autocast optimizer_state \
 	recipe_precision fsdp_precision pure_bf16_updates silent_noops attention_logits \
 	lr_per_precision
-REPORT_scaler_grid := --by scaler.init_scale
-REPORT_fp16_lr_warmup := --by lr.warmup_steps
-REPORT_grad_accum := --by trainer.grad_accum,trainer.batch_size
-REPORT_beyond_autocast := --ref bf16
-REPORT_optimizer_state := --by optim.state_dtype
-REPORT_attention_logits := --by model.kwargs,data.z_loss --ref 'kwargs={"patch_size": 8, "qk_norm": false} z_loss=0'
-REPORT_pure_bf16_updates := --by precision.master_weights,precision.update_rounding
-REPORT_silent_noops := --by optim.kwargs,precision.master_weights,optim.weight_decay
-REPORT_fsdp_precision := --by trainer.strategy,fsdp.param_dtype,fsdp.reduce_dtype --ref ddp
 # a study of N-rank jobs runs its sweep under torchrun (each rank runs every job, one group each)
 LAUNCH_fsdp_precision := -m torch.distributed.run --nproc_per_node=2
 
@@ -63,7 +54,7 @@ study-%: $(VENV)/.installed
 	rm -rf multirun/studies/$*
 	OMP_NUM_THREADS=1 $(PY) $(LAUNCH_$*) -m amp_lab -m +experiment/cpu=$* logger=disabled \
 		hydra.sweep.dir=multirun/studies/$*
-	$(PY) -m amp_lab.report multirun/studies/$* $(REPORT_$*) --out experiments/$*/report \
+	$(PY) -m amp_lab.report multirun/studies/$* --out experiments/$*/report \
 		--readme experiments/$*/README.md
 
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included

@@ -545,6 +545,15 @@ class AuditConfig:
 
 
 @dataclass
+class ReportConfig:
+    """How `amp_lab report` compares these runs where its command line does not say (a study's
+    config sets them, so its sweep's report needs no options)."""
+
+    by: str | None = None  # --by: the axis, e.g. optim.state_dtype (unset: precision)
+    ref: str | None = None  # --ref: each group's reference on that axis
+
+
+@dataclass
 class PitfallConfig:
     """The pitfall lab: a classic AMP mistake reproduced on purpose (docs/diagnostics.md)."""
 
@@ -588,6 +597,7 @@ class AmpLabConfig:
     )
     health: HealthConfig = field(default_factory=HealthConfig, metadata=FREE_ON_RESUME)
     audit: AuditConfig = field(default_factory=AuditConfig, metadata=FREE_ON_RESUME)
+    report: ReportConfig = field(default_factory=ReportConfig, metadata=FREE_ON_RESUME)
     pitfall: PitfallConfig = field(default_factory=PitfallConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)  # injected numerical faults
     tags: list[str] = field(default_factory=list)  # free-form labels copied into the summary

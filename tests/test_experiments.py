@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 
 from amp_lab.build import build
 from amp_lab.compose import validate
+from amp_lab.config import flat_settings
+from amp_lab.report.compare import main as report_main
 from amp_lab.trainer import Trainer
 
 _OVERRIDES = OverridesParser.create()
@@ -118,6 +120,9 @@ def test_every_job_of_every_study_composes(experiment):
                 assert f"trainer.seed={settings.trainer.seed}" == seed
             if "cpu" in experiment:
                 assert settings.trainer.device == "cpu" and settings.trainer.max_steps <= 60
+        keys = flat_settings(settings)
+        for axis in (settings.report.by or "precision").split(","):  # the report's --by
+            assert any(k == axis or k.startswith(f"{axis}.") for k in keys), axis
 
 
 def _build_on_two_ranks(rank: int, port: int, experiment: str, out: str) -> None:
@@ -183,6 +188,12 @@ def test_a_cpu_study_sweep_runs(tmp_path, monkeypatch):
         (0.5, 15),
     }
     assert all(s["status"] == "completed" and s["precision"]["name"] == "fp16" for s in summaries)
+    # the sweep's next step, as it prints it: the report, with no options (the study names its axis)
+    assert "next: amp_lab report sweep\n" in result.stderr
+    assert report_main([str(tmp_path / "sweep")]) == 0
+    data = json.loads((tmp_path / "sweep" / "report" / "report.json").read_text())
+    assert data["axis"] == "lr.warmup_steps"
+    assert [sorted(c["value"] for c in g["cells"]) for g in data["groups"]] == [["0", "15"]] * 2
 
 
 def test_the_cpu_studies_share_one_base_and_copy_none_of_it():

@@ -1,7 +1,8 @@
 """`python -m amp_lab.report PATH... [--by KEY] [--ref RUN|VALUE] [--out DIR] [--wandb]`.
 
-Compares runs along one axis (`precision` unless `--by KEY`), group by group: runs equal in every
-other setting, seeds aside, against their own reference (see amp_lab.report.groups). A search's
+Compares runs along one axis (`--by KEY`, else the runs' `report.by`, else `precision`), group
+by group: runs equal in every other setting, seeds aside, against their own reference (see
+amp_lab.report.groups). A search's
 sweep folder (`+search=lr`) is read as a search instead (amp_lab.report.search). Prints the
 tables and verdicts (rich), writes report.json, report.md and overview.png to DIR (default:
 `<PATH>/report`), and with --wandb the same comparison as a W&B Report.
@@ -19,7 +20,7 @@ from rich.console import Console
 
 from amp_lab.command import error, parser
 from amp_lab.report.document import build
-from amp_lab.report.groups import DEFAULT_AXIS
+from amp_lab.report.groups import study_axis
 from amp_lab.report.runs import ReportError, load_runs
 from amp_lab.report.search import is_search, print_search, search_data
 from amp_lab.report.search import markdown as search_markdown
@@ -40,13 +41,14 @@ def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
     common = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
     out = args.out or common / "report"
     search = is_search(paths)  # a search's sweep folder: its studies, not a comparison of runs
-    if search and (args.by != DEFAULT_AXIS or args.ref is not None):
+    if search and (args.by is not None or args.ref is not None):
         raise ReportError(
             f"{paths[0]} is an LR search: its report compares each study's best LR, along "
             "no --by and against no --ref; drop them (or pass its trials' run folders)"
         )
     runs = [] if search else load_runs(paths)
-    data = search_data(paths[0], argv) if search else build(runs, args.by, args.ref, argv)
+    by, ref = (args.by, args.ref) if args.by else study_axis(runs)
+    data = search_data(paths[0], argv) if search else build(runs, by, args.ref or ref, argv)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -93,16 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     cli.add_argument(
         "--by",
-        default=DEFAULT_AXIS,
         metavar="KEY",
-        help="the axis compared: a settings group or key, e.g. "
-        "scaler.init_scale (default: precision)",
+        help="the axis compared: a settings group or key, e.g. scaler.init_scale (default: "
+        "the runs' report.by, which a study's config sets, else precision)",
     )
     cli.add_argument(
         "--ref",
         metavar="RUN|VALUE",
         help="each group's reference: a value on the axis (e.g. 65536), or a "
-        "run's label or directory (default: fp32, or the key's default)",
+        "run's label or directory (default: the runs' report.ref, else fp32 or the key's "
+        "default)",
     )
     cli.add_argument(
         "--out", type=Path, metavar="DIR", help="output folder (default: <PATH>/report)"

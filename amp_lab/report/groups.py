@@ -26,6 +26,7 @@ IGNORED = (
     "trainer.timing_warmup",
     "trainer.log_every",
     "trainer.eval_every",
+    "report",
     SEED_KEY,
 )
 
@@ -165,6 +166,16 @@ def make_groups(runs: list[RunData], by: str) -> list[Group]:
         members = [Cell(label, runs, first) for (label, first), runs in cells.items()]
         groups.append(Group(name, own, members))
     return groups
+
+
+def study_axis(runs: list[RunData]) -> tuple[str, str | None]:
+    """The axis and reference the runs' own `report.by` / `report.ref` name (a study's config
+    sets them) where every run names the same; else precision and its default reference."""
+    named = {(run.settings.get("report.by"), run.settings.get("report.ref")) for run in runs}
+    if len(named) != 1:
+        return DEFAULT_AXIS, None
+    by, ref = (None if v is None else setting_value(v) for v in named.pop())
+    return by or DEFAULT_AXIS, ref
 
 
 def _default_value(by: str) -> str:
