@@ -265,8 +265,12 @@ class Checkpointer:
         stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
             log_step = step % self.settings.trainer.log_every == 0
-            if self.sharded:  # every rank writes shards: they agree on a timed checkpoint too
-                timed = bool(self.cfg.every_minutes and log_step) and self._agreed(bool(due))
+            if self.sharded:  # every rank writes shards: a timed checkpoint is due on all
+                # when it is due on rank 0 (the ranks' clocks differ)
+                rank0_due = bool(due) and self.dist.is_main
+                timed = bool(self.cfg.every_minutes and log_step) and self.dist.any(
+                    rank0_due, self.device
+                )
                 due = bool(every and step % every == 0) or timed
             stop = log_step and self.dist.any(stop, self.device)
             if stop:  # a peer was signalled
@@ -283,11 +287,6 @@ class Checkpointer:
         if stop and signals.stop_signal is not None:
             signals.hand_on(signals.stop_signal, step, path)
         return time.perf_counter() - start
-
-    def _agreed(self, timed: bool) -> bool:
-        """A timed checkpoint is due on every rank when it is on rank 0 (clocks differ)."""
-        flag = torch.tensor([float(timed and self.dist.is_main)], device=self.device)
-        return bool(self.dist.all_reduce(flag, op="max").item())
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
