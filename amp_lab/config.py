@@ -330,10 +330,7 @@ class EmaConfig:
     fp32: bool = True
 
     def __post_init__(self) -> None:
-        _require(
-            0.0 <= self.decay < 1.0,
-            f"trainer.ema.decay={self.decay} must be in (0, 1), e.g. 0.9999 (0: no EMA)",
-        )
+        _bound(self, "trainer.ema", "in [0, 1)", "decay", hint=", e.g. 0.9999 (0: no EMA)")
         _bound(self, "trainer.ema", ">= 1", "every")
 
 
