@@ -188,10 +188,7 @@ class Checkpointer:
                     continue
                 if name not in payload["parts"] and getattr(part, "optional_in_checkpoint", False):
                     continue  # a part an older checkpoint did not hold starts afresh
-                if isinstance(part, torch.Tensor):
-                    part.copy_(payload["parts"][name])
-                else:
-                    part.load_state_dict(payload["parts"][name])
+                part.load_state_dict(payload["parts"][name])
         except (KeyError, RuntimeError, ValueError, CheckpointException) as err:
             raise _refused(
                 path,
@@ -235,7 +232,7 @@ class Checkpointer:
             "step": self.state.step,
             "loop": asdict(self.state),
             "parts": {
-                name: part if isinstance(part, torch.Tensor) else part.state_dict()
+                name: part.state_dict()
                 for name, part in self.parts.items()
                 if name not in in_shards
             },
