@@ -72,7 +72,7 @@ class HysteresisGradScaler(GradScaler):
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Once per optimizer step, after step(): apply hysteresis, growth and the bounds."""
-        if new_scale is not None or not self.is_enabled():
+        if new_scale is not None:
             super().update(new_scale)
             return
         scale, growth = scale_and_growth_tracker(self)
@@ -103,16 +103,13 @@ class HysteresisGradScaler(GradScaler):
         return bool(self._floor_hit)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if state:
-            state.update(
-                hysteresis=self.hysteresis,
-                min_scale=self.min_scale,
-                max_scale=self.max_scale,
-                _hysteresis_tracker=int(self._hysteresis_tracker),
-                _floor_hit=int(self._floor_hit),
-            )
-        return state
+        return super().state_dict() | {
+            "hysteresis": self.hysteresis,
+            "min_scale": self.min_scale,
+            "max_scale": self.max_scale,
+            "_hysteresis_tracker": int(self._hysteresis_tracker),
+            "_floor_hit": int(self._floor_hit),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)  # GradScaler reads its keys only, not the ones below
