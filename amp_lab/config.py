@@ -330,10 +330,7 @@ class EmaConfig:
     fp32: bool = True
 
     def __post_init__(self) -> None:
-        _require(
-            0.0 <= self.decay < 1.0,
-            f"trainer.ema.decay={self.decay} must be in (0, 1), e.g. 0.9999 (0: no EMA)",
-        )
+        _bound(self, "trainer.ema", "in [0, 1)", "decay", hint=", e.g. 0.9999 (0: no EMA)")
         _bound(self, "trainer.ema", ">= 1", "every")
 
 
@@ -518,16 +515,9 @@ class HealthConfig:
     def __post_init__(self) -> None:
         shares = ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate", "erased_share")
         _bound(self, "health", "in (0, 1]", *shares)
-        for name in (
-            *("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop"),
-            *("attn_logit", "kurtosis", "adam_rms"),
-        ):
-            value = getattr(self, name)
-            _require(0 < value < math.inf, f"health.{name}={value} must be > 0")
-        _require(
-            self.min_steps >= 1 and self.window >= 1 and self.max_bad_steps >= 1,
-            "health.min_steps, health.window and health.max_bad_steps must be >= 1",
-        )
+        relative = ("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop")
+        _bound(self, "health", "finite and > 0", *relative, "attn_logit", "kurtosis", "adam_rms")
+        _bound(self, "health", ">= 1", "min_steps", "window", "max_bad_steps")
         _require(
             0.5 <= self.confidence < 1, f"health.confidence={self.confidence} must be in [0.5, 1)"
         )

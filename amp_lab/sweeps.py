@@ -10,7 +10,6 @@ has sbatch's refusal and sacct's complaint said in one line each (slurm_submit.p
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import warnings
 from pathlib import Path
@@ -29,7 +28,6 @@ skipped: list[str] = []  # "job N: reason" of this launch, for the command's exi
 # the queue watch and the submission of this SLURM launch; not on the callback, which the
 # launcher pickles into each job
 watches: list[PendingWatch | SlurmSubmit] = []
-log = logging.getLogger(__name__)
 
 # conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose, so
 # `hydra/launcher=submitit_slurm` brings amp_lab's requeue-safe cluster defaults. Set here, as

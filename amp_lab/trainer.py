@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from amp_lab.audit.audit import BrokenPromise
+from amp_lab.checkpoint.run_dir import write_bytes_atomic
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.components.augment import mix_batches
 from amp_lab.components.ema import update_ema
@@ -295,7 +296,4 @@ class Trainer:
     def write_summary(self, summary: dict[str, Any]) -> None:
         if not self.run.dist.is_main:
             return
-        path = self.run.out_dir / SUMMARY_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(path)  # atomic: a reader never sees half a summary
+        write_bytes_atomic(self.run.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2).encode())

@@ -46,7 +46,7 @@ def sharded_parts(parts: Mapping[str, Any]) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(parts["model"], parts["optimizer"])
     state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     for name, part in parts.items():
-        if name in MODEL_PARTS or isinstance(part, torch.Tensor):
+        if name in MODEL_PARTS:
             continue
         part_sd = part.state_dict()
         if any(isinstance(leaf, DTensor) for leaf in tree_leaves(part_sd)):

@@ -188,10 +188,7 @@ class Checkpointer:
                     continue
                 if name not in payload["parts"] and getattr(part, "optional_in_checkpoint", False):
                     continue  # a part an older checkpoint did not hold starts afresh
-                if isinstance(part, torch.Tensor):
-                    part.copy_(payload["parts"][name])
-                else:
-                    part.load_state_dict(payload["parts"][name])
+                part.load_state_dict(payload["parts"][name])
         except (KeyError, RuntimeError, ValueError, CheckpointException) as err:
             raise _refused(
                 path,
@@ -235,7 +232,7 @@ class Checkpointer:
             "step": self.state.step,
             "loop": asdict(self.state),
             "parts": {
-                name: part if isinstance(part, torch.Tensor) else part.state_dict()
+                name: part.state_dict()
                 for name, part in self.parts.items()
                 if name not in in_shards
             },
@@ -265,8 +262,12 @@ class Checkpointer:
         stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
             log_step = step % self.settings.trainer.log_every == 0
-            if self.sharded:  # every rank writes shards: they agree on a timed checkpoint too
-                timed = bool(self.cfg.every_minutes and log_step) and self._agreed(bool(due))
+            if self.sharded:  # every rank writes shards: a timed checkpoint is due on all
+                # when it is due on rank 0 (the ranks' clocks differ)
+                rank0_due = bool(due) and self.dist.is_main
+                timed = bool(self.cfg.every_minutes and log_step) and self.dist.any(
+                    rank0_due, self.device
+                )
                 due = bool(every and step % every == 0) or timed
             stop = log_step and self.dist.any(stop, self.device)
             if stop:  # a peer was signalled
@@ -283,11 +284,6 @@ class Checkpointer:
         if stop and signals.stop_signal is not None:
             signals.hand_on(signals.stop_signal, step, path)
         return time.perf_counter() - start
-
-    def _agreed(self, timed: bool) -> bool:
-        """A timed checkpoint is due on every rank when it is on rank 0 (clocks differ)."""
-        flag = torch.tensor([float(timed and self.dist.is_main)], device=self.device)
-        return bool(self.dist.all_reduce(flag, op="max").item())
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

@@ -61,8 +61,8 @@ def classifier(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def convert_to_fp8(
     model: torch.nn.Module, recipe: str, emulate: bool, fp32_modules: list[str]
-) -> list[str]:
-    """Swap eligible Linear layers for Float8Linear in place; return their names."""
+) -> None:
+    """Swap eligible Linear layers for Float8Linear in place."""
     float8 = _torchao_float8()
     from torchao.float8.float8_linear import Float8Linear
 
@@ -81,10 +81,8 @@ def convert_to_fp8(
         )
 
     float8.convert_to_float8_training(model, module_filter_fn=keep, config=config)
-    converted = [name for name, m in model.named_modules() if isinstance(m, Float8Linear)]
-    if not converted:
+    if not any(isinstance(m, Float8Linear) for m in model.modules()):
         raise ConfigError(
             "precision=fp8 found no Linear layer with dims divisible by 16 to "
             "convert in this model; use bf16 for it"
         )
-    return converted

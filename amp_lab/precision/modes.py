@@ -261,8 +261,6 @@ def resolve_precision(
     name: str, device: torch.device, options: PrecisionConfig | None = None
 ) -> PrecisionPolicy:
     """Look the mode up, check the device can run it and set the backend's TF32 switches."""
-    if name not in PRECISION_MODES:
-        raise ConfigError(f"precision={name!r} is unknown; use one of {sorted(PRECISION_MODES)}")
     mode = PRECISION_MODES[name]
     options = options or PrecisionConfig(name=PrecisionName(name))
     _check_device_runs(mode, device)

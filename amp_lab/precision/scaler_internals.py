@@ -24,11 +24,6 @@ RECHECK = (
 )
 
 
-def torch_major_minor(version: str = torch.__version__) -> str:
-    """'2.14' for '2.14.1+cu130'."""
-    return ".".join(version.split("+")[0].split(".")[:2])
-
-
 def found_inf(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0: the inf/nan flag that
     unscale_ left on the device (no sync). Read it between step() and update(), which clears it."""

@@ -33,9 +33,6 @@ class StaticGradScaler(GradScaler):
         super().update(self._fixed_scale if new_scale is None else new_scale)
 
 
-_EXTRA = ("hysteresis", "min_scale", "max_scale", "_hysteresis_tracker", "_floor_hit")
-
-
 class HysteresisGradScaler(GradScaler):
     """GradScaler with DeepSpeed's hysteresis semantics; state_dict carries them all.
 
@@ -75,7 +72,7 @@ class HysteresisGradScaler(GradScaler):
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """Once per optimizer step, after step(): apply hysteresis, growth and the bounds."""
-        if new_scale is not None or not self.is_enabled():
+        if new_scale is not None:
             super().update(new_scale)
             return
         scale, growth = scale_and_growth_tracker(self)
@@ -106,21 +103,16 @@ class HysteresisGradScaler(GradScaler):
         return bool(self._floor_hit)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if state:
-            state.update(
-                hysteresis=self.hysteresis,
-                min_scale=self.min_scale,
-                max_scale=self.max_scale,
-                _hysteresis_tracker=int(self._hysteresis_tracker),
-                _floor_hit=int(self._floor_hit),
-            )
-        return state
+        return super().state_dict() | {
+            "hysteresis": self.hysteresis,
+            "min_scale": self.min_scale,
+            "max_scale": self.max_scale,
+            "_hysteresis_tracker": int(self._hysteresis_tracker),
+            "_floor_hit": int(self._floor_hit),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict({k: v for k, v in state_dict.items() if k not in _EXTRA})
-        if not self.is_enabled() or "hysteresis" not in state_dict:
-            return  # a plain GradScaler's state: keep this scaler's own settings
+        super().load_state_dict(state_dict)  # GradScaler reads its keys only, not the ones below
         self.hysteresis = state_dict["hysteresis"]
         self.min_scale, self.max_scale = state_dict["min_scale"], state_dict["max_scale"]
         self._hysteresis_tracker = state_dict["_hysteresis_tracker"]

@@ -36,14 +36,16 @@ def _join(rank: int, world: int, port: int) -> DistContext:
 
 
 def _parts(seed: int) -> dict:
-    """A sharded test_vit (each block, then the root) and its AdamW; `seed` sets the init."""
+    """A sharded test_vit (each block, then the root), its AdamW and LR schedule; `seed` sets the
+    init."""
     torch.manual_seed(seed)
     model = timm.create_model("test_vit", pretrained=False, img_size=16, num_classes=10)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    return {"model": model, "optimizer": optimizer, "counters": torch.zeros(3)}
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # counts steps
+    return {"model": model, "optimizer": optimizer, "scheduler": schedule}
 
 
 def _train_step(parts: dict, rank: int, step: int) -> float:
@@ -53,7 +55,7 @@ def _train_step(parts: dict, rank: int, step: int) -> float:
     loss.backward()
     parts["optimizer"].step()
     parts["optimizer"].zero_grad()
-    parts["counters"] += 1
+    parts["scheduler"].step()
     return loss.item()
 
 
@@ -89,13 +91,13 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
     fresh, fresh_state = _parts(seed=1), LoopState()  # other weights, step 0
     loader = Checkpointer(cfg, run_dir, fresh_state, fresh, ctx)
     assert loader.restore() and fresh_state.step == 2
-    counters = fresh["counters"].tolist()
+    schedule_steps = fresh["scheduler"].last_epoch
     with loader.active():
         redrawn = torch.rand(3)
     resumed = [_train_step(fresh, rank, step) for step in (3, 4)]
     result = {"after": after, "resumed": resumed, "drawn": drawn, "redrawn": redrawn}
     result["listing"] = listing
-    result["counters"] = counters
+    result["schedule_steps"] = schedule_steps
     torch.save(result, run_dir / f"rank{rank}.pt")
     resumed_full = _full(fresh)
     if rank == 0:
@@ -149,9 +151,9 @@ def test_two_rank_sharded_checkpoint_is_atomic_rotated_and_resumes_exactly(tmp_p
     }
     state = sharded.read_state(folder)  # loads with weights_only=True
     assert state["world_size"] == 2 and state["sharded"] == ["model", "optimizer"]
-    assert set(state["parts"]) == {"counters"}  # the rest, as a single-process checkpoint
+    assert set(state["parts"]) == {"scheduler"}  # the rest, as a single-process checkpoint
     for result in ranks:  # steps 3 and 4 after the resume: the losses of the first run
-        assert result["resumed"] == result["after"] and result["counters"] == [2.0] * 3
+        assert result["resumed"] == result["after"] and result["schedule_steps"] == 2
         assert torch.equal(result["redrawn"], result["drawn"])  # each rank's own RNG back
     assert not torch.equal(ranks[0]["drawn"], ranks[1]["drawn"])
     full = torch.load(tmp_path / "full.pt")

@@ -399,7 +399,7 @@ def test_mixup_and_the_ema_add_no_host_reads_between_log_steps(monkeypatch, tmp_
     [
         ("data.auto_augment=rand-bogus9", "data.auto_augment='rand-bogus9' is not a timm policy"),
         ("data.mixup_alpha=-0.5", "data.mixup_alpha=-0.5 must be >= 0 (0: off)"),
-        ("trainer.ema.decay=1.5", "trainer.ema.decay=1.5 must be in (0, 1), e.g. 0.9999"),
+        ("trainer.ema.decay=1.5", "trainer.ema.decay=1.5 must be in [0, 1), e.g. 0.9999"),
     ],
 )
 def test_bad_recipe_input_is_one_line_and_exit_2(override, message, tmp_path):

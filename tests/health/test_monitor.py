@@ -178,10 +178,10 @@ def test_every_rule_has_a_label_and_a_place_in_the_table():
     "override, message",
     [
         ("health.skip_rate=0", "health.skip_rate=0.0 must be in (0, 1]"),
-        ("health.rise=-1", "health.rise=-1.0 must be > 0"),
-        ("health.attn_logit=0", "health.attn_logit=0.0 must be > 0"),
+        ("health.rise=-1", "health.rise=-1.0 must be finite and > 0"),
+        ("health.attn_logit=0", "health.attn_logit=0.0 must be finite and > 0"),
         ("health.erased_share=2", "health.erased_share=2.0 must be in (0, 1]"),
-        ("health.window=0", "health.window and health.max_bad_steps must be >= 1"),
+        ("health.window=0", "health.window=0 must be >= 1"),
         ("health.confidence=1", "health.confidence=1.0 must be in [0.5, 1)"),
         ("scaler.max_scale=inf", "scaler.max_scale=inf must be finite and > 0"),
         ("scaler.init_scale=inf", "scaler.init_scale=inf must be finite and > 0"),
