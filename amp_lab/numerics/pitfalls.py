@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from amp_lab.choices import PitfallName
-from amp_lab.components.fsdp import full_value
 from amp_lab.config import ConfigError, FaultConfig
 from amp_lab.precision.modes import PrecisionPolicy
 from amp_lab.precision.scaler_internals import scale_tensor, update_scale_now
@@ -137,13 +136,9 @@ class HalfModel(LabStep):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor:
+    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
         """The norm on every step: without a scaler it is the only inf/nan check."""
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        if self.clip_grad > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
-        return full_value(norm).float()  # FSDP: the total over the gradient shards
+        return self.norm_and_clip(measure_norm=True)
 
     def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
         assert grad_norm is not None  # this variant's unscale_and_clip always measures it

@@ -134,6 +134,29 @@ def test_half_model_keeps_fp16_weights_and_optimizer_state(tmp_path, optim):
     assert "float16" in evidence
 
 
+def test_half_model_clips_as_trainer_clip_mode_says(tmp_path):
+    """By value: every gradient element within ±clip_grad, so their total norm is far above it
+    (clipping by norm would bring the total to clip_grad)."""
+    clip = ("trainer.clip_grad=1e-3", "trainer.clip_mode=value", "trainer.max_steps=2")
+    run = build(settings(*TINY, *OPTIMIZERS["sgd"], "pitfall=half_model", *clip), tmp_path)
+    seen = []
+
+    def clipped(optimizer, args, kwargs):
+        grads = [p.grad.float() for g in optimizer.param_groups for p in g["params"]]
+        seen.append(
+            (
+                max(g.abs().max().item() for g in grads),
+                torch.cat([g.flatten() for g in grads]).norm().item(),
+            )
+        )
+
+    run.optimizer.register_step_pre_hook(clipped)
+    Trainer(run).fit()
+    assert len(seen) == 2
+    bound = torch.tensor(1e-3, dtype=torch.float16).item()  # fp16 gradients: 1e-3 rounded
+    assert all(largest <= bound and total > 1e-2 for largest, total in seen), seen
+
+
 @pytest.mark.parametrize("model", ["test_vit", "test_convnext"])
 def test_half_model_beside_bf16_shows_no_mistake_so_it_is_refused(model):
     """What the refusal of pitfall=half_model beside bf16 says (tests/test_bad_input.py): on the
