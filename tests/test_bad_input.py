@@ -58,6 +58,10 @@ BAD_INPUTS = [
     (["trainer.compile=fast"], "trainer.compile=fast is not one of off, model, step"),
     (["precision=bf16", "pitfall=half_model"], "precision=bf16 on the CPU feeds the fp16 weights"),
     (["precision=bf16_pure", "pitfall=half_model"], "which undoes model.half(); use precision="),
+    (
+        ["precision=fp8", "precision.fp8_emulate=true", "precision.fp32_modules=[stages]"],
+        "precision=fp8 converted no Linear layer of this model (each is its classifier, in",
+    ),
 ]
 
 
@@ -71,7 +75,7 @@ def _one_error_line(stderr: str) -> str:
 
 # the settings are checked before torch loads (about a second each); a model name is checked
 # against timm's registry, which imports torch: seconds, slow tier
-TORCH_CHECKS = {"model.name=resnet5"}
+TORCH_CHECKS = {"model.name=resnet5", "precision=fp8"}
 
 
 @pytest.mark.parametrize(

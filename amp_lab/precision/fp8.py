@@ -83,6 +83,6 @@ def convert_to_fp8(
     float8.convert_to_float8_training(model, module_filter_fn=keep, config=config)
     if not any(isinstance(m, Float8Linear) for m in model.modules()):
         raise ConfigError(
-            "precision=fp8 found no Linear layer with dims divisible by 16 to "
-            "convert in this model; use bf16 for it"
+            "precision=fp8 converted no Linear layer of this model (each is its classifier, in "
+            "precision.fp32_modules, or of dims not multiples of 16); use bf16 for it"
         )
