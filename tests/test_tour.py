@@ -39,7 +39,12 @@ def _collapsed(text: str) -> str:
 
 
 def shown_pattern(line: str) -> re.Pattern[str]:
-    """The README's line as a pattern: its words as written, any number where it has one."""
+    """The README's line as a pattern: its words as written, any number where it has one; a
+    report's verdict by its cells in order (its words follow the numbers: `matches` on one
+    machine is `inconclusive` on another)."""
+    if line.startswith("verdict: "):
+        cells = [clause.split()[0] for clause in line.removeprefix("verdict: ").split("; ")]
+        return re.compile("verdict: " + ".*?; ".join(f"{re.escape(cell)} " for cell in cells))
     line, parts, last = _collapsed(line), [], 0
     for number in NUMBER.finditer(line):
         parts += [re.escape(line[last : number.start()]), NUMBER.pattern]
@@ -63,6 +68,9 @@ def test_shown_lines_match_their_output_with_other_numbers():
     pattern = shown_pattern("│ final_val_acc │ 0.8914 │ fp16 vs fp32: Δacc +0.0 pp, ±5.3")
     assert pattern.search(_collapsed("│ final_val_acc   │ 0.7 │ fp16 vs fp32: Δacc -1.2 pp, ±0.25"))
     assert not pattern.search("│ final_val_acc │ 0.7 │ fp32 vs fp32: Δacc -1.2 pp, ±0.25")
+    verdict = shown_pattern("verdict: fp16 matches fp32 (Δacc +0.0 pp); bf16 vs fp32: inconclusive")
+    assert verdict.search("verdict: fp16 vs fp32: inconclusive: 2 seeds; bf16 matches fp32 (...)")
+    assert not verdict.search("verdict: bf16 matches fp32 (...); fp16 vs fp32: inconclusive")
 
 
 def _docs() -> list[Path]:

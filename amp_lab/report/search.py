@@ -115,8 +115,9 @@ def _cells(s: dict[str, Any]) -> list[str]:
     counts = f"{s['trials']} ({s['completed']} ok, {s['pruned']} pruned, {s['diverged']} diverged)"
     if best is None:
         return [s["study"], counts, "-", "-", "-", "-", "-"]
+    near = s["near_best_trials"]
     width = (
-        f"{band[0]:.3g}-{band[1]:.3g} (×{band[1] / band[0]:.2g}, {s['near_best_trials']} trials)"
+        f"{band[0]:.3g}-{band[1]:.3g} (×{band[1] / band[0]:.2g}, {near} trial{'s' * (near != 1)})"
     )
     within = f" ({s['lr_ratio_range'][0]:.2f}-{s['lr_ratio_range'][1]:.2f})" if ratio else ""
     return [

@@ -119,9 +119,9 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
     clause = accuracy_words(cell.value, ref.value, comp)
     if speed_ok and (speed := _speed_words(comp)):
         clause += f", {speed}"
-    if problems := merged_health(cell.runs):  # `fp16 diverged in 1 of 3 seeds; matches fp32 ...`
+    if problems := merged_health(cell.runs):  # `fp16: diverged in 1 of 3 seeds; matches fp32 ...`
         rest = clause.removeprefix(cell.value).lstrip(": ")
-        clause = f"{cell.value} {', '.join(problems)}; {rest}"
+        clause = f"{cell.value}: {', '.join(problems)}; {rest}"  # a label of several keys ends
     return clause
 
 
@@ -130,7 +130,7 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
     ref = group.reference
     if ref is None:
         problems = {c.value: merged_health(c.runs) for c in group.cells}
-        named = [f"{value} {', '.join(words)}" for value, words in problems.items() if words]
+        named = [f"{value}: {', '.join(words)}" for value, words in problems.items() if words]
         note = group.reference_note
         return "; ".join([note[:1].upper() + note[1:], *named]) + "."
     clauses = [cell_verdict(c, ref, comps[c.value], speed_ok) for c in group.cells if c is not ref]

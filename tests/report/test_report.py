@@ -104,7 +104,7 @@ def test_diverged_mode_is_named_with_its_step_and_scale(tmp_path):
     ]
     collapsed = f"diverged at step {first} (loss scale fell to 2^{math.log2(min(scales)):.0f})"
     assert cells(group)["fp16"]["health"] == [collapsed]
-    assert group["verdict"].startswith(f"fp16 {collapsed}")
+    assert group["verdict"].startswith(f"fp16: {collapsed}")
     assert cells(group)["fp16"]["status"] == "diverged"
     [row] = [r for r in data["runs"] if r["value"] == "fp16"]
     assert row["health"] == [collapsed]
@@ -155,7 +155,7 @@ def test_a_multi_key_axis_names_each_key_in_its_labels(tmp_path):
     [group] = report(str(sweep), *by)["groups"]
     note = "no reference: the kwargs={} weight_decay=0.05 run did not complete"
     assert group["reference_note"] == note
-    assert group["verdict"].startswith(f"N{note[1:]}; kwargs={{}} weight_decay=0.05 incomplete")
+    assert group["verdict"].startswith(f"N{note[1:]}; kwargs={{}} weight_decay=0.05: incomplete")
     out = ("--out", str(tmp_path / "out"))
     [group] = report(str(sweep / "1_eps"), str(sweep / "2_eps_no_decay"), *by, *out)["groups"]
     assert list(cells(group)) == ["0.05", "0"]  # one key varies: its value alone
@@ -195,7 +195,7 @@ def test_killed_damaged_and_refused_runs_are_read_as_far_as_they_go(tmp_path, ca
     # the only completed fp32 run (seed 1) is the reference: bf16 seed 0 has no pair
     assert bf16["delta"]["acc"]["paired"] is False and bf16["delta"]["acc"]["mean"] is not None
     assert fp16["status"] == "not started: no records (refused, or never ran)"
-    assert "fp16 not started" in group["verdict"]
+    assert "fp16: not started" in group["verdict"]
 
 
 def test_labels_are_unique_across_sweeps_and_accepted_by_ref(tmp_path):
