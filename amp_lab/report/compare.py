@@ -36,8 +36,8 @@ def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
     console = Console()
     if not console.is_terminal:
         console.width = 200  # logs and pipes: whole rows, not 80-column wrapping
-    if readme is not None and not readme.is_file():
-        raise ReportError(f"--readme {readme} is not a file; pass an existing markdown file")
+    if readme is not None and (not readme.is_file() or readme.suffix != ".md"):
+        raise ReportError(f"--readme {readme} is not a markdown file; pass an existing .md file")
     common = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
     out = args.out or common / "report"
     search = is_search(paths)  # a search's sweep folder: its studies, not a comparison of runs

@@ -225,6 +225,7 @@ def test_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
         ([str(good), "--by", "scaler.nope"], "--by scaler.nope: no run has"),
         ([str(good), "--ref", "zzz"], "--ref zzz is neither a run nor a value of precision"),
         ([str(good), "--out", str(good / "summary.json")], "summary.json: it is a file; pass"),
+        ([str(good), "--readme", str(good / "metrics.jsonl")], "is not a markdown file; pass"),
     ]:
         assert main(args) == 2
         err = capsys.readouterr().err
