@@ -7,11 +7,13 @@ import math
 
 import pytest
 from helpers import DOCTOR_TINY
+from rich.console import Console
 
 from amp_lab.compose import compose_settings
 from amp_lab.config import HealthConfig
 from amp_lab.doctor.advice import BASELINE, Advice
 from amp_lab.doctor.cli import main
+from amp_lab.doctor.diagnose import verdict_table
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor
 from amp_lab.doctor.verdict import Probe, verdict
@@ -390,3 +392,22 @@ def test_underflow_with_every_gradient_zero_is_never_unhurt():
     some = [{"diag/grad_zero_share": share} for share in (1.0, 0.5, 0.4)]
     alive = Probe("autocast", [], losses=flat, summary={"health": health}, records=some)
     assert verdict(alive, base, HealthConfig()) == "underflow, loss unhurt"
+
+
+def test_the_table_of_five_probes_reads_whole_on_an_80_column_terminal():
+    """The probes of an fp16 run with its scaler (the scaler check too) side by side, with the
+    figures of a real 12-step doctor run: every column drawn to its right border (rich's own
+    fitting cut the last ones off), every probe's name and verdict whole."""
+    losses = [2.302, 2.2, 2.1, 2.0, 1.9, 1.73]
+    summary = {"health": [], "steps": 12, "skipped_steps": 0, "final_loss_scale": 65536.0}
+    records = [{"diag/grad_zero_share": 0.0, "diag/update_ratio": 3.93e-3}]
+    names = ["fp32", "autocast", "autocast+scaler", "bf16", "scaler_check"]
+    probes = {n: Probe(n, [], losses=losses, summary=summary, records=records) for n in names}
+    console = Console(width=80, record=True)
+    console.print(verdict_table(probes, HealthConfig(), console.width))
+    lines = console.export_text().splitlines()[1:]  # under the title
+    assert all(len(line) <= 80 and line[-1] in "┓┃┩│┘" for line in lines), "\n".join(lines)
+    header = next(line for line in lines if line.startswith("┃ probe"))
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")] == ["probe", *names]
+    verdicts = next(line for line in lines if line.startswith("│ verdict"))
+    assert [cell.strip() for cell in verdicts.strip("│ ").split("│")] == ["verdict", *["ok"] * 5]
