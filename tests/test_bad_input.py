@@ -58,6 +58,10 @@ BAD_INPUTS = [
     (["trainer.compile=fast"], "trainer.compile=fast is not one of off, model, step"),
     (["precision=bf16", "pitfall=half_model"], "precision=bf16 on the CPU feeds the fp16 weights"),
     (["precision=bf16_pure", "pitfall=half_model"], "which undoes model.half(); use precision="),
+    (
+        ["precision=fp16", "pitfall=half_model", "precision.fp32_modules=[head]"],
+        "precision.fp32_modules=[head] cannot run in fp32 over model.half()'s fp16 weights",
+    ),
 ]
 
 

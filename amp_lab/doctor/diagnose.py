@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
+from amp_lab.choices import PitfallName
 from amp_lab.command import dated, strict_json
 from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     overflowed = any(p.forward for p in probes.values() if p.name != "fp32")
     # the divergence finder ranks the fp32_modules candidates; the fixes still run to verify
     numerics = for_doctor(args.overrides, doctor.low) if overflowed else None
-    if args.search_fp32 and overflowed:
+    if args.search_fp32 and overflowed and s.pitfall.name != PitfallName.half_model:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     candidates = tuple(numerics["fp32_candidates"]) if numerics else ()
     advice = Advice(s, args.steps, doctor.low, doctor.user_scaled, candidates)
