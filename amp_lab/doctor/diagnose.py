@@ -41,11 +41,13 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig, width: int) ->
     natural = [max(len(name), *map(cell_len, col)) for name, col in zip(names, texts)]
     # a rule left of each column and right of the last, a space each side of every cell
     room = width - 3 * len(names) - 1
-    # first the measures' names whole and a figure (3.93e-03) on one line, then the names wrap
-    # between words and a probe's column narrows to its own name
-    whole = [max(map(len, MEASURES)), *(max(len(name), 8) for name in columns)]
-    words = [max(len(word) for m in MEASURES for word in m.split()), *map(len, columns)]
-    fitted = _fit(_fit(natural, whole, room), words, room)
+    # narrowed in turn: while the measures' names stay whole and a figure (3.93e-03) keeps its
+    # line, then while the names wrap between words, then a probe's column to its own name
+    whole, words = max(map(len, MEASURES)), max(len(w) for m in MEASURES for w in m.split())
+    figure = [max(len(name), 8) for name in columns]
+    fitted = natural
+    for least in ([whole, *figure], [words, *figure], [words, *map(len, columns)]):
+        fitted = _fit(fitted, least, room)
     table = Table(
         *(Column(escape(name), overflow="fold", width=w) for name, w in zip(names, fitted)),
         title="amp_lab doctor: probes vs the fp32 baseline",
