@@ -87,6 +87,8 @@ def placement(settings: AmpLabConfig, out_dir: Path) -> Placement:
     if threads.workers != settings.data.num_workers:
         settings = replace(settings, data=replace(settings.data, num_workers=threads.workers))
     dist = setup_distributed(t.strategy, t.device)
+    if not dist.is_main:  # rank 0 says what this rank would; a line from here lands in its bar
+        logging.getLogger("amp_lab").setLevel(logging.ERROR)
     out_dir = Path(dist.broadcast(str(out_dir)))
     random.seed(t.seed)  # every RNG the run draws from; torch's seeds every CUDA device too
     np.random.seed(t.seed)

@@ -62,6 +62,10 @@ BAD_INPUTS = [
         ["precision=fp8", "precision.fp8_emulate=true", "precision.fp32_modules=[stages]"],
         "precision=fp8 converted no Linear layer of this model (each is its classifier, in",
     ),
+    (
+        ["precision=fp16", "pitfall=half_model", "precision.fp32_modules=[head]"],
+        "precision.fp32_modules=[head] cannot run in fp32 over model.half()'s fp16 weights",
+    ),
 ]
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from amp_lab.choices import PitfallName
 from amp_lab.config import AmpLabConfig
 from amp_lab.doctor import mechanism
 from amp_lab.doctor.verdict import HEALTHY, TRAINS, Probe, verdict
@@ -199,7 +200,10 @@ def _forward_rec(
     low: list[Probe], advice: Advice, fp32_set: list[str] | None
 ) -> dict[str, Any] | None:
     """The first forward overflow (the event the table shows as a probe's first non-finite
-    value): keep its module in fp32, or the one amp_lab numerics ranks first."""
+    value): keep its module in fp32, or the one amp_lab numerics ranks first. None beside
+    pitfall=half_model: its fp16 weights cannot run a module in fp32; its own fix comes first."""
+    if advice.settings.pitfall.name == PitfallName.half_model:
+        return None
     for probe in low:
         if (event := probe.overflow) is not None:
             break

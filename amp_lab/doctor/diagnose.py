@@ -11,10 +11,12 @@ import json
 import math
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
+from amp_lab.choices import PitfallName
 from amp_lab.command import dated, strict_json
 from amp_lab.config import ConfigError, HealthConfig
 from amp_lab.doctor import mechanism
@@ -31,18 +33,41 @@ MEASURES = (
 )
 
 
-def verdict_table(probes: dict[str, Probe], health: HealthConfig) -> Table:
+def verdict_table(probes: dict[str, Probe], health: HealthConfig, width: int) -> Table:
     """One column per probe: its verdict against the fp32 baseline, its health findings (the
-    judge's words, as in its summary.json) and the numerics behind it."""
+    judge's words, as in its summary.json) and the numerics behind it; `width` columns wide."""
     columns = {name: _measures(p, probes["fp32"], health) for name, p in probes.items()}
+    names, texts = ["probe", *columns], [MEASURES, *columns.values()]
+    natural = [max(len(name), *map(cell_len, col)) for name, col in zip(names, texts)]
+    # a rule left of each column and right of the last, a space each side of every cell
+    room = width - 3 * len(names) - 1
+    # narrowed in turn: while the measures' names stay whole and a figure (3.93e-03) keeps its
+    # line, then while the names wrap between words, then a probe's column to its own name
+    whole, words = max(map(len, MEASURES)), max(len(w) for m in MEASURES for w in m.split())
+    figure = [max(len(name), 8) for name in columns]
+    fitted = natural
+    for least in ([whole, *figure], [words, *figure], [words, *map(len, columns)]):
+        fitted = _fit(fitted, least, room)
     table = Table(
-        Column("probe", no_wrap=True),
-        *(Column(escape(name), overflow="fold", min_width=len(name)) for name in columns),
+        *(Column(escape(name), overflow="fold", width=w) for name, w in zip(names, fitted)),
         title="amp_lab doctor: probes vs the fp32 baseline",
     )
     for row, measure in enumerate(MEASURES):
         table.add_row(measure, *(escape(cells[row]) for cells in columns.values()))
     return table
+
+
+def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
+    """Column widths summing to at most `room`: the widest narrowed first, none below its
+    `least`. rich's own fitting stops when the widest columns tie, then crops the table's right
+    side off."""
+    widths = list(natural)
+    while sum(widths) > room:
+        narrower = [i for i, w in enumerate(widths) if w > least[i]]
+        if not narrower:
+            break
+        widths[max(narrower, key=lambda i: widths[i])] -= 1
+    return widths
 
 
 def _measures(p: Probe, base: Probe, health: HealthConfig) -> list[str]:
@@ -94,7 +119,7 @@ def print_report(
     search: dict | None,
     scaler_check: dict[str, Any] | None,
 ) -> None:
-    console.print(verdict_table(probes, health))
+    console.print(verdict_table(probes, health, console.width))
     if scaler_check:
         console.print(escape(f"scaler check: {mechanism.describe(scaler_check)}"))
     if search:
@@ -160,7 +185,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     overflowed = any(p.forward for p in probes.values() if p.name != "fp32")
     # the divergence finder ranks the fp32_modules candidates; the fixes still run to verify
     numerics = for_doctor(args.overrides, doctor.low) if overflowed else None
-    if args.search_fp32 and overflowed:
+    if args.search_fp32 and overflowed and s.pitfall.name != PitfallName.half_model:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     candidates = tuple(numerics["fp32_candidates"]) if numerics else ()
     advice = Advice(s, args.steps, doctor.low, doctor.user_scaled, candidates)

@@ -271,7 +271,9 @@ _updates_erased = _reaches(
 def _eps_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
     w = h.windows[-1]
     eps, floor = _signal(w, "eps"), _signal(w, "eps_floor")
-    if eps is None or floor is None or eps >= floor:
+    # at or below half the dtype's smallest positive value eps rounds to 0 (a tie to even);
+    # above it, up to that value, which still bounds the step
+    if eps is None or floor is None or eps > floor / 2:
         return None
     dtype = w.signals["diag/eps_dtype"]
     words = f"eps {eps:g} is 0 in {dtype}"

@@ -51,7 +51,13 @@ def prepare_model(
 def _check_half_model(policy: PrecisionPolicy) -> None:
     """model.half() beside bf16 shows no mistake: a bf16 mode casts the weights back, and on the
     CPU the fp16 weights meet bf16 autocast activations, which timm's ViT token concat and
-    ConvNeXt's layer norm refuse with a dtype error (tests/numerics/test_pitfall_claims.py)."""
+    ConvNeXt's layer norm refuse with a dtype error (tests/numerics/test_pitfall_claims.py);
+    a module kept in fp32 feeds fp32 inputs to its fp16 weights, which they refuse too."""
+    if kept := policy.options.fp32_modules:
+        raise ConfigError(
+            f"precision.fp32_modules=[{','.join(kept)}] cannot run in fp32 over model.half()'s "
+            "fp16 weights (pitfall=half_model); drop one of the two"
+        )
     mode = policy.mode
     if mode.param_dtype == torch.bfloat16:
         happens = "casts every weight to bf16 itself, which undoes model.half()"

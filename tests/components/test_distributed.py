@@ -59,6 +59,10 @@ def test_torchrun_ddp_matches_single_process_with_the_same_global_batch(tmp_path
         *COMMON, "trainer.strategy=ddp", "trainer.batch_size=8", "hydra.run.dir=ddp", cwd=tmp_path
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
+    # rank 0 speaks for the run: another rank's line lands inside rank 0's progress bar
+    said = ddp.stdout + ddp.stderr
+    assert "(rank 0 of 2)" in said and "(rank 1 of 2)" not in said
+    assert said.count("precision audit:") == 1
     # the reference in this process: the CLI's own run is tested elsewhere
     Trainer(build(settings(*COMMON, "trainer.batch_size=16"), tmp_path / "one")).fit()
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from helpers import DOCTOR_TINY
+from rich.console import Console
 
 from amp_lab.compose import compose_settings
 from amp_lab.config import HealthConfig
-from amp_lab.doctor.advice import BASELINE, Advice
+from amp_lab.doctor.advice import BASELINE, Advice, recommend
 from amp_lab.doctor.cli import main
+from amp_lab.doctor.diagnose import verdict_table
 from amp_lab.doctor.fixes import applied_by, verify
 from amp_lab.doctor.probes import Doctor
 from amp_lab.doctor.verdict import Probe, verdict
@@ -147,6 +150,23 @@ def test_half_model_leaves_the_bf16_probe_out_and_says_why(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_half_model_that_overflows_gets_its_own_fix_and_no_fp32_search(tmp_path, capsys):
+    """A forward overflow beside model.half(): the fix is the pitfall's own; no module is kept
+    in fp32 and --search-fp32 searches nothing (both would run fp32 inputs into fp16 weights)."""
+    report, out = _doctor(
+        tmp_path,
+        capsys,
+        *("precision=fp16", "pitfall=half_model", "fault.overflow_module=blocks.0.mlp.fc2"),
+        *("--steps", "4", "--search-fp32"),
+    )
+    assert report["probes"]["autocast+scaler"]["summary"]["diagnostics"]["nonfinite"]["forward"]
+    assert report["search_fp32"] is None
+    causes = [r["cause"] for r in report["recommendations"]]
+    assert causes[0] == "half_model" and "forward_overflow" not in causes
+    assert "crashed" not in out
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scaler", [[], ["scaler=hysteresis", "scaler.max_scale=1e12"]], ids=["dynamic", "hysteresis"]
 )  # the latter holds its first overflow
@@ -260,6 +280,23 @@ def _overflow_at(module: str | None) -> Probe:
         losses=[math.nan] * 4 if module else [2.3] * 4,
         summary={"health": [], "diagnostics": {"nonfinite": nonfinite}},
     )
+
+
+def test_beside_half_model_no_module_is_offered_in_fp32():
+    """model.half()'s fp16 weights cannot run a module in fp32 (tests/test_bad_input.py): its
+    forward overflow gets the pitfall's own fix, not precision.fp32_modules (whose probe
+    crashed: mat1 and mat2 must have the same dtype)."""
+    user = [*TINY, "precision=fp16", "pitfall=half_model"]
+    overflow = _overflow_at("blocks.0.mlp.fc2").summary["diagnostics"]
+    signed = {"health": [], "diagnostics": {**overflow, "signatures": {"half_model": "fp16"}}}
+    low = Probe("", [], losses=[math.nan] * 4, summary=signed)
+    probes = {
+        "fp32": Probe("fp32", [], losses=[2.3, 2.2, 2.1, 2.0]),
+        **{name: replace(low, name=name) for name in ("autocast", "autocast+scaler")},
+    }
+    recs = recommend(probes, Advice(compose_settings(user), 4, "fp16"))
+    assert recs[0]["cause"] == "half_model" and recs[0]["override"] == "pitfall=none"
+    assert "forward_overflow" not in [r["cause"] for r in recs]
 
 
 def _moved_overflow(tmp_path, monkeypatch, budget_s: float) -> tuple[dict, str | None, list]:
@@ -390,3 +427,22 @@ def test_underflow_with_every_gradient_zero_is_never_unhurt():
     some = [{"diag/grad_zero_share": share} for share in (1.0, 0.5, 0.4)]
     alive = Probe("autocast", [], losses=flat, summary={"health": health}, records=some)
     assert verdict(alive, base, HealthConfig()) == "underflow, loss unhurt"
+
+
+def test_the_table_of_five_probes_reads_whole_on_an_80_column_terminal():
+    """The probes of an fp16 run with its scaler (the scaler check too) side by side, with the
+    figures of a real 12-step doctor run: every column drawn to its right border (rich's own
+    fitting cut the last ones off), every probe's name and verdict whole."""
+    losses = [2.302, 2.2, 2.1, 2.0, 1.9, 1.73]
+    summary = {"health": [], "steps": 12, "skipped_steps": 0, "final_loss_scale": 65536.0}
+    records = [{"diag/grad_zero_share": 0.0, "diag/update_ratio": 3.93e-3}]
+    names = ["fp32", "autocast", "autocast+scaler", "bf16", "scaler_check"]
+    probes = {n: Probe(n, [], losses=losses, summary=summary, records=records) for n in names}
+    console = Console(width=80, record=True)
+    console.print(verdict_table(probes, HealthConfig(), console.width))
+    lines = console.export_text().splitlines()[1:]  # under the title
+    assert all(len(line) <= 80 and line[-1] in "┓┃┩│┘" for line in lines), "\n".join(lines)
+    header = next(line for line in lines if line.startswith("┃ probe"))
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")] == ["probe", *names]
+    verdicts = next(line for line in lines if line.startswith("│ verdict"))
+    assert [cell.strip() for cell in verdicts.strip("│ ").split("│")] == ["verdict", *["ok"] * 5]

@@ -9,8 +9,9 @@ from helpers import settings
 
 from amp_lab.build import build
 from amp_lab.components.loss import build_loss
-from amp_lab.health.rules import EARLY, RULES, rule_names
-from amp_lab.numerics.early_signals import feature_kurtosis
+from amp_lab.config import HealthConfig
+from amp_lab.health.rules import EARLY, RULES, History, Window, rule_names
+from amp_lab.numerics.early_signals import feature_kurtosis, optimizer_floors
 from amp_lab.trainer import Trainer
 
 SHORT = ["trainer.max_steps=12", "trainer.log_every=4", "diagnostics.every=4"]
@@ -29,7 +30,7 @@ CASES = {
     ],
     # pure bf16 without masters at a small LR: most updates are below half an ulp
     "updates_erased": ["precision=bf16_pure", "precision.master_weights=false", "lr.base=1e-5"],
-    "eps_lost": ["optim.state_dtype=fp16"],  # Adam's eps 1e-8 is below fp16's 6e-8
+    "eps_lost": ["optim.state_dtype=fp16"],  # Adam's eps 1e-8 rounds to 0 in fp16
     # lr x wd = 1e-3 x 0.05 (default) is below bf16's 2^-8
     "decay_lost": ["precision=bf16_pure", "precision.master_weights=false"],
 }
@@ -78,6 +79,21 @@ def test_the_fixes_silence_their_warnings(tmp_path):
         assert not rule_names(fixed) & {"updates_erased", "decay_lost"}, fixed["health"]
     safe = _fit(tmp_path / "eps", *CASES["eps_lost"], "+optim.kwargs.eps=1e-7")
     assert "eps_lost" not in rule_names(safe)
+
+
+@pytest.mark.parametrize("eps", [1e-8, 2.9e-8, 2.0**-25, 3.1e-8, 4e-8, 5.9e-8, 1e-7])
+def test_eps_lost_fires_exactly_where_adams_fp16_step_divides_by_nothing(eps):
+    """At or below half fp16's smallest subnormal (2^-25, 3e-8) eps rounds to 0 there, and a zero
+    gradient's step is 0/0; above it, eps rounds up to a subnormal (6e-8) and the step holds."""
+    weight = torch.nn.Parameter(torch.ones(8, dtype=torch.float16))
+    optimizer = torch.optim.AdamW([weight], eps=eps)
+    weight.grad = torch.zeros_like(weight)  # the second moment stays 0
+    optimizer.step()
+    window = Window(1, 1, 1, 0, 2.3, 1.0, signals=optimizer_floors(optimizer, None))
+    found = RULES["eps_lost"].check(History(False, 1.0, windows=[window]), HealthConfig(), False)
+    assert (found is not None) == (not weight.isfinite().all())
+    if eps == 1e-8:
+        assert found is not None and found[0] == "eps 1e-08 is 0 in float16"
 
 
 def test_feature_kurtosis_is_one_for_equal_features_and_the_count_for_one():

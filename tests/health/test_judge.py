@@ -77,7 +77,7 @@ def test_every_surface_reports_the_judges_findings_in_the_same_words(tmp_path, c
         rule: Probe(rule, CASES[rule], summary=summary) for rule, summary in summaries.items()
     }
     probes["fp32"] = probes["loss_rises"]  # the table's baseline column
-    table = verdict_table(probes, HealthConfig())
+    table = verdict_table(probes, HealthConfig(), 80)
     assert table.columns[0]._cells[1] == "health"
     health = {column.header: column._cells[1] for column in table.columns[1:]}
     for rule, summary in summaries.items():
@@ -86,7 +86,7 @@ def test_every_surface_reports_the_judges_findings_in_the_same_words(tmp_path, c
     # verdict whole (eleven measures side by side squeezed six columns to nothing)
     shown = {name: probes[name] for name in ["fp32", "underflow", "scale_pinned", "diverged"]}
     console = Console(width=80, record=True)
-    console.print(verdict_table(shown, HealthConfig()))
+    console.print(verdict_table(shown, HealthConfig(), console.width))
     lines = console.export_text().splitlines()
     assert all(len(line) <= 80 for line in lines)
     header = next(line for line in lines if line.startswith("┃ probe"))
