@@ -198,9 +198,10 @@ def test_two_seeds_inside_their_noise_are_inconclusive_and_a_real_effect_is_wors
     [effect] = _two_seed_sweep(tmp_path / "effect", "3e-3", "fault.loss_multiplier=1e-6")["groups"]
     [cell] = [c for c in effect["cells"] if not c["reference"]]
     assert cell["delta"]["verdict"] == "worse", effect["verdict"]
-    assert "is worse than fp32" in effect["verdict"]
+    assert "is worse than precision=fp32 loss_multiplier=1 (" in effect["verdict"]
     assert cell["health"] == ["underflow in 2 of 2 seeds"]
-    assert effect["verdict"].startswith(f"{cell['value']} underflow in 2 of 2 seeds; is worse than")
+    words = f"{cell['value']}: underflow in 2 of 2 seeds; is worse than"
+    assert effect["verdict"].startswith(words)
 
 
 def test_every_rule_is_documented():

@@ -15,6 +15,7 @@ from helpers.distributed import torchrun
 from helpers.host_reads import LOOP, watched_fit
 
 from amp_lab.bench import cli as bench
+from amp_lab.bench.runs import throughput_overrides
 from amp_lab.build import build
 from amp_lab.components.optim import build_optimizer
 from amp_lab.compose import compose_settings
@@ -378,7 +379,7 @@ def test_bench_throughput_table_shows_the_state_memory(tmp_path):
     built = Trainer(
         build(
             compose_settings(
-                bench.throughput_overrides(bench.parse_args(args), "test_vit", "fp32", False)
+                throughput_overrides(bench.parse_args(args), "test_vit", "fp32", False)
             ),
             tmp_path / "count",
         )
