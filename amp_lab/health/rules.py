@@ -208,6 +208,9 @@ def _stalls(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | No
     if trend is None or h.steps < cfg.min_steps or not trend[3] or _rises(h, cfg, at_end):
         return None  # a rising loss is the stronger finding
     _, first, end, _ = trend
+    # from no lower than chance, ln(classes): a loss that blew up first and fell back to chance
+    # fell a lot, and learned nothing
+    first = min(first, h.chance_loss)
     if end <= first * (1 - cfg.min_drop):
         return None
     words = f"loss stalled ({first:.3g} → {end:.3g} over {h.steps} steps)"

@@ -114,6 +114,8 @@ def test_a_healthy_history_has_no_finding():
     [
         ("loss_rises", [(2.3, 0.0, 65536.0)] * 10 + [(9.0, 0.0, 65536.0)] * 10, {}),
         ("loss_stalls", [(2.3, 0.0, 65536.0)] * 120, {}),
+        # blown up, then back to chance (ln 10 = 2.303): it fell a lot and learned nothing
+        ("loss_stalls", [(11.0, 0.0, 65536.0)] * 10 + [(2.31, 0.0, 65536.0)] * 110, {}),
         ("skips", [(2.3, float(i % 4 == 0), 65536.0 / 2 ** (i // 4)) for i in range(20)], {}),
         ("scale_pinned", [(2.3, 1.0, 65536.0)] + _falling(19), {}),
         ("scale_collapse", [(2.3, 1.0, 0.5)] + _falling(19, 0.5), {}),
@@ -130,6 +132,8 @@ def test_each_rule_fires_on_its_evidence(rule, steps, kwargs):
 
 def test_rules_that_must_not_fire():
     assert _fired([(2.3, 0.0, 65536.0)] * 50) == set()  # too short to call a stall
+    # blown up, then learning: below chance by far more than health.min_drop
+    assert _fired([(11.0, 0.0, 65536.0)] * 10 + _falling(110)) == set()
     assert _fired([(2.3, 1.0, 65536.0)] + _falling(19), dynamic=False) == set()  # bf16: no scale
     # the scale settling from a high init_scale is not a burst: no clean step before it
     settling = [(2.3, 1.0, 2.0 ** (24 - i)) for i in range(6)] + _falling(14, 2.0**18)
