@@ -53,17 +53,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _where(row: dict[str, Any] | None) -> str:
     if row is None:
         return "none: every module in its band"
-    return f"{row['module']} ({row['flag']}, error {row['norm']:.2e} = {row['ratio']:.1f}x band)"
+    return f"{row['module'] or '(model)'} ({row['flag']}, {_ratio(row)})"
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    """A flagged row's figure: its share of non-finite elements, else its error against its band."""
+    if row["flag"] == "non-finite":
+        return f"{row['nonfinite']:.1%} of its elements"
+    return f"{row['norm']:.2e} = {row['ratio']:.1f}x band"
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    """The console report: per mode the output, the first flagged modules, the amplifiers."""
+    """The console report: per mode the output, the first flagged modules, the amplifiers, the
+    flagged rows."""
     lines = []
     for mode, found in result["modes"].items():
         out = found["output"]
         lines += [
-            f"{mode} vs fp32 (loss scale {found['loss_scale']:g}): logit KL {out['logit_kl']:.2e}, "
-            f"top-1 agreement {out['top1_agreement']:.1%}, loss diff {out['loss_diff']:+.2e}",
+            f"{mode} vs fp32 (loss scale {found['loss_scale']:g})",
+            f"  output: logit KL {out['logit_kl']:.2e}, top-1 agreement "
+            f"{out['top1_agreement']:.1%}, loss diff {out['loss_diff']:+.2e}",
             f"  first out of band, forward:  {_where(found['first_out_of_band']['forward'])}",
             f"  first out of band, backward: {_where(found['first_out_of_band']['backward'])}",
         ]
@@ -79,10 +88,8 @@ def table(result: dict[str, Any]) -> list[str]:
             if not flagged:
                 continue
             lines.append(f"  {phase}: {len(flagged)} of {len(found[phase])} rows flagged")
-            lines += [
-                f"    {r['index']:>4} {r['module']:<36} {r['dtype']:<9} err {r['norm']:.2e} "
-                f"band {r['band']:.2e} max {r['max']:.2e} non-finite {r['nonfinite']:.1%} "
-                f"{r['flag']}"
+            lines += [  # each in a line of an 80-column terminal; numerics.json has the rest
+                f"    {r['module'] or '(model)'} ({r['dtype']}): {r['flag']}, {_ratio(r)}"
                 for r in flagged[:SHOWN]
             ]
     for flag in result.get("compiled_flags", []):

@@ -11,7 +11,7 @@ import torch
 from helpers import FAST
 
 import amp_lab.build
-from amp_lab.finder.cli import NUMERICS_FILE, PLOT_FILE, main
+from amp_lab.finder.cli import NUMERICS_FILE, PLOT_FILE, main, table
 from amp_lab.finder.find import find
 
 MODELS = ["test_vit", "test_convnext"]
@@ -106,11 +106,18 @@ def test_an_injected_overflow_is_named_before_it_turns_non_finite(model):
         ),
         "fp32",
         [],
-    )["modes"]["fp16"]
-    first = found["first_out_of_band"]["forward"]
+    )
+    fp16 = found["modes"]["fp16"]
+    first = fp16["first_out_of_band"]["forward"]
     assert (first["module"], first["flag"], first["nonfinite"]) == (module, "near overflow", 0.0)
-    broken = next(r for r in found["forward"] if r["nonfinite"] > 0)
+    broken = next(r for r in fp16["forward"] if r["nonfinite"] > 0)
     assert broken["index"] > first["index"] and broken["flag"] == "non-finite"
+    # what the terminal shows: each flagged row whole on an 80-column line, and the non-finite
+    # one says how much of it is
+    rows = [line for line in table(found) if line.startswith("    ")]
+    assert rows and all(len(line) <= 80 for line in rows), max(rows, key=len)
+    share = f"{broken['nonfinite']:.1%} of its elements"
+    assert f"    {broken['module']} (float16): non-finite, {share}" in rows
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
