@@ -7,6 +7,7 @@ state and the loss really had, against the mode's promise. Exit code 0 when ever
 from __future__ import annotations
 
 import argparse
+import logging
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -62,6 +63,7 @@ def _audit(args: argparse.Namespace) -> int:
     from amp_lab.audit.audit import BrokenPromise  # torch loads once the arguments are read
 
     out = args.out or Path(tempfile.mkdtemp(prefix="amp_lab_audit_"))
+    logging.getLogger("amp_lab.audit.audit").setLevel(logging.ERROR)  # printed below, once
     try:
         result = audit_one_step(args.overrides, out)
     except BrokenPromise as err:

@@ -38,6 +38,16 @@ def test_amp_lab_audit_runs_one_step_alone_and_prints_the_headline(tmp_path):
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "summary.json").exists()
 
 
+def test_amp_lab_audit_says_each_breach_of_a_pitfall_run_once(tmp_path):
+    """audit=warn (a pitfall run): the tool prints every breach, and the run's own warnings of
+    them stay silent."""
+    done = run_cli("audit", *FAST, "precision=fp16", "pitfall=half_model", cwd=tmp_path)
+    breaches = [line for line in done.stdout.splitlines() if line.startswith("broken: ")]
+    assert done.returncode == 2 and len(breaches) >= 2, done.stderr[-2000:]
+    for line in breaches:
+        assert (done.stdout + done.stderr).count(line.removeprefix("broken: ")) == 1, line
+
+
 def test_amp_lab_audit_of_a_broken_promise_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     import amp_lab.build
 
