@@ -91,8 +91,10 @@ class Doctor:
         self.user_scaled = mode.autocast_dtype is None or scaled
         # every probe of the fp32 search, per (base overrides, module set): deterministic
         self.fp32_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], Probe] = {}
-        # the user's own step runs a dynamic scaler: its mechanism is probed actively
-        self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled
+        # the user's own step runs a dynamic scaler (pitfall=half_model's drops it): its
+        # mechanism is probed actively
+        uses_scaler = checked.train_step.uses_scaler
+        self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled and uses_scaler
 
     def plan(self) -> list[tuple[str, list[str]]]:
         plan = [

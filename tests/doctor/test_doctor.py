@@ -147,6 +147,8 @@ def test_half_model_leaves_the_bf16_probe_out_and_says_why(tmp_path, capsys):
     assert problems[0] == "master weights / optimizer state are not fp32"
     assert "fp16's range is the problem; bf16 has fp32's exponent range" not in problems
     assert "unavailable" in out
+    # model.half() drops the scaler: no scaler check (it said "never grew" of a scaler not used)
+    assert "scaler_check" not in report["probes"] and report["scaler_check"] is None
 
 
 @pytest.mark.slow
