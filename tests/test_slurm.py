@@ -18,6 +18,7 @@ import time
 import pytest
 from helpers import ROOT, run_cli
 from helpers.slurm import JOB, ON_TEST_CLUSTER
+from helpers.wandb_records import offline_runs, read_run
 
 pytestmark = [
     pytest.mark.slow,
@@ -135,10 +136,16 @@ def _signalled_sweep(sweep, cwd, *overrides: str) -> tuple[int, str]:
 
 def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     """The job gets SLURM's pre-timeout signal (USR2), saves, is requeued into the same job dir,
-    finishes from its checkpoint."""
+    finishes from its checkpoint; its W&B run goes on as the same run, and the steps before the
+    requeue are in it (the requeue has SLURM end W&B's service too)."""
     sweep = tmp_path / "sweep"
     returncode, stderr = _signalled_sweep(
-        sweep, tmp_path, "precision=fp16", "trainer.max_steps=100", "trainer.log_every=10"
+        sweep,
+        tmp_path,
+        "precision=fp16",
+        "trainer.max_steps=100",
+        "trainer.log_every=10",
+        "logger.mode=offline",
     )
     assert returncode == 0, stderr[-3000:]
     run_dir = _job_dirs(sweep)[0]
@@ -151,6 +158,17 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == list(range(10, 101, 10))
     submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
     assert "Requeued job" in submitit_log
+    first, resumed = (read_run(f) for f in offline_runs(run_dir))
+    assert first.run_id == resumed.run_id and first.group == resumed.group == "/".join(
+        sweep.resolve().parts[-2:]
+    )
+    logged = [
+        [row["step"] for row in run.history if "train/loss" in row] for run in (first, resumed)
+    ]
+    assert logged == [
+        [s for s in range(10, 101, 10) if s <= resumed_at[0]],
+        [s for s in range(10, 101, 10) if s > resumed_at[0]],
+    ]
 
 
 def _refusal(tmp_path, *overrides: str) -> str:
