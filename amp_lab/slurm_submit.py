@@ -4,11 +4,14 @@
   prints and raises with a 50-line traceback, becomes sbatch's reason and the override that
   fixes it, from what sinfo says of the partition; `amp_lab` exits 2.
 - On a cluster without job accounting sacct can only fail, at every poll: the sweep says so once
-  and submitit stops asking (it learns a job's end from the job's result file).
+  and submitit asks squeue instead (a job ends with its result file, or by leaving the queue).
+- A job that ended without a result (a signal stopped it, scancel, the OOM killer) is one line
+  with its logs and the command that resumes it, not submitit's traceback.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
 import re
 import subprocess
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from submitit.core.utils import UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 from amp_lab.slurm_queue import partition_size, partitions, sinfo, slurm_said, time_fix
@@ -25,6 +29,7 @@ log = logging.getLogger("amp_lab.sweeps")
 # what sacct prints, at each call, on a cluster that keeps no job accounting
 NO_ACCOUNTING = "accounting storage is disabled"
 # submitit's warning when sacct fails (it then polls on: the job states come from their files)
+LEFT_QUEUE = "left the queue"  # a job squeue no longer lists, for a cluster without sacct
 _SACCT = "Bypassing sacct error"
 
 
@@ -92,10 +97,19 @@ def refusal(
 
 
 class _NoSacct(SlurmInfoWatcher):
-    """submitit's job watcher on a cluster without job accounting: it never calls sacct."""
+    """submitit's job watcher on a cluster without job accounting: squeue instead of sacct. A
+    job that has left the queue without a result file (stopped by a signal, killed) has ended;
+    without this the sweep would wait for it forever."""
 
     def _make_command(self) -> list[str] | None:
-        return None
+        if not self._registered - self._finished:
+            return None
+        return ["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T"]
+
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+        text = string if isinstance(string, str) else string.decode()
+        queued = dict(line.strip().split("|", 1) for line in text.splitlines() if "|" in line)
+        return {job: {"State": queued.get(job, LEFT_QUEUE)} for job in self._registered}
 
 
 class _StderrWithoutSbatch:
@@ -145,8 +159,8 @@ class SlurmSubmit:
             submitit_log.addFilter(OnceSacctWarning())
         said = slurm_said(["sacct", "-n", "-j", "1"], "stderr").strip()
         if NO_ACCOUNTING in said:  # sacct can only fail here, at every poll
-            log.warning("sacct: %s: submitit reads job states from the jobs' own files", said)
-            SlurmJob.watcher = _NoSacct(delay_s=600)
+            log.warning("sacct: %s: submitit reads job states from squeue", said)
+            SlurmJob.watcher = _NoSacct(delay_s=60)
         sys.stderr = _StderrWithoutSbatch(self.stderr)
 
     def close(self) -> None:
@@ -159,6 +173,17 @@ class SlurmSubmit:
             return (
                 "there is no SLURM on this machine (no srun): start the sweep on the cluster's "
                 "login node, or run its jobs here with hydra/launcher=submitit_local"
+            )
+        ended = re.match(
+            r"Job (\S+) \(task: \S+\) with path (.+)\nhas not produced any output \(state: (.+?)\)",
+            str(err),
+        )
+        if isinstance(err, UncompletedJobError) and ended:  # stopped by a signal, killed
+            job, result, state = ended.groups()
+            return (
+                f"SLURM job {job} ended without a result ({state}); its logs: "
+                f"{Path(result).parent}; the same command with hydra.sweep.dir={self.sweep_dir} "
+                "resumes the runs that did not finish"
             )
         sbatch = err.__cause__  # submitit's FailedJobError holds sbatch's stderr, from its exit
         if not (isinstance(sbatch, subprocess.CalledProcessError) and sbatch.cmd[0] == "sbatch"):

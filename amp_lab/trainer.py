@@ -79,6 +79,7 @@ class Trainer:
         reset_peak_memory(run.device)  # this run's peak, not the process's (a local sweep)
         try:
             sinks.start({**info, "step": run.state.step})
+            run.checkpointer.signals.before_hand_on = sinks.flush
             self.tracking = sinks.describe()
             # the training clock starts here: W&B's start-up (up to its init time-out) is setup
             started = time.perf_counter() - run.state.elapsed_s

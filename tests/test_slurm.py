@@ -18,6 +18,7 @@ import time
 import pytest
 from helpers import ROOT, run_cli
 from helpers.slurm import JOB, ON_TEST_CLUSTER
+from helpers.wandb_records import offline_runs, read_run
 
 pytestmark = [
     pytest.mark.slow,
@@ -96,9 +97,10 @@ def test_a_refused_job_on_slurm_is_named_in_the_sweeps_terminal(cluster, tmp_pat
     assert json.loads((first / "summary.json").read_text())["status"] == "completed"
 
 
-def _signalled_sweep(sweep, cwd, *overrides: str) -> tuple[int, str]:
-    """A one-job SLURM sweep sent USR2 (with scancel, so the test need not wait for a time limit)
-    once its job has logged twice; its exit code and stderr once the requeued job ends."""
+def _signalled_sweep(sweep, cwd, *overrides: str, signal: str = "USR2") -> tuple[int, str]:
+    """A one-job SLURM sweep sent `signal` (USR2: SLURM's pre-timeout signal, with scancel so the
+    test need not wait for a time limit) once its job has logged twice; its exit code and stderr
+    once the sweep ends."""
     cmd = [
         sys.executable,
         "-m",
@@ -125,8 +127,8 @@ def _signalled_sweep(sweep, cwd, *overrides: str) -> tuple[int, str]:
             assert time.monotonic() < deadline and result.poll() is None, "no progress"
             time.sleep(1)
         [job_id] = [p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit()]
-        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-        _, stderr = result.communicate(timeout=600)
+        subprocess.run(["scancel", f"--signal={signal}", job_id], check=True)
+        _, stderr = result.communicate(timeout=300)
     finally:
         if result.poll() is None:
             result.kill()
@@ -135,10 +137,16 @@ def _signalled_sweep(sweep, cwd, *overrides: str) -> tuple[int, str]:
 
 def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     """The job gets SLURM's pre-timeout signal (USR2), saves, is requeued into the same job dir,
-    finishes from its checkpoint."""
+    finishes from its checkpoint; its W&B run goes on as the same run, and the steps before the
+    requeue are in it (the requeue has SLURM end W&B's service too)."""
     sweep = tmp_path / "sweep"
     returncode, stderr = _signalled_sweep(
-        sweep, tmp_path, "precision=fp16", "trainer.max_steps=100", "trainer.log_every=10"
+        sweep,
+        tmp_path,
+        "precision=fp16",
+        "trainer.max_steps=100",
+        "trainer.log_every=10",
+        "logger.mode=offline",
     )
     assert returncode == 0, stderr[-3000:]
     run_dir = _job_dirs(sweep)[0]
@@ -151,6 +159,52 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     assert [r["step"] for r in _rows(run_dir) if r["kind"] == "train"] == list(range(10, 101, 10))
     submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
     assert "Requeued job" in submitit_log
+    first, resumed = (read_run(f) for f in offline_runs(run_dir))
+    assert first.run_id == resumed.run_id and first.group == resumed.group == "/".join(
+        sweep.resolve().parts[-2:]
+    )
+    logged = [
+        [row["step"] for row in run.history if "train/loss" in row] for run in (first, resumed)
+    ]
+    assert logged == [
+        [s for s in range(10, 101, 10) if s <= resumed_at[0]],
+        [s for s in range(10, 101, 10) if s > resumed_at[0]],
+    ]
+
+
+def test_a_job_stopped_without_a_result_ends_the_sweep_in_one_line(cluster, tmp_path):
+    """SIGTERM (a preemption, scancel) stops the run after its checkpoint and the job leaves the
+    queue without a result file; on this cluster without accounting the sweep learns it from
+    squeue (it waited forever), says so in one line, and the line's command resumes the run."""
+    sweep = tmp_path / "sweep"
+    run = ("precision=fp16", "trainer.max_steps=100", "trainer.log_every=10")
+    returncode, stderr = _signalled_sweep(sweep, tmp_path, *run, signal="TERM")
+    [job_id] = [p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit()]
+    assert returncode == 2, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"amp_lab: error: SLURM job {job_id} ended without a result (left the queue); its logs: "
+        f"{sweep / '.submitit' / job_id}; the same command with hydra.sweep.dir={sweep} resumes "
+        "the runs that did not finish"
+    )
+    stopped = json.loads((_job_dirs(sweep)[0] / "summary.json").read_text())["status"]
+    assert stopped.startswith("interrupted: SIGTERM at step ")
+    result = run_cli(
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        *ON_TEST_CLUSTER,
+        "hydra.launcher.timeout_min=5",
+        f"hydra.sweep.dir={sweep}",
+        *JOB,
+        "checkpoint.every_minutes=0",
+        *run,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (_job_dirs(sweep)[0] / "__main__.log").read_text()
+    assert re.search(r"resumed from \S+ at step \d+", log), log[-2000:]
+    summary = json.loads((_job_dirs(sweep)[0] / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 100
 
 
 def _refusal(tmp_path, *overrides: str) -> str:

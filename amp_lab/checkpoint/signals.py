@@ -16,7 +16,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -43,6 +43,7 @@ class StopSignals:
         self.stop_signal: int | None = None  # the signal the loop has yet to act on
         self.saving = False  # a checkpoint is being written
         self.previous: dict[int, Any] = {}  # signal -> the handler that was there before ours
+        self.before_hand_on: Callable[[], None] = lambda: None  # the run's sinks' flush
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
@@ -74,6 +75,7 @@ class StopSignals:
             previous = signal.SIG_DFL
         if callable(previous):
             say("%s; handing the signal on", message)
+            self.before_hand_on()  # submitit's requeue has SLURM end W&B's service at once
             try:
                 previous(signum, None)
             except SystemExit as exit_:  # submitit requeued the job and exits

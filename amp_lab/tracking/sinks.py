@@ -34,6 +34,10 @@ class Sink:
     def finish(self, summary: Record) -> None:
         """Once, with the final summary."""
 
+    def flush(self) -> None:
+        """Before a stop signal is handed on: what was logged goes to disk (submitit's requeue
+        has SLURM end every process of the job, a sink's helper processes too)."""
+
     def close(self) -> None:
         """Always called, also after an error."""
 
@@ -182,6 +186,10 @@ class Sinks(Sink):
     def finish(self, summary: Record) -> None:
         for sink in self.sinks:
             sink.finish(summary)
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            sink.flush()
 
     def describe(self) -> Record:
         return {key: value for sink in self.sinks for key, value in sink.describe().items()}

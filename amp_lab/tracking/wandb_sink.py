@@ -229,14 +229,20 @@ class WandbSink(Sink):
         except Exception as err:  # noqa: BLE001 - summary.json keeps the summary anyway
             log.warning("W&B summary failed (%s)", redact(str(err)))
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """wandb cannot flush a run that goes on: the run is finished here, with W&B's own
+        summary (summary.json is an earlier attempt's, if any); should training go on after
+        all, it goes on in metrics.jsonl only."""
+        self.close(summary_file=False)
+
+    def close(self, summary_file: bool = True) -> None:
         """Finish the W&B run (after a crash, the crashed summary.json is its summary) and end
         wandb's service, which returns once every record is on disk."""
         run, self.run = self.run, None
         path = self.out_dir / SUMMARY_FILE
-        try:  # on a requeue, SLURM's SIGTERM may have ended the W&B service already
+        try:  # SLURM's SIGTERM (a preemption) may have ended the W&B service already
             if run is not None:
-                if not self.summary_logged and path.exists():
+                if summary_file and not self.summary_logged and path.exists():
                     run.summary.update(json.loads(path.read_text()))
                 run.finish(exit_code=0 if self.summary_logged else 1)
         except Exception as err:  # noqa: BLE001 - a failing finish must not break the sweep

@@ -20,10 +20,12 @@ from pathlib import Path
 import pyte
 import pytest
 from helpers import FAST, ROOT, run_cli, settings
+from helpers.resume import SignalAt
 from helpers.sinks import Boom
 from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.build import build
+from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.config import ConfigError
 from amp_lab.records import WANDB_ID_FILE
 from amp_lab.tracking.wandb_sink import (
@@ -147,6 +149,28 @@ def test_resumed_job_continues_the_same_run(tmp_path, monkeypatch):
     ).fit()  # the requeued one finishes
     files = offline_runs(tmp_path)
     assert len(files) == 2 and {read_run(f).run_id for f in files} == {"resume01"}
+
+
+@pytest.mark.slow
+def test_a_requeue_finds_the_runs_records_on_disk(tmp_path, monkeypatch):
+    """submitit's requeue has SLURM end every process of the job at once, W&B's service too:
+    what the run logged is in its offline file before the signal is handed on to submitit."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    seen = []
+
+    def submitit_like(signum, frame):  # requeues, and exits
+        seen.append(
+            [row["step"] for run in map(read_run, offline_runs(tmp_path)) for row in run.history]
+        )
+        raise SystemExit(-1)
+
+    before = signal.signal(signal.SIGUSR2, submitit_like)
+    try:
+        with pytest.raises(Interrupted, match="SIGUSR2 at step 4"):
+            Trainer(build(settings("logger.mode=offline"), tmp_path), [SignalAt(4)]).fit()
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert seen == [[2, 4]]
 
 
 @pytest.mark.slow
@@ -294,6 +318,7 @@ import os, signal, sys
 from pathlib import Path
 from helpers import settings
 from amp_lab.build import build
+from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 
