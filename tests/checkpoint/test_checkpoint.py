@@ -474,6 +474,7 @@ def test_free_on_resume_metadata_names_exactly_the_settings_a_resume_may_change(
         "trainer.target_acc",
         "health",
         "audit",
+        "report",
         "trainer.timing_warmup",
         "data.root",
         "data.prefetch_factor",
