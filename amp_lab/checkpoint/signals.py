@@ -85,7 +85,14 @@ class StopSignals:
                 raise Interrupted(128 + signum, f"{message}; handed on, stopping")
             say("the previous %s handler returned; training goes on", name)
         else:  # SIG_DFL (or a handler set outside Python): the default action ends the process
-            say("%s; stopping", message)
+            run_dir = path.parent.parent  # <run dir>/checkpoints/step_N
+            say(
+                "%s; stopping (to resume: the same command with hydra.run.dir=%s, or for a "
+                "sweep hydra.sweep.dir=%s)",
+                message,
+                run_dir,
+                run_dir.parent,
+            )
             raise Interrupted(128 + signum, f"{message}; stopping")
 
     def after_run(self, step: int) -> None:

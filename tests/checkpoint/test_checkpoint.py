@@ -157,6 +157,7 @@ def test_checkpoint_holds_plain_data_and_loads_weights_only(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="amp_lab.checkpoint.signals"):
         _interrupt(tmp_path, [*RUN, "precision=fp16"], at_step=3, signum=signal.SIGTERM)
     assert "SIGTERM at step 3: checkpoint" in caplog.text and "; stopping" in caplog.text
+    assert f"(to resume: the same command with hydra.run.dir={tmp_path}, or for a" in caplog.text
     [path] = list((tmp_path / "checkpoints").glob("step_*.pt"))
     assert path.name == "step_000000003.pt"
     payload = torch.load(path, weights_only=True)
