@@ -167,9 +167,11 @@ def _step_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
         )
         if why:
             breaches.append(_broken(mode, "a dynamic loss scaler", why, key="scaler"))
-    # a scale fixed at 1 (fp32, bf16): clipping before unscale_ clips the unscaled gradients
+    # a scale fixed at 1 (fp32, bf16), or a loss never scaled (model.half() drops the scaler):
+    # clipping before unscale_ clips the unscaled gradients
     fixed_at_1 = scaler["class"] == "StaticGradScaler" and scaler["scale"] == 1
-    if scaler["enabled"] and scaler["unscaled_before_clip"] is False and not fixed_at_1:
+    scaled = scaler["scaled_loss"] and not fixed_at_1
+    if scaler["enabled"] and scaler["unscaled_before_clip"] is False and scaled:
         clipped = "they were clipped before unscale_"
         at_clip = "unscaled gradients at clipping"
         breaches.append(_broken("the loss scaler", at_clip, clipped, key="scaler"))
