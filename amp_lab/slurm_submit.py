@@ -28,9 +28,9 @@ log = logging.getLogger("amp_lab.sweeps")
 
 # what sacct prints, at each call, on a cluster that keeps no job accounting
 NO_ACCOUNTING = "accounting storage is disabled"
-# submitit's warning when sacct fails (it then polls on: the job states come from their files)
-LEFT_QUEUE = "left the queue"  # a job squeue no longer lists, for a cluster without sacct
+# submitit's warning when its job-state command fails (it polls on, the states as they were)
 _SACCT = "Bypassing sacct error"
+LEFT_QUEUE = "left the queue"  # a job squeue no longer lists, for a cluster without sacct
 
 
 def _fix(reason: str, partition: str, tasks_per_node: int) -> str | None:

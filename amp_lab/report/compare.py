@@ -2,10 +2,10 @@
 
 Compares runs along one axis (`--by KEY`, else the runs' `report.by`, else `precision`), group
 by group: runs equal in every other setting, seeds aside, against their own reference (see
-amp_lab.report.groups). A search's
-sweep folder (`+search=lr`) is read as a search instead (amp_lab.report.search). Prints the
-tables and verdicts (rich), writes report.json, report.md and overview.png to DIR (default:
-`<PATH>/report`), and with --wandb the same comparison as a W&B Report.
+amp_lab.report.groups). A search's sweep folder (`+search=lr`) is read as a search instead
+(amp_lab.report.search). Prints the tables and verdicts (rich), writes report.json, report.md and
+overview.png to DIR (default: `<PATH>/report`), and with --wandb the same comparison as a W&B
+Report.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def make_report(args: argparse.Namespace, argv: list[str]) -> Path:
             "no --by and against no --ref; drop them (or pass its trials' run folders)"
         )
     runs = [] if search else load_runs(paths)
-    by, ref = (args.by, args.ref) if args.by else study_axis(runs)
+    by, ref = (args.by, None) if args.by else study_axis(runs)  # --ref wins over either
     data = search_data(paths[0], argv) if search else build(runs, by, args.ref or ref, argv)
     try:
         out.mkdir(parents=True, exist_ok=True)

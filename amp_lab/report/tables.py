@@ -182,7 +182,7 @@ def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     return table
 
 
-def _widths(header: list[str], rows: list[list[str]], width: int) -> list[list[list[str]]]:
+def _parts_that_fit(header: list[str], rows: list[list[str]], width: int) -> list[list[list[str]]]:
     """The rows in runs whose tables fit `width` columns, the names' column beside each: rich
     crops a wider table, and the cells past the edge are lost (three labels of several keys)."""
     names = max(len(line) for line in [*header[0].split(","), *header[1:]])
@@ -204,7 +204,7 @@ def print_tables(console: Console, data: dict[str, Any]) -> None:
     for group in data["groups"]:
         header, rows = _table(data, group)
         title = f"group {group['id']}: {group['name']}"
-        for part in _widths(header, rows, console.width):
+        for part in _parts_that_fit(header, rows, console.width):
             console.print(rich_table(title, header, part))
             title = f"group {group['id']}, continued"
         console.print(f"verdict: {group['verdict']}")

@@ -121,7 +121,7 @@ def cell_verdict(cell: Cell, ref: Cell, comp: Comparison, speed_ok: bool) -> str
         clause += f", {speed}"
     if problems := merged_health(cell.runs):  # `fp16: diverged in 1 of 3 seeds; matches fp32 ...`
         rest = clause.removeprefix(cell.value).lstrip(": ")
-        clause = f"{cell.value}: {', '.join(problems)}; {rest}"  # a label of several keys ends
+        clause = f"{cell.value}: {', '.join(problems)}; {rest}"  # the colon ends a long label
     return clause
 
 
