@@ -1,9 +1,10 @@
 """`python -m amp_lab [overrides]`: one training run (or a sweep with -m) from the Hydra configs.
 
 The installed `amp_lab` command is the same, and runs the lab's tools by name:
-`amp_lab doctor|report|bench ARGS` is `python -m amp_lab.doctor|report|bench ARGS`;
-`amp_lab audit ARGS` audits one training step's precision (amp_lab/audit_cli.py);
-`amp_lab numerics ARGS` finds where a precision parts ways with fp32 (amp_lab/finder/cli.py).
+`amp_lab doctor|report|bench ARGS` is `python -m amp_lab doctor|report|bench ARGS`;
+`amp_lab audit ARGS` audits one training step's precision (amp_lab/tools/audit.py);
+`amp_lab numerics ARGS` finds where a precision parts ways with fp32
+(amp_lab/tools/numerics/cli.py).
 """
 
 from __future__ import annotations
@@ -21,22 +22,22 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from amp_lab import sweeps
 from amp_lab.command import error
 from amp_lab.compose import validate
 from amp_lab.config import CONF_DIR, ConfigError, register
 from amp_lab.errors import did_you_mean, null_group, one_line
+from amp_lab.sweeps import jobs
 
 log = logging.getLogger("amp_lab")
 register()
 
 
 TOOLS = {
-    "doctor": "amp_lab.doctor.cli",
-    "report": "amp_lab.report.compare",
-    "bench": "amp_lab.bench.cli",
-    "audit": "amp_lab.audit_cli",
-    "numerics": "amp_lab.finder.cli",
+    "doctor": "amp_lab.tools.doctor.cli",
+    "report": "amp_lab.tools.report.compare",
+    "bench": "amp_lab.tools.bench.cli",
+    "audit": "amp_lab.tools.audit",
+    "numerics": "amp_lab.tools.numerics.cli",
 }
 
 
@@ -47,7 +48,7 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        sweeps.clear_mark(out_dir)
+        jobs.clear_mark(out_dir)
         settings = validate(cfg)  # a bad setting is refused before torch loads (seconds)
         from amp_lab.build import build
         from amp_lab.trainer import Trainer
@@ -60,7 +61,7 @@ def main(cfg: DictConfig) -> float | None:
         if hydra_cfg.mode == RunMode.RUN:
             sys.exit(code)
         log.error("job %s skipped: %s", hydra_cfg.job.num, err)  # the sweep goes on
-        sweeps.mark_refused(out_dir, str(hydra_cfg.job.num), str(err))
+        jobs.mark_refused(out_dir, str(hydra_cfg.job.num), str(err))
         return None
 
 
@@ -80,7 +81,7 @@ def run_hydra() -> None:
     except (HydraException, OmegaConfBaseException) as err:
         sys.exit(error(one_line(err)))
     except Exception as err:
-        if (line := sweeps.slurm_error_line(err)) is None:
+        if (line := jobs.slurm_error_line(err)) is None:
             raise
         sys.exit(error(line))
     finally:
@@ -91,7 +92,7 @@ def run_hydra() -> None:
 
 def cli() -> None:
     """`amp_lab TOOL ARGS` runs a tool; anything else is a training run's overrides."""
-    sweeps.skipped.clear()
+    jobs.skipped.clear()
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
         sys.exit(importlib.import_module(TOOLS[sys.argv[1]]).main(sys.argv[2:]))
     word = sys.argv[1] if len(sys.argv) > 1 else "="
@@ -103,10 +104,8 @@ def cli() -> None:
             )
         )
     run_hydra()
-    if sweeps.skipped:  # the other jobs ran; a script or CI job still learns that some did not
-        sys.exit(
-            error(f"{len(sweeps.skipped)} sweep job(s) did not run: {'; '.join(sweeps.skipped)}")
-        )
+    if jobs.skipped:  # the other jobs ran; a script or CI job still learns that some did not
+        sys.exit(error(f"{len(jobs.skipped)} sweep job(s) did not run: {'; '.join(jobs.skipped)}"))
 
 
 if __name__ == "__main__":

@@ -53,10 +53,10 @@ from amp_lab.components.models import build_model, check_input_fits, place
 from amp_lab.components.optim import build_optimizer
 from amp_lab.components.threads import ThreadPlan, apply_threads
 from amp_lab.config import AmpLabConfig, ConfigError
+from amp_lab.diagnostics.observer import build_diagnostics
+from amp_lab.diagnostics.pitfalls import prepare_model, step_class
 from amp_lab.health.monitor import Monitor
 from amp_lab.health.rules import History
-from amp_lab.numerics.diagnostics import build_diagnostics
-from amp_lab.numerics.pitfalls import prepare_model, step_class
 from amp_lab.precision.fp32_modules import keep_in_fp32
 from amp_lab.precision.modes import PrecisionPolicy, resolve_precision
 from amp_lab.precision.scaling import allowed_holds, build_scaler, uses_dynamic_scaling

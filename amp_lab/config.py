@@ -547,7 +547,7 @@ class ReportConfig:
 class PitfallConfig:
     """The pitfall lab: a classic AMP mistake reproduced on purpose (docs/diagnostics.md)."""
 
-    # a classic AMP mistake reproduced on purpose (amp_lab/numerics/pitfalls.py)
+    # a classic AMP mistake reproduced on purpose (amp_lab/diagnostics/pitfalls.py)
     name: PitfallName = PitfallName.none
 
 

@@ -58,7 +58,7 @@ class Rows:
 
 @dataclass(frozen=True)
 class StepView:
-    """What a step shows the numerics that watch it (amp_lab/numerics/diagnostics.py): the
+    """What a step shows the numerics that watch it (amp_lab/diagnostics/observer.py): the
     watched model and its gradients, the scale, the clip settings and the weights the optimizer
     updates; the step number comes with each `begin_step`."""
 
@@ -96,7 +96,7 @@ class StepView:
 
 
 class StepObserver:
-    """Does nothing; amp_lab/numerics/diagnostics.py overrides these to watch a step's numerics.
+    """Does nothing; amp_lab/diagnostics/observer.py overrides these to watch a step's numerics.
     The Trainer reads it at log steps, checkpoints it and puts its summary in summary.json."""
 
     def begin_step(self, step: int) -> None:

@@ -10,11 +10,11 @@ import sys
 import pytest
 from helpers import ROOT
 
-from amp_lab.audit_cli import main as audit
-from amp_lab.bench.cli import main as bench
-from amp_lab.doctor.cli import main as doctor
-from amp_lab.finder.cli import main as numerics
-from amp_lab.report.compare import main as report
+from amp_lab.tools.audit import main as audit
+from amp_lab.tools.bench.cli import main as bench
+from amp_lab.tools.doctor.cli import main as doctor
+from amp_lab.tools.numerics.cli import main as numerics
+from amp_lab.tools.report.compare import main as report
 
 
 @pytest.mark.parametrize(
@@ -28,8 +28,8 @@ from amp_lab.report.compare import main as report
         ),
         (numerics, ["--vs", "fp8"], "amp_lab: error: argument --vs: invalid choice", "--help)"),
         (doctor, ["--steps", "x"], "amp_lab: error: argument --steps: invalid int", "--help)"),
-        (report, [], "amp_lab.report: error: the following arguments are required", "--help)"),
-        (bench, ["--rounds", "0"], "amp_lab.bench: error: --steps, --rounds", "--help)"),
+        (report, [], "amp_lab report: error: the following arguments are required", "--help)"),
+        (bench, ["--rounds", "0"], "amp_lab bench: error: --steps, --rounds", "--help)"),
     ],
 )
 def test_an_argument_error_is_one_line_and_exit_2(capsys, main, argv, start, end):
@@ -56,10 +56,10 @@ except SystemExit as stop:
         ["amp_lab", "audit", "--help"],
         ["amp_lab", "numerics", "--help"],
         ["amp_lab", "doctor", "--help"],
-        ["amp_lab.doctor", "--steps", "x"],
-        ["amp_lab.report", "--help"],
-        ["amp_lab.bench", "--help"],
-        ["amp_lab.bench", "--rounds", "0"],
+        ["amp_lab.tools.doctor", "--steps", "x"],
+        ["amp_lab.tools.report", "--help"],
+        ["amp_lab.tools.bench", "--help"],
+        ["amp_lab.tools.bench", "--rounds", "0"],
     ],
 )
 def test_a_tools_help_and_argument_errors_answer_before_torch_loads(command):

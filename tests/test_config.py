@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from amp_lab.build import build
 from amp_lab.choices import Choice, DatasetName, DiagnosticsMode, PitfallName, PrecisionName
 from amp_lab.config import AmpLabConfig, ConfigError, flat_settings
-from amp_lab.numerics.pitfalls import VARIANTS
+from amp_lab.diagnostics.pitfalls import VARIANTS
 from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.trainer import Trainer
 
@@ -363,7 +363,7 @@ def test_hydra_settings_live_in_conf_hydra():
     assert list(OmegaConf.load(CONF_DIR / "config.yaml")) == ["defaults"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         hydra = compose("config", return_hydra_config=True).hydra
-    assert hydra.callbacks.skipped_jobs._target_ == "amp_lab.sweeps.SkippedJobs"
+    assert hydra.callbacks.skipped_jobs._target_ == "amp_lab.sweeps.jobs.SkippedJobs"
     assert OmegaConf.to_container(hydra.sweep)["subdir"] == (
         "${hydra.job.num}_${hydra.job.override_dirname}"
     )  # job dirs named by their overrides

@@ -23,7 +23,7 @@ from amp_lab.__main__ import TOOLS  # each has its own parser and tests
 from amp_lab.compose import compose_settings
 
 # `python -m amp_lab ARGS`, `amp_lab ARGS`, `torchrun ... -m amp_lab ARGS`, after any VAR=value;
-# `python -m amp_lab.doctor ARGS` too: the doctor, the audit and numerics take a run's overrides
+# `python -m amp_lab doctor ARGS` too: the doctor, the audit and numerics take a run's overrides
 TRAIN = re.compile(
     r"^(?:[A-Z_]+=\S+ )*(?:python -m amp_lab(?:\.doctor)?|amp_lab|torchrun .*?-m amp_lab)\s(.*)$"
 )
@@ -161,7 +161,7 @@ def _options(tool: str) -> set[str]:
 
 
 def test_every_option_the_docs_pass_to_a_tool_is_one_it_has():
-    """`python -m amp_lab.bench --parts ...`, `amp_lab doctor --search-fp32`, ... in code blocks
+    """`python -m amp_lab bench --parts ...`, `amp_lab doctor --search-fp32`, ... in code blocks
     and inline code: each option is in the tool's --help."""
     known = {tool: _options(tool) for tool in TOOLS}
     used = 0

@@ -26,7 +26,7 @@ def test_the_resume_rule_names_exactly_the_settings_free_on_resume():
 
 
 def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
-    from amp_lab.bench.cli import DEFAULTS, parse_args
+    from amp_lab.tools.bench.cli import DEFAULTS, parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--help"])

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from amp_lab.build import build
 from amp_lab.compose import validate
 from amp_lab.config import flat_settings
-from amp_lab.report.compare import main as report_main
+from amp_lab.tools.report.compare import main as report_main
 from amp_lab.trainer import Trainer
 
 _OVERRIDES = OverridesParser.create()

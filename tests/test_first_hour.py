@@ -124,8 +124,8 @@ def test_every_option_help_lists_is_in_the_readme_table(tmp_path):
 
 
 def test_pending_advice_names_the_override_only_when_the_job_cannot_fit(monkeypatch):
-    from amp_lab import slurm_queue
-    from amp_lab.slurm_queue import QueuedJob, advice, mem_gb
+    from amp_lab.sweeps import slurm_queue
+    from amp_lab.sweeps.slurm_queue import QueuedJob, advice, mem_gb
 
     assert [mem_gb(t) for t in ("64G", "4000M", "23081", "0", "")] == pytest.approx(
         [64, 3.90625, 22.54, None, None], abs=0.01

@@ -1,6 +1,6 @@
-"""The build's parts stand below the build: no module the build uses imports the build, the Run,
-the loop or a command that drives them, not even inside a function (CONTRIBUTING.md, Where
-things go)."""
+"""The lab below, its tools above: no module the build uses imports the build, the Run, the loop
+or a command that drives them, and nothing outside amp_lab/tools/ imports a tool, not even inside
+a function (CONTRIBUTING.md, Where things go)."""
 
 import ast
 from importlib.util import resolve_name
@@ -10,10 +10,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "amp_lab"
 PARTS = [
-    *("components", "precision", "checkpoint", "tracking", "health", "audit", "numerics", "search"),
+    *("components", "precision", "checkpoint", "tracking", "health", "audit", "diagnostics"),
+    "search",
     *("step.py", "config.py", "choices.py", "records.py", "errors.py"),
 ]
-ABOVE = ["build", "run", "trainer", "__main__", "audit_cli", "bench", "doctor", "report", "finder"]
+ABOVE = ["build", "run", "trainer", "__main__", "tools"]
 
 
 def imported(source: str, package: str) -> set[str]:
@@ -29,20 +30,45 @@ def imported(source: str, package: str) -> set[str]:
     return {n for n in names if n.startswith("amp_lab.")}
 
 
-@pytest.mark.parametrize("part", PARTS)
-def test_no_part_of_the_build_imports_what_stands_above_it(part):
-    files = [PACKAGE / part] if part.endswith(".py") else sorted((PACKAGE / part).rglob("*.py"))
-    assert files and all(f.is_file() for f in files)
-    above = tuple(f"amp_lab.{name}" for name in ABOVE)
-    found = {
+def imports_of(files: list[Path], above: list[str]) -> set[str]:
+    """'file imports module' for each module under `above` (amp_lab's names) that `files` import."""
+    modules = tuple(f"amp_lab.{name}" for name in above)
+    return {
         f"{path.relative_to(PACKAGE.parent)} imports {name}"
         for path in files
         for name in imported(
             path.read_text(), ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
         )
-        if name in above or name.startswith(tuple(f"{a}." for a in above))
+        if name in modules or name.startswith(tuple(f"{a}." for a in modules))
     }
-    assert not found
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_no_part_of_the_build_imports_what_stands_above_it(part):
+    files = [PACKAGE / part] if part.endswith(".py") else sorted((PACKAGE / part).rglob("*.py"))
+    assert files and all(f.is_file() for f in files)
+    assert not imports_of(files, ABOVE)
+
+
+def test_nothing_outside_the_tools_imports_a_tool():
+    """The entry point names the tools by their module path (amp_lab.__main__.TOOLS) and imports
+    one only when asked to run it; no other module of the lab, nor the search sweeper, imports
+    one."""
+    outside = [
+        path
+        for path in sorted(
+            [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "hydra_plugins").rglob("*.py")]
+        )
+        if PACKAGE / "tools" not in path.parents
+    ]
+    assert len(outside) > 60
+    assert not imports_of(outside, ["tools"])
+
+
+def test_the_lab_keeps_at_most_twelve_top_level_modules():
+    """One concept per module, a package per concern: the top level holds the entry point, the
+    schemas, the build, the Run, the loop, the step and what every command shares."""
+    assert len(list(PACKAGE.glob("*.py"))) <= 12
 
 
 @pytest.mark.parametrize(
@@ -55,4 +81,4 @@ def test_no_part_of_the_build_imports_what_stands_above_it(part):
     ],
 )
 def test_the_check_sees_every_way_to_import(code):
-    assert "amp_lab.build" in imported(code, "amp_lab.numerics")
+    assert "amp_lab.build" in imported(code, "amp_lab.diagnostics")

@@ -11,13 +11,13 @@ import pytest
 import torch
 from helpers import settings
 
-from amp_lab.bench.throughput import batch_stream, phase_times
 from amp_lab.build import build
 from amp_lab.choices import PitfallName
-from amp_lab.doctor.advice import SIGNATURE_FIXES
-from amp_lab.numerics.pitfalls import VARIANTS, HalfModel, LabStep, NoScalerUpdate
+from amp_lab.diagnostics.pitfalls import VARIANTS, HalfModel, LabStep, NoScalerUpdate
 from amp_lab.run import Run
 from amp_lab.step import STAGES, TrainStep
+from amp_lab.tools.bench.throughput import batch_stream, phase_times
+from amp_lab.tools.doctor.advice import SIGNATURE_FIXES
 from amp_lab.trainer import Trainer
 
 TINY = [

@@ -58,8 +58,8 @@ def test_the_tour_has_its_five_commands():
     commands = [command for command, _ in steps]
     assert commands[0].startswith("python -m amp_lab model=")
     assert commands[1].startswith("python -m amp_lab -m ")
-    assert commands[2].startswith("python -m amp_lab.report ")
-    assert commands[3].startswith("python -m amp_lab.doctor ")
+    assert commands[2].startswith("python -m amp_lab report ")
+    assert commands[3].startswith("python -m amp_lab doctor ")
     assert "+experiment/cpu=" in commands[4]
     assert all(shown for _, shown in steps), "every command shows what it prints"
 

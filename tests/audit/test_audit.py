@@ -11,11 +11,11 @@ import torch
 from helpers import FAST, settings
 
 from amp_lab.audit.audit import BrokenPromise
-from amp_lab.audit_cli import audit_one_step
 from amp_lab.build import build
 from amp_lab.precision.scaling import StaticGradScaler
 from amp_lab.records import AUDIT_FILE, SUMMARY_FILE
 from amp_lab.run import Run
+from amp_lab.tools.audit import audit_one_step
 from amp_lab.trainer import Trainer
 
 FP8 = ["precision=fp8", "precision.fp8_emulate=true"]

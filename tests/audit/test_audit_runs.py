@@ -9,9 +9,9 @@ import pytest
 from helpers import FAST, run_cli, settings
 from helpers.resume import interrupt
 
-from amp_lab.audit_cli import main
 from amp_lab.build import build
 from amp_lab.records import AUDIT_FILE
+from amp_lab.tools.audit import main
 from amp_lab.trainer import Trainer
 
 # every comparison of two audits: what ran, not when

@@ -8,11 +8,11 @@ import pytest
 import torch
 from helpers import run_cli, settings
 
-from amp_lab.bench.image_folder import write_image_folder
 from amp_lab.build import build
 from amp_lab.components import device_decode
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.config import ConfigError
+from amp_lab.tools.bench.image_folder import write_image_folder
 from amp_lab.trainer import Trainer
 
 # one uint8 step in normalised units is 1 / 255 / std (test_vit's pretrained std is 0.5): the

@@ -10,8 +10,8 @@ from helpers import settings
 from amp_lab.build import build
 from amp_lab.components.loss import build_loss
 from amp_lab.config import HealthConfig
+from amp_lab.diagnostics.early_signals import feature_kurtosis, optimizer_floors
 from amp_lab.health.rules import EARLY, RULES, History, Window, rule_names
-from amp_lab.numerics.early_signals import feature_kurtosis, optimizer_floors
 from amp_lab.trainer import Trainer
 
 SHORT = ["trainer.max_steps=12", "trainer.log_every=4", "diagnostics.every=4"]

@@ -15,9 +15,9 @@ from rich.console import Console
 
 from amp_lab.build import build
 from amp_lab.config import HealthConfig
-from amp_lab.doctor.diagnose import verdict_table
-from amp_lab.doctor.verdict import Probe, verdict
 from amp_lab.health.rules import RULES, rule_names, words_of
+from amp_lab.tools.doctor.diagnose import verdict_table
+from amp_lab.tools.doctor.verdict import Probe, verdict
 from amp_lab.trainer import Trainer
 
 TINY = [
@@ -99,7 +99,7 @@ def test_every_surface_reports_the_judges_findings_in_the_same_words(tmp_path, c
 @pytest.mark.slow
 def test_the_doctors_probes_report_their_own_findings(tmp_path):
     """A real doctor run: each probe's doctor.json health is its summary.json's."""
-    from amp_lab.doctor.cli import main
+    from amp_lab.tools.doctor.cli import main
 
     out = tmp_path / "doctor"
     assert main([*TINY, "model=test_vit", "lr.base=1", "--steps", "24", "--out", str(out)]) == 0

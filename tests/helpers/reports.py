@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from amp_lab.build import build
-from amp_lab.report.compare import main
+from amp_lab.tools.report.compare import main
 from amp_lab.trainer import Trainer
 from helpers.compose import settings
 

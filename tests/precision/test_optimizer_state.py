@@ -14,13 +14,13 @@ from helpers import run_cli, settings
 from helpers.distributed import torchrun
 from helpers.host_reads import LOOP, watched_fit
 
-from amp_lab.bench import cli as bench
-from amp_lab.bench.runs import throughput_overrides
 from amp_lab.build import build
 from amp_lab.components.optim import build_optimizer
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
-from amp_lab.numerics.optimizer_state import _zero_and_subnormal
+from amp_lab.diagnostics.optimizer_state import _zero_and_subnormal
+from amp_lab.tools.bench import cli as bench
+from amp_lab.tools.bench.runs import throughput_overrides
 from amp_lab.tracking.sinks import Sink
 from amp_lab.trainer import Trainer
 

@@ -1,0 +1,220 @@
+"""The doctor's probes: short in-process runs of the user's config in fp32, autocast without and
+with the loss scaler, and bf16, with the same seed and data order; and the greedy search for
+modules to keep in fp32. What they saw is judged in verdict.py and advice.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from amp_lab.choices import Strategy
+from amp_lab.compose import compose_settings
+from amp_lab.config import ConfigError
+from amp_lab.records import METRICS_FILE
+from amp_lab.tools.doctor import mechanism
+from amp_lab.tools.doctor.verdict import Probe
+
+
+def key(override: str) -> str:
+    """The config key an override sets (`+a.b=1` -> `a.b`)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]  # the baseline probe's
+# what every probe sets besides its length; every probe starts afresh (an earlier doctor's
+# files in --out are set aside)
+PROBE_SETTINGS = [
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.progress=false",
+    "diagnostics=full",
+    "diagnostics.every=1",
+    "trainer.resume=false",
+    "trainer.strategy=single",  # the probes are short runs on one process
+    "checkpoint.enabled=false",
+    "logger=disabled",  # a probe is no run of the user's: nothing goes to W&B
+]
+# keys the doctor sets itself; the user's values for them are replaced per probe
+PROBE_KEYS = {
+    *map(key, PROBE_SETTINGS),
+    *("precision", "scaler.enabled", "trainer.max_steps", "logger.mode", "diagnostics.mode"),
+    "hydra.run.dir",
+}
+log = logging.getLogger("amp_lab.tools.doctor")
+SEARCH_ROUNDS = 6  # the fp32 search adds at most this many modules
+# the fp32 baseline probe per composed config (its JSON): deterministic for its seed, so a
+# process that diagnoses several configs (the suite) runs each baseline once
+BASELINES: dict[str, Probe] = {}
+
+
+class Doctor:
+    """Runs the probes of one user config and collects what they saw."""
+
+    def __init__(self, overrides: list[str], steps: int, out: Path) -> None:
+        self.user, self.out = overrides, out
+        self.settings = compose_settings(overrides)  # bad overrides fail here, before any run
+        self.health = self.settings.health  # the judge's thresholds, the user's own
+        import torch  # torch and timm load only after the config parsed
+
+        from amp_lab.build import build
+        from amp_lab.precision.scaling import uses_dynamic_scaling
+
+        kept = [o for o in overrides if key(o) not in PROBE_KEYS]
+        self.common = [*kept, f"trainer.max_steps={steps}", *PROBE_SETTINGS]
+        if self.settings.trainer.strategy == "fsdp":  # its policy is checked, its probes not
+            from amp_lab.components.fsdp import resolve_plan
+
+            resolve_plan(self.settings)
+            log.info("trainer.strategy=fsdp: the doctor's probes run on one process, unsharded")
+        # the user's own config is valid on this machine: it builds (in a folder it never
+        # writes to, so an --out that holds a run is left alone)
+        single = replace(self.settings.trainer, strategy=Strategy.single)
+        checked = build(replace(self.settings, trainer=single), out / "probes" / "config_check")
+        policy = checked.policy
+        # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
+        mode = policy.mode
+        self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
+        self.scaled = [f"precision={self.low}", "scaler.enabled=true"]  # autocast+scaler's
+        # what the user runs (a fix is verified on it): their precision and scaler, or, for
+        # an fp32 config, the autocast+scaler probe's
+        own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
+        self.own = own if mode.autocast_dtype is not None else self.scaled
+        scaled = uses_dynamic_scaling(self.settings.scaler, policy)
+        self.user_scaled = mode.autocast_dtype is None or scaled
+        # every probe of the fp32 search, per (base overrides, module set): deterministic
+        self.fp32_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], Probe] = {}
+        # the user's own step runs a dynamic scaler (pitfall=half_model's drops it): its
+        # mechanism is probed actively
+        uses_scaler = checked.train_step.uses_scaler
+        self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled and uses_scaler
+
+    def plan(self) -> list[tuple[str, list[str]]]:
+        plan = [
+            ("fp32", FP32),
+            ("autocast", [f"precision={self.low}", "scaler.enabled=false"]),
+            ("autocast+scaler", self.scaled),
+        ]
+        if self.low != "bf16":
+            plan.append(("bf16", ["precision=bf16", "scaler.enabled=false"]))
+        if self.checks_scaler:
+            plan.append((mechanism.NAME, mechanism.overrides(self.own)))
+        return plan
+
+    def run_probe(self, name: str, extra: list[str]) -> Probe:
+        """A short in-process run; its files go to <out>/probes/<name>."""
+        from amp_lab.build import build  # torch and timm load only when a probe runs
+        from amp_lab.trainer import Trainer
+
+        replaced = {key(e) for e in extra}
+        probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
+        settings = compose_settings(probe.overrides)
+        # the fp32 baseline, once per config in this process (the suite's cases share it)
+        config = json.dumps(asdict(settings), sort_keys=True, default=str) if name == "fp32" else ""
+        if config in BASELINES:
+            log.info("probe fp32: the baseline of this config, already run in this process")
+            return replace(BASELINES[config], overrides=probe.overrides)
+        try:
+            trainer = Trainer(build(settings, self.out / "probes" / name))
+        except ConfigError as err:
+            if name != "bf16":
+                raise
+            # bf16 only where the device has it, and with what the user's config does
+            probe.unavailable = str(err)
+            return probe
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # the probe's own progress, table
+                probe.summary = trainer.fit()
+        except Exception as err:  # noqa: BLE001 - a probe that crashes is a finding, not the end
+            probe.crashed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if name == "fp32":
+                raise ConfigError(
+                    f"the fp32 baseline crashed ({probe.crashed}); fix that first: "
+                    f"python -m amp_lab {' '.join(self.user)} precision=fp32 "
+                    "shows the traceback"
+                ) from err
+            log.warning("probe %s crashed: %s", name, probe.crashed)
+            return probe
+        rows = (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
+        probe.records = [r for r in map(json.loads, rows) if r["kind"] == "train"]
+        probe.losses = [r["train/loss"] for r in probe.records]
+        if config:
+            BASELINES[config] = probe
+        log.info("probe %s: %s", name, " ".join(extra))
+        return probe
+
+    def search_fp32(
+        self,
+        start: list[str],
+        scaled: Probe,
+        base: list[str] | None = None,
+        name: str = "search",
+        deadline: float = math.inf,
+    ) -> dict[str, Any]:
+        """Greedy: add the module named by the forward attribution until a probe runs clean.
+        `scaled` is the run of `base` (default: autocast+scaler) with the `start` set; a set
+        already run is not run again (the probes are deterministic for a seed). No new probe
+        starts after `deadline` (time.monotonic()); the result then says `stopped`."""
+        extra = tuple(base or self.scaled)
+        self.fp32_runs.setdefault((extra, tuple(start)), scaled)
+        chosen = list(start)
+        tried: list[dict[str, Any]] = []
+        ran = 0
+
+        def clean(modules: list[str]) -> bool | None:
+            nonlocal ran
+            at = (extra, tuple(modules))
+            if at not in self.fp32_runs:
+                if time.monotonic() > deadline:
+                    return None
+                ran += 1
+                self.fp32_runs[at] = self.run_probe(
+                    f"{name}_{ran}", [*extra, f"precision.fp32_modules=[{','.join(modules)}]"]
+                )
+            probe = self.fp32_runs[at]
+            ok = not (probe.forward or probe.crashed or probe.summary.get("diverged"))
+            if not tried or tried[-1]["fp32_modules"] != list(modules):
+                tried.append(
+                    {
+                        "fp32_modules": list(modules),
+                        "clean": ok,
+                        "forward_nonfinite": probe.forward,
+                        "crashed": probe.crashed,
+                    }
+                )
+            return ok
+
+        for _ in range(SEARCH_ROUNDS):  # until clean, stopped, or no module left to add
+            ok = clean(chosen)
+            culprit = tried[-1]["forward_nonfinite"] if ok is False else None
+            if culprit is None or culprit["module"] in chosen:
+                break
+            chosen.append(culprit["module"])
+        if ok:
+            for module in [m for m in chosen if m not in start] if len(chosen) > 1 else []:
+                smaller = [m for m in chosen if m != module]
+                if clean(smaller):  # drop modules the others already cover (None: not run)
+                    chosen = smaller
+            ok = clean(chosen)  # the final set, run with every module of it
+        return {
+            "found": bool(ok),
+            "verified": bool(ok),
+            "fp32_modules": chosen,
+            "tried": tried,
+            "probe_runs": ran,
+            "stopped": "over the budget" if ok is None else None,
+        }
+
+
+def command(user: list[str], override: str) -> str:
+    """One runnable line: the user's overrides with the recommended ones in their place."""
+    new = override.split()
+    kept = [o for o in user if key(o) not in {key(n) for n in new}]
+    return " ".join(["python -m amp_lab", *kept, *new])

@@ -1,0 +1,139 @@
+"""One forward and backward pass of a built run on one batch, with every module's tensors kept.
+
+The divergence finder runs the same batch through the same weights in two builds and compares
+what this module keeps: each module's forward output and input (ModuleProbe's hooks, whole fp32
+copies instead of max |x|), each input gradient in backward order, every parameter's gradient,
+the logits and the loss. Gradients are unscaled; a loss scale that overflows them is halved and
+the pass rerun, as GradScaler backs off. A compiled step is run without hooks (a hook's copy
+would become a graph output and change what the compiler fuses): it keeps its logits, loss and
+parameter gradients only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from amp_lab.diagnostics.module_probe import ModuleProbe
+from amp_lab.run import Run
+from amp_lab.tools.numerics.bands import UNIT_ROUNDOFF, dtype_key
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Entry = tuple[str, str, torch.Tensor]  # (module, dtype as torch spells it, fp32 copy)
+
+
+@dataclass
+class Capture:
+    """What one pass computed, every tensor an fp32 copy on the run's device."""
+
+    logits: torch.Tensor
+    loss: float
+    scale: float  # the loss scale backward ran with
+    compute: str  # the run's compute dtype (torch's name): its GEMMs cast their inputs to it
+    params: dict[str, torch.Tensor]  # parameter name -> its unscaled gradient
+    forward: list[Entry] = field(default_factory=list)  # module outputs, in call order
+    inputs: list[torch.Tensor | None] = field(default_factory=list)  # their inputs, likewise
+    backward: list[Entry] = field(default_factory=list)  # input gradients, in backward order
+    roundings: list[float] = field(default_factory=list)  # per forward call: u of its rounding
+    terms: dict[str, int] = field(default_factory=dict)  # parameter -> terms in its gradient's sums
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float32, copy=True)
+
+
+def first_batch(run: Run) -> Batch:
+    """The run's first training batch (before mixup: the finder compares numerics, not data)."""
+    run.sampler.set_epoch(0, 0)
+    return next(iter(run.data.train_batches(run.sampler)))
+
+
+def _rounding(module: torch.nn.Module, entry: Entry, given: torch.Tensor | None) -> float:
+    """The unit roundoff a module's own computation adds: that of its output dtype for a leaf
+    (torchao's float8 Linear: float8 e4m3); none for a container (its children round) or a
+    leaf that passed its input on unchanged (Identity, dropout at p=0)."""
+    _, dtype, output = entry
+    if next(module.children(), None) is not None:
+        return 0.0
+    if given is not None and given.shape == output.shape and torch.equal(given, output):
+        return 0.0
+    if type(module).__name__ == "Float8Linear":
+        return UNIT_ROUNDOFF["fp8_e4m3"]
+    return UNIT_ROUNDOFF[dtype_key(dtype)]
+
+
+def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) -> dict[str, int]:
+    """Per parameter, the terms summed into each element of its gradient: one per use of that
+    element in the forward pass. A parameter leads with its module's output features (a Linear's
+    or conv's out channels, a norm's or layer scale's channels), so each of its elements is used
+    once per output element of that feature: the outputs' size / the leading dimension (batch x
+    tokens, batch x output positions). A parameter of the model itself (ViT's class token and
+    position embedding, added to every sample) is used once per sample."""
+    outputs: dict[str, int] = {}
+    for name, _, tensor in forward:
+        outputs[name] = outputs.get(name, 0) + tensor.numel()
+    terms = {}
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        features = p.shape[0] if p.dim() else 1
+        terms[name] = max(outputs[owner] // features, 1) if owner in outputs else batch
+    return terms
+
+
+def _pass(
+    run: Run, batch: Batch, scale: float, probe: ModuleProbe | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and scaled backward; the logits and the loss. Dropout and drop-path draw the
+    same masks in every build (the seed is reset)."""
+    step = run.train_step
+    step.step_number = 1  # the run's first step (fault.* injections count from 1)
+    torch.manual_seed(run.settings.trainer.seed)
+    step.optimizer.zero_grad(set_to_none=True)
+    if probe is not None:
+        probe.calls = {"forward": [], "backward": []}
+        probe.inputs, probe.grad_owner = [], {}
+        probe.attach()
+    try:
+        logits, loss = step.forward_and_loss(step.model, *batch, 1, True)
+    finally:
+        if probe is not None:
+            probe.detach()
+    (loss * scale).backward()
+    return logits.detach(), loss.detach()
+
+
+def _grads_finite(model: torch.nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def capture(run: Run, batch: Batch, hooks: bool = True) -> Capture:
+    """The run's forward and backward on `batch`; with `hooks`, every module's tensors too."""
+    step = run.train_step
+    scale = float(run.scaler.get_scale()) if step.uses_scaler and run.scaler.is_enabled() else 1.0
+    probe = ModuleProbe(run.model, run.device, measure=_copy, inputs=True) if hooks else None
+    run.model.train()
+    logits, loss = _pass(run, batch, scale, probe)
+    # a finite loss with overflowing gradients: back off as GradScaler would (halve, retry)
+    while scale > 1.0 and bool(torch.isfinite(loss)) and not _grads_finite(run.model):
+        scale /= 2.0
+        logits, loss = _pass(run, batch, scale, probe)
+    params = {
+        name: p.grad.detach().float() / scale
+        for name, p in run.model.named_parameters()
+        if p.grad is not None
+    }
+    mode = run.policy.mode
+    compute = str(mode.autocast_dtype or mode.param_dtype)
+    got = Capture(_copy(logits), float(loss), scale, compute, params)
+    if probe is not None:
+        modules = dict(run.model.named_modules())
+        got.forward = [(name, dtype, t) for t, name, dtype in probe.calls["forward"]]
+        got.inputs = list(probe.inputs or [])
+        got.backward = [(name, dtype, t / scale) for t, name, dtype in probe.calls["backward"]]
+        got.roundings = [
+            _rounding(modules[e[0]], e, given) for e, given in zip(got.forward, got.inputs)
+        ]
+        got.terms = reduction_lengths(run.model, got.forward, len(batch[1]))
+    return got
