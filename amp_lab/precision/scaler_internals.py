@@ -75,3 +75,14 @@ def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
         scaler.get_backoff_factor(),
         scaler.get_growth_interval(),
     )
+
+
+def overflow_update(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """The scaler's own update() for a step whose gradients overflowed, without unscaling or
+    stepping them (16-bit gradients cannot be unscaled): the scale moves by the scaler's own rule
+    (torch's backoff, a hysteresis scaler's holds, a static scaler's fixed scale). Needs a
+    scale(); the finder's retry of a pass that overflowed."""
+    scale, _ = scale_and_growth_tracker(scaler)
+    state = scaler._per_optimizer_states[id(optimizer)]
+    state["found_inf_per_device"] = {scale.device: torch.ones((), device=scale.device)}
+    scaler.update()

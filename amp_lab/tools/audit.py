@@ -14,11 +14,8 @@ from pathlib import Path
 
 from amp_lab.choices import AuditMode
 from amp_lab.command import error, parser, run_tool
-from amp_lab.compose import compose_settings
 from amp_lab.records import AUDIT_FILE
-
-# one step, nothing kept but the audit: no tracker, no checkpoint, no progress bar
-ONE_STEP = ["trainer.max_steps=1", "logger.mode=disabled", "checkpoint.enabled=false"]
+from amp_lab.tools import probe
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -35,22 +32,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def audit_one_step(overrides: list[str], out: Path) -> dict:
     """Build the run of `overrides` in `out`, take its first step under the audit; the audit's
     record (BrokenPromise when a promise broke and audit.mode is not warn)."""
-    from amp_lab.build import build  # after the arguments parsed: --help stays fast
-    from amp_lab.components.augment import mix_batches
-    from amp_lab.step import take
-
-    settings = compose_settings([*overrides, *ONE_STEP])
+    settings = probe.settings(overrides, "trainer.max_steps=1")
     if settings.audit.mode == AuditMode.off:  # asked for an audit: it runs
         settings = replace(settings, audit=replace(settings.audit, mode=AuditMode.stop))
-    run = build(settings, out)
-    try:
-        run.sampler.set_epoch(0, 0)
-        batches = run.data.train_batches(run.sampler)
-        micro_batches = mix_batches(run.mixup, take(batches, settings.trainer.grad_accum))
+    with probe.built(settings, out) as run:
         with run.audit.around(1):
-            run.train_step(micro_batches, step=1)
-    finally:
-        run.dist.close()
+            run.train_step(probe.first_micro_batches(run), step=1)
     assert run.audit.result is not None
     return run.audit.result
 

@@ -1,4 +1,5 @@
-"""FLOPs of a training step (torch.utils.flop_counter) and the device peaks that turn them into MFU.
+"""FLOPs of a training step (the audit's GEMM counter, torch.utils.flop_counter's formulas) and the
+device peaks that turn them into MFU.
 
 MFU = FLOPs per step x steps per second / the device's dense peak for the matmul dtype. Matmuls,
 convolutions and attention are counted; element-wise ops and the optimizer are not, as usual.
@@ -11,8 +12,8 @@ import re
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from amp_lab.audit.gemm_flops import GemmFlops
 from amp_lab.components.loss import loss_fn
 
 TFLOPS = 1e12
@@ -57,12 +58,13 @@ def train_step_flops(
 ) -> int:
     """FLOPs of one forward + backward pass on this batch, under the run's autocast (a pure
     16-bit model cannot take fp32 images without it); the gradients are cleared after."""
-    with FlopCounterMode(display=False) as counter:
+    counter = GemmFlops(model)
+    with counter.tracking_modules(), counter:
         with autocast or contextlib.nullcontext():
             logits = model(images)
         loss_fn(logits, labels).backward()
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    return sum(counter.flops.values())
 
 
 def mfu(flops_per_step: int, step_s: float, peak: float | None) -> float | None:

@@ -1,4 +1,5 @@
-"""`--parts overhead`: `Trainer(run).fit()` against a bare hand-written loop, alternating.
+"""`--parts overhead`: a run's whole loop (`Trainer.fit`) against a bare hand-written loop,
+alternating.
 
 A sink closes each round of amp_lab steps and runs one round of the bare loop (autocast,
 GradScaler, AdamW over the runner's parameter groups, nothing else) on a copy of the same model,
@@ -25,18 +26,16 @@ import torch.nn.functional as F
 from torch.amp import GradScaler
 from torch.utils.data import TensorDataset
 
-from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.compile import compile_model, compile_optimizer_step
 from amp_lab.components.metrics import synchronize
-from amp_lab.compose import compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.run import Run
+from amp_lab.tools import probe
 from amp_lab.tools.bench.runs import Report, synthetic_overrides
 from amp_lab.tools.bench.throughput import release
 from amp_lab.tracking.sinks import Sink
-from amp_lab.trainer import Trainer
 
 WARMUP_ROUNDS = 1  # rounds of each run left out: allocator growth, autotuning, compilation
 
@@ -171,11 +170,11 @@ def measure_overhead(
     with an AlternatingSink of `steps`-step rounds; all runs' timed rounds pooled."""
     result = OverheadResult(settings.model.name, variant, str(settings.precision.name), steps)
     for run_dir in run_dirs:
-        run = build(settings, run_dir)
+        run = probe.build_run(settings, run_dir)
         sink = AlternatingSink(BareLoop(run), steps, run.device)
         run_dir.mkdir(parents=True, exist_ok=True)
         with (run_dir / "console.log").open("w") as log, contextlib.redirect_stderr(log):
-            Trainer(run, [sink]).fit()
+            probe.train(run, [sink])
         around = [
             ((w0 + w1) / 2, (c0 + c1) / 2)  # the bare rounds before and after each amp round
             for (w0, c0), (w1, c1) in zip(sink.bare_rounds, sink.bare_rounds[1:])
@@ -217,7 +216,9 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
             )
             continue
         extra = [] if variant == "default" else variant.split()
-        settings = compose_settings(synthetic_overrides(args, model, precision, *timing, *extra))
+        # the user's run as it is (W&B and all): the runner's overhead, not a quiet probe's
+        overrides = synthetic_overrides(args, model, precision, *timing, *extra)
+        settings = probe.settings(overrides, quiet=False)
         if args.steps % settings.trainer.log_every:
             every = settings.trainer.log_every
             raise ConfigError(

@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from amp_lab.build import build
 from amp_lab.choices import CompileMode
 from amp_lab.components.metrics import peak_memory_mb, reset_peak_memory, synchronize
-from amp_lab.compose import compose_settings
 from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
 from amp_lab.run import Run
 from amp_lab.step import Batch, take
+from amp_lab.tools import probe
 from amp_lab.tools.bench.flops import TFLOPS, mfu, peak_flops, train_step_flops
 from amp_lab.tools.bench.runs import Report, throughput_overrides
 
@@ -190,8 +189,10 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     flops: dict[str, int] = {}  # per model: counted once, the same in every precision
     for model, compiled, precision in itertools.product(args.models, compiles, args.precisions):
-        settings = compose_settings(throughput_overrides(args, model, precision, compiled))
-        run = build(settings, args.out / "runs" / "throughput")
+        overrides = throughput_overrides(args, model, precision, compiled)
+        run = probe.build_run(
+            probe.settings(overrides, quiet=False), args.out / "runs" / "throughput"
+        )
         try:
             rows.append(measure_throughput(run, args.warmup, args.steps, flops.get(model)))
             flops[model] = rows[-1].flops_per_step

@@ -19,6 +19,7 @@ from amp_lab.choices import Strategy
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
 from amp_lab.records import METRICS_FILE
+from amp_lab.tools import probe as launch
 from amp_lab.tools.doctor import mechanism
 from amp_lab.tools.doctor.verdict import Probe
 
@@ -29,23 +30,19 @@ def key(override: str) -> str:
 
 
 FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]  # the baseline probe's
-# what every probe sets besides its length; every probe starts afresh (an earlier doctor's
-# files in --out are set aside)
+# what every probe sets besides its length, quiet as every tool's run (probe.py's QUIET): it
+# starts afresh (an earlier doctor's files in --out are set aside), nothing goes to W&B
 PROBE_SETTINGS = [
     "trainer.log_every=1",
     "trainer.eval_every=0",
-    "trainer.progress=false",
     "diagnostics=full",
     "diagnostics.every=1",
-    "trainer.resume=false",
     "trainer.strategy=single",  # the probes are short runs on one process
-    "checkpoint.enabled=false",
-    "logger=disabled",  # a probe is no run of the user's: nothing goes to W&B
 ]
 # keys the doctor sets itself; the user's values for them are replaced per probe
 PROBE_KEYS = {
-    *map(key, PROBE_SETTINGS),
-    *("precision", "scaler.enabled", "trainer.max_steps", "logger.mode", "diagnostics.mode"),
+    *map(key, [*PROBE_SETTINGS, *launch.QUIET]),
+    *("precision", "scaler.enabled", "trainer.max_steps", "diagnostics.mode", "logger"),
     "hydra.run.dir",
 }
 log = logging.getLogger("amp_lab.tools.doctor")
@@ -64,7 +61,6 @@ class Doctor:
         self.health = self.settings.health  # the judge's thresholds, the user's own
         import torch  # torch and timm load only after the config parsed
 
-        from amp_lab.build import build
         from amp_lab.precision.scaling import uses_dynamic_scaling
 
         kept = [o for o in overrides if key(o) not in PROBE_KEYS]
@@ -77,8 +73,10 @@ class Doctor:
         # the user's own config is valid on this machine: it builds (in a folder it never
         # writes to, so an --out that holds a run is left alone)
         single = replace(self.settings.trainer, strategy=Strategy.single)
-        checked = build(replace(self.settings, trainer=single), out / "probes" / "config_check")
-        policy = checked.policy
+        config_check = replace(self.settings, trainer=single)
+        with launch.built(config_check, out / "probes" / "config_check") as checked:
+            policy = checked.policy
+            uses_scaler = checked.train_step.uses_scaler
         # the probes' autocast dtype: the user's (bf16_pure and fp8 compute in bf16)
         mode = policy.mode
         self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
@@ -93,7 +91,6 @@ class Doctor:
         self.fp32_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], Probe] = {}
         # the user's own step runs a dynamic scaler (pitfall=half_model's drops it): its
         # mechanism is probed actively
-        uses_scaler = checked.train_step.uses_scaler
         self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled and uses_scaler
 
     def plan(self) -> list[tuple[str, list[str]]]:
@@ -110,19 +107,16 @@ class Doctor:
 
     def run_probe(self, name: str, extra: list[str]) -> Probe:
         """A short in-process run; its files go to <out>/probes/<name>."""
-        from amp_lab.build import build  # torch and timm load only when a probe runs
-        from amp_lab.trainer import Trainer
-
         replaced = {key(e) for e in extra}
         probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
-        settings = compose_settings(probe.overrides)
+        settings = launch.settings(probe.overrides)
         # the fp32 baseline, once per config in this process (the suite's cases share it)
         config = json.dumps(asdict(settings), sort_keys=True, default=str) if name == "fp32" else ""
         if config in BASELINES:
             log.info("probe fp32: the baseline of this config, already run in this process")
             return replace(BASELINES[config], overrides=probe.overrides)
         try:
-            trainer = Trainer(build(settings, self.out / "probes" / name))
+            run = launch.build_run(settings, self.out / "probes" / name)
         except ConfigError as err:
             if name != "bf16":
                 raise
@@ -131,7 +125,7 @@ class Doctor:
             return probe
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # the probe's own progress, table
-                probe.summary = trainer.fit()
+                probe.summary = launch.train(run)
         except Exception as err:  # noqa: BLE001 - a probe that crashes is a finding, not the end
             probe.crashed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             if name == "fp32":
@@ -142,7 +136,7 @@ class Doctor:
                 ) from err
             log.warning("probe %s crashed: %s", name, probe.crashed)
             return probe
-        rows = (trainer.run.out_dir / METRICS_FILE).read_text().splitlines()
+        rows = (run.out_dir / METRICS_FILE).read_text().splitlines()
         probe.records = [r for r in map(json.loads, rows) if r["kind"] == "train"]
         probe.losses = [r["train/loss"] for r in probe.records]
         if config:

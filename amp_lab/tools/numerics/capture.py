@@ -3,10 +3,10 @@
 The divergence finder runs the same batch through the same weights in two builds and compares
 what this module keeps: each module's forward output and input (ModuleProbe's hooks, whole fp32
 copies instead of max |x|), each input gradient in backward order, every parameter's gradient,
-the logits and the loss. Gradients are unscaled; a loss scale that overflows them is halved and
-the pass rerun, as GradScaler backs off. A compiled step is run without hooks (a hook's copy
-would become a graph output and change what the compiler fuses): it keeps its logits, loss and
-parameter gradients only.
+the logits and the loss. Gradients are unscaled; a loss scale that overflows them moves by the
+run's own scaler's update rule and the pass reruns. A compiled step is run without hooks (a
+hook's copy would become a graph output and change what the compiler fuses): it keeps its
+logits, loss and parameter gradients only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from amp_lab.diagnostics.module_probe import ModuleProbe
+from amp_lab.precision.scaler_internals import overflow_update
+from amp_lab.precision.scaling import allowed_holds
 from amp_lab.run import Run
+from amp_lab.tools import probe
 from amp_lab.tools.numerics.bands import UNIT_ROUNDOFF, dtype_key
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -45,8 +48,7 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 
 def first_batch(run: Run) -> Batch:
     """The run's first training batch (before mixup: the finder compares numerics, not data)."""
-    run.sampler.set_epoch(0, 0)
-    return next(iter(run.data.train_batches(run.sampler)))
+    return probe.first_micro_batches(run, mixed=False)[0]
 
 
 def _rounding(module: torch.nn.Module, entry: Entry, given: torch.Tensor | None) -> float:
@@ -82,10 +84,10 @@ def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) 
 
 
 def _pass(
-    run: Run, batch: Batch, scale: float, probe: ModuleProbe | None
+    run: Run, batch: Batch, scaled: bool, probe: ModuleProbe | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and scaled backward; the logits and the loss. Dropout and drop-path draw the
-    same masks in every build (the seed is reset)."""
+    """Forward and backward (the loss scaled by the run's scaler if `scaled`); the logits and
+    the loss. Dropout and drop-path draw the same masks in every build (the seed is reset)."""
     step = run.train_step
     step.step_number = 1  # the run's first step (fault.* injections count from 1)
     torch.manual_seed(run.settings.trainer.seed)
@@ -99,7 +101,7 @@ def _pass(
     finally:
         if probe is not None:
             probe.detach()
-    (loss * scale).backward()
+    (run.scaler.scale(loss) if scaled else loss).backward()
     return logits.detach(), loss.detach()
 
 
@@ -111,14 +113,23 @@ def _grads_finite(model: torch.nn.Module) -> bool:
 def capture(run: Run, batch: Batch, hooks: bool = True) -> Capture:
     """The run's forward and backward on `batch`; with `hooks`, every module's tensors too."""
     step = run.train_step
-    scale = float(run.scaler.get_scale()) if step.uses_scaler and run.scaler.is_enabled() else 1.0
+    scaled = step.uses_scaler and run.scaler.is_enabled()
     probe = ModuleProbe(run.model, run.device, measure=_copy, inputs=True) if hooks else None
     run.model.train()
-    logits, loss = _pass(run, batch, scale, probe)
-    # a finite loss with overflowing gradients: back off as GradScaler would (halve, retry)
-    while scale > 1.0 and bool(torch.isfinite(loss)) and not _grads_finite(run.model):
-        scale /= 2.0
-        logits, loss = _pass(run, batch, scale, probe)
+    held = 0  # overflows in a row the scale was kept through
+    while True:
+        scale = float(run.scaler.get_scale()) if scaled else 1.0
+        logits, loss = _pass(run, batch, scaled, probe)
+        # a finite loss with overflowing gradients: the scale moves by the scaler's own update
+        # rule and the pass reruns, as the run's next step would; below 1 a scale no longer
+        # lifts anything, and a scaler that holds past its hysteresis (a static one) never
+        # backs off: the gradients stay as they are
+        if not (scale > 1.0 and bool(torch.isfinite(loss)) and not _grads_finite(run.model)):
+            break
+        overflow_update(run.scaler, step.optimizer)
+        held = held + 1 if run.scaler.get_scale() == scale else 0
+        if held > allowed_holds(run.settings.scaler):
+            break
     params = {
         name: p.grad.detach().float() / scale
         for name, p in run.model.named_parameters()

@@ -10,41 +10,26 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
 from amp_lab.run import Run
+from amp_lab.tools import probe
 from amp_lab.tools.numerics import compare
 from amp_lab.tools.numerics.bands import FLAG_FACTOR, GRAD_TERMS, HEADROOM, SPREAD
 from amp_lab.tools.numerics.capture import Batch, Capture, capture, first_batch
 from amp_lab.tools.numerics.weight_drift import drift
 
-# a run to compare, nothing kept: no tracker, no checkpoint, no progress bar, no audit
-QUIET = [
-    "logger.mode=disabled",
-    "checkpoint.enabled=false",
-    "trainer.progress=false",
-    "audit=off",
-]
 REFERENCE = ["precision=fp32", "pitfall=none", "trainer.compile=off"]
 # compiled error below this share of eager's (against fp32): computed wider than labelled
 UPCAST = 0.25
 
 
-@contextmanager
-def built(overrides: list[str], into: Path, steps: int = 1) -> Iterator[Run]:
-    """The run of `overrides` (`steps` steps of it), closed after use."""
-    from amp_lab.build import build  # torch and timm load only when a comparison runs
-
-    run = build(compose_settings([*overrides, *QUIET, f"trainer.max_steps={steps}"]), into)
-    try:
-        yield run
-    finally:
-        run.dist.close()
+def built(overrides: list[str], into: Path, steps: int = 1) -> AbstractContextManager[Run]:
+    """The run of `overrides` (`steps` steps of it, no audit), closed after use."""
+    return probe.built(probe.settings(overrides, "audit=off", f"trainer.max_steps={steps}"), into)
 
 
 def _capture(
@@ -153,7 +138,7 @@ def find(
     overrides: list[str], vs: str, also: list[str], out: Path | None = None, steps: int = 0
 ) -> dict:
     """The comparison the command asks for (ConfigError when it cannot be made)."""
-    mode = compose_settings([*overrides, *QUIET]).precision.name
+    mode = probe.settings(overrides).precision.name
     if vs == "fp32" and mode == "fp32" and not also:
         raise ConfigError(
             "precision=fp32 is the reference itself; name the mode to test, e.g. "

@@ -397,6 +397,24 @@ def test_train_step_flops_count_forward_and_backward_matmuls():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("name", ["test_vit", "test_convnext"])
+def test_the_one_flop_counter_counts_what_torchs_own_counter_does(name):
+    """The bench's step FLOPs come from the audit's per-module GEMM counter: on a real timm model,
+    under autocast too, its total is torch.utils.flop_counter's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from amp_lab.components.loss import loss_fn
+
+    model = timm.create_model(name, pretrained=False, num_classes=10)
+    images, labels = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    with FlopCounterMode(display=False) as torchs:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(images)
+        loss_fn(logits, labels).backward()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    assert flops.train_step_flops(model, images, labels, autocast) == torchs.get_total_flops() > 0
+
+
 @pytest.mark.parametrize(
     "gpu, dtype, tflops",
     [

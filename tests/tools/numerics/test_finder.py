@@ -160,3 +160,31 @@ def test_float8_layers_sit_about_10x_above_bf16_inside_their_own_band():
     # float8 e4m3 rounds GEMM inputs 16x coarser than bf16; outputs stay bf16
     assert 5 < statistics.median(ratios) < 16, statistics.median(ratios)
     assert fp8["first_out_of_band"]["forward"] is None
+
+
+def _fp16_scale(start: float, *scaler: str) -> tuple[float, bool]:
+    """The finder's loss scale on fp16 test_vit from `start`, and whether its weight gradients
+    came out finite."""
+    found = find(
+        _overrides("test_vit", "precision=fp16", f"scaler.init_scale={start}", *scaler),
+        "fp32",
+        [],
+    )["modes"]["fp16"]
+    return found["loss_scale"], all(r["nonfinite"] == 0 for r in found["params"])
+
+
+def test_an_overflowing_scale_moves_by_the_runs_own_scaler():
+    """fp16 gradients of test_vit pass 65504 at a scale of 2^26: the finder's scale is where the
+    run's own scaler would take it (its backoff factor, its floor, a static scale's none), not a
+    halving of the finder's own."""
+    start = 2.0**26
+    halved, finite = _fp16_scale(start)
+    assert halved < start and finite
+    eighth, finite = _fp16_scale(start, "scaler.backoff_factor=0.125")
+    assert finite and eighth in {start / 8**k for k in range(1, 9)}
+    assert halved / 8 < eighth <= halved
+    # the hysteresis scaler stops at its min_scale: it keeps the scale there, overflowing
+    floor = halved * 16
+    hysteresis = ["scaler=hysteresis", f"scaler.min_scale={floor}", f"scaler.max_scale={start}"]
+    assert _fp16_scale(start, *hysteresis) == (floor, False)
+    assert _fp16_scale(start, "scaler=static") == (start, False)
