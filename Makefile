@@ -7,7 +7,7 @@ ARGS ?=
 # pytest workers for make test / test-fast (pytest-xdist); auto: one per CPU. A test file runs
 # whole in one worker (--dist loadfile): its module fixtures (a sweep, a wheel) are built once.
 TEST_JOBS ?= auto
-SOURCES := amp_lab hydra_plugins tests
+SOURCES := amp_lab hydra_plugins benchmarks tests
 
 .PHONY: help run test test-fast bench doctor-bench warnings-bench studies check lint format-check typecheck format clean
 
@@ -30,14 +30,14 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 run: $(VENV)/.installed  ## the default experiment (test_convnext on digits, fp32, CPU is fine)
 	$(PY) -m amp_lab $(ARGS)
 
-bench: $(VENV)/.installed  ## overhead vs a bare loop + throughput table (python -m amp_lab bench)
-	$(PY) -m amp_lab.tools.bench $(ARGS)
+bench: $(VENV)/.installed  ## overhead vs a bare loop, throughput (+ compile_cache, feed, peer: benchmarks/)
+	$(PY) -m benchmarks.bench $(ARGS)
 
 doctor-bench: $(VENV)/.installed  ## the doctor on its failure cases (CPU, ~3 min): figures
-	$(PY) -m amp_lab.tools.doctor --suite $(ARGS)
+	$(PY) -m benchmarks.doctor_suite $(ARGS)
 
 warnings-bench: $(VENV)/.installed  ## the early warnings' lead time and false alarms (CPU)
-	$(PY) -m amp_lab.tools.bench.lead_time $(ARGS)
+	$(PY) -m benchmarks.lead_time $(ARGS)
 
 # Each study's CPU variant, then its report along the axis its config names (report.by), written into
 # experiments/<study>/README.md; `make study-scaler_grid` runs one (1-6 min each: 138 jobs in 21
@@ -54,7 +54,7 @@ study-%: $(VENV)/.installed
 	rm -rf multirun/studies/$*
 	OMP_NUM_THREADS=1 $(PY) $(LAUNCH_$*) -m amp_lab -m +experiment/cpu=$* logger=disabled \
 		hydra.sweep.dir=multirun/studies/$*
-	$(PY) -m amp_lab.tools.report multirun/studies/$* --out experiments/$*/report \
+	$(PY) -m amp_lab report multirun/studies/$* --out experiments/$*/report \
 		--readme experiments/$*/README.md
 
 test: $(VENV)/.installed-dev  ## the whole suite, slow integration tests included

@@ -99,7 +99,7 @@ if [ "$DEVICE" = cuda ] \
     "run this on a GPU machine, or set PYTHON (DEVICE=cpu tries the flow on the CPU)" >&2
   exit 2
 fi
-if ! "$PYTHON" -c "import amp_lab.tools.bench" 2> "$OUT_DIR/import.log"; then  # fail in seconds
+if ! "$PYTHON" -c "import benchmarks.bench" 2> "$OUT_DIR/import.log"; then  # fail in seconds
   echo "gpu_check: error: $PYTHON cannot import amp_lab ($(tail -n 1 "$OUT_DIR/import.log"));" \
     "install the project with 'pip install -e .' first" >&2
   exit 2
@@ -112,7 +112,7 @@ fi
 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
 rm -f "$OUT_DIR/status.txt"
 
-BENCH=("$PYTHON" -m amp_lab.tools.bench --device "$DEVICE" --batch-size "$BATCH_SIZE"
+BENCH=("$PYTHON" -m benchmarks.bench --device "$DEVICE" --batch-size "$BATCH_SIZE"
   --img-size "$IMG_SIZE")
 OVR=(trainer.progress=false)  # every part's --override list starts with these
 read -ra EXTRA <<< "${OVERRIDES:-}"
@@ -164,7 +164,7 @@ part compile_cache 150 "${BENCH[@]}" --parts compile_cache --models "${MODELS[@]
   --out "$OUT_DIR/compile_cache" &
 part no_sync 120 "$PYTHON" -m pytest -m gpu tests/test_hot_path.py \
   tests/components/test_device_decode.py -q -p no:cacheprovider
-part images 60 "$PYTHON" -m amp_lab.tools.bench.image_folder "$IMAGES_DIR" --size "$IMG_SIZE" \
+part images 60 "$PYTHON" -m benchmarks.image_folder "$IMAGES_DIR" --size "$IMG_SIZE" \
   --train $((20 * BATCH_SIZE)) --val "$BATCH_SIZE"
 wait  # nothing timed runs next to the compile processes
 part overhead 80 "${BENCH[@]}" --parts overhead --models "${MODELS[0]}" --variants default \

@@ -56,10 +56,12 @@ except SystemExit as stop:
         ["amp_lab", "audit", "--help"],
         ["amp_lab", "numerics", "--help"],
         ["amp_lab", "doctor", "--help"],
-        ["amp_lab.tools.doctor", "--steps", "x"],
-        ["amp_lab.tools.report", "--help"],
-        ["amp_lab.tools.bench", "--help"],
-        ["amp_lab.tools.bench", "--rounds", "0"],
+        ["amp_lab", "doctor", "--steps", "x"],
+        ["amp_lab", "report", "--help"],
+        ["amp_lab", "bench", "--help"],
+        ["amp_lab", "bench", "--rounds", "0"],
+        ["benchmarks.bench", "--help"],
+        ["benchmarks.doctor_suite", "--help"],
     ],
 )
 def test_a_tools_help_and_argument_errors_answer_before_torch_loads(command):

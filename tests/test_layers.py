@@ -82,3 +82,12 @@ def test_the_lab_keeps_at_most_twelve_top_level_modules():
 )
 def test_the_check_sees_every_way_to_import(code):
     assert "amp_lab.build" in imported(code, "amp_lab.diagnostics")
+
+
+def test_among_the_tools_only_the_probe_launcher_builds_or_trains():
+    """Every tool makes its runs through amp_lab/tools/probe.py: one list of quiet overrides, one
+    build-and-fit call."""
+    tools = [p for p in sorted((PACKAGE / "tools").rglob("*.py")) if p.name != "probe.py"]
+    assert len(tools) > 30
+    assert not imports_of(tools, ["build", "trainer"])
+    assert imports_of([PACKAGE / "tools" / "probe.py"], ["build", "trainer"])

@@ -234,8 +234,9 @@ def test_the_documented_layout_names_every_package(doc, section):
 
 def test_the_tests_mirror_the_packages():
     """tests/tools/report/ tests amp_lab/tools/report/, tests/sweeps/ amp_lab/sweeps/
-    (tools/audit.py, a module, is tested in tests/audit/ beside the audit it runs)."""
-    packages = {
+    (tools/audit.py, a module, is tested in tests/audit/ beside the audit it runs);
+    tests/benchmarks/ tests the checkout's benchmarks/."""
+    packages = {"benchmarks"} | {
         p.parent.relative_to(ROOT / "amp_lab").as_posix()
         for p in (ROOT / "amp_lab").glob("**/__init__.py")
         if "conf" not in p.parts and p.parent != ROOT / "amp_lab" / "tools"

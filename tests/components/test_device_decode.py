@@ -12,8 +12,8 @@ from amp_lab.build import build
 from amp_lab.components import device_decode
 from amp_lab.components.data import EpochBatchSampler, build_data
 from amp_lab.config import ConfigError
-from amp_lab.tools.bench.image_folder import write_image_folder
 from amp_lab.trainer import Trainer
+from benchmarks.image_folder import write_image_folder
 
 # one uint8 step in normalised units is 1 / 255 / std (test_vit's pretrained std is 0.5): the
 # PIL and torchvision JPEG decoders and resizers may round a pixel one step apart

@@ -6,9 +6,9 @@ keeps what it measured. docs/benchmarks.md describes each part and its figures.
 
   python -m amp_lab bench                                  # the defaults for this machine
   python -m amp_lab bench --parts overhead --models test_vit --precisions fp32 bf16
-  python -m amp_lab bench --parts compile_cache throughput --compile on --jobs 8   # GPU
-  python -m amp_lab bench --parts peer --peer-script path/to/timm/train.py --models test_vit \
-      --precisions bf16 --data-dir DIR --epochs 3 --rounds 3 --threads 1
+
+A checkout's `python -m benchmarks.bench` (`make bench`) adds the parts that need the
+repository (compile_cache, feed, peer: benchmarks/bench.py) to the same command.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,13 +33,16 @@ DEFAULTS = {
     "batch_size": (32, 128),
     "img_size": (32, 224),
     "compile": ("off", "both"),  # torch.compile on a small CPU costs minutes per model
-    "workers": (0, 8),
 }
 
-
-# The parts, in the order they run; each is the module amp_lab/tools/bench/NAME.py, whose `part`
-# runs it
-PARTS = ("compile_cache", "overhead", "throughput", "feed", "peer")
+# The parts, in the order they run: name -> its module, whose `part(args, device, report)` runs
+# it and whose `section(results)` writes its table into bench.md
+PARTS = {"overhead": "amp_lab.tools.bench.overhead", "throughput": "amp_lab.tools.bench.throughput"}
+DEFAULT_PARTS = ["overhead", "throughput"]
+# more options and their checks (after this device's defaults are in), for more parts
+Extension = tuple[
+    Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, "torch.device"], None]
+]
 
 
 def default_variants() -> list[str]:
@@ -49,9 +53,14 @@ def default_variants() -> list[str]:
     return ["default"] + [f"diagnostics={name}" for name in ("light", "full") if name != default]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None,
+    parts: dict[str, str] = PARTS,
+    prog: str = "python -m amp_lab bench",
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     cli = parser(
-        "python -m amp_lab bench",
+        prog,
         __doc__.split("\n\n")[0],
         tool="amp_lab bench",
         epilog="docs/benchmarks.md describes each part and its figures.",
@@ -60,12 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--parts",
         nargs="+",
-        choices=PARTS,
-        default=["overhead", "throughput"],
-        help="what to run, always in this order: compile_cache (fill torch.compile's caches "
-        "for the compiled rows, --jobs processes at a time), overhead (amp_lab vs a bare loop), "
-        "throughput, feed (synthetic vs JPEG files decoded on the host and on the device), "
-        "peer (timm's train.py vs amp_lab); default: overhead throughput",
+        choices=list(parts),
+        default=DEFAULT_PARTS,
+        help=f"what to run, always in this order: {', '.join(parts)} (overhead: amp_lab vs a "
+        "bare loop; docs/benchmarks.md says what each measures); default: overhead throughput",
     )
     add("--models", nargs="+", help="conf/model presets (default: per device kind)")
     add(
@@ -90,12 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "trainer.log_every; default 20)",
     )
     add("--warmup", type=int, default=5, help="throughput warm-up steps (default 5)")
-    add(
-        "--rounds",
-        type=int,
-        default=5,
-        help="timed overhead rounds after one warm-up round; peer: rounds of (peer, amp_lab)",
-    )
+    add("--rounds", type=int, default=5, help="timed overhead rounds after a warm-up round")
     add(
         "--repeats",
         type=int,
@@ -103,23 +105,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="overhead: freshly built runs per row, rounds pooled (where a run's tensors land in "
         "memory moves its ratio by about 1.5%% on a CPU; default 1)",
     )
-    add("--peer-script", type=Path, help="peer: timm's train.py, from a checkout of timm")
-    add(
-        "--data-dir",
-        type=Path,
-        help="feed, peer: an ImageFolder with train/ and val/ (default: synthetic JPEGs)",
-    )
-    add("--epochs", type=int, default=3, help="peer: epochs of each run (default 3)")
-    add("--workers", type=int, help="feed, peer: loader workers (default: 0 on CPU, 8 on CUDA)")
     add("--compile", choices=["off", "on", "both"], help="throughput (default: off on CPU, both)")
-    add("--jobs", type=int, default=1, help="compile_cache processes at a time (default 1)")
     add("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add("--threads", type=int, help="torch CPU threads (default: the CPUs this process has)")
     add("--override", nargs="+", default=[], metavar="KEY=VALUE", help="for every run")
     add("--out", type=Path, help="output folder (default: outputs/bench/DATE_TIME)")
+    if more is not None:
+        more(cli)
     args = cli.parse_args(argv)
-    if min(args.steps, args.rounds, args.repeats, args.jobs, args.epochs) < 1 or args.warmup < 0:
-        cli.error("--steps, --rounds, --repeats, --jobs and --epochs must be >= 1, --warmup >= 0")
+    if min(args.steps, args.rounds, args.repeats) < 1 or args.warmup < 0:
+        cli.error("--steps, --rounds and --repeats must be >= 1, --warmup >= 0")
     return args
 
 
@@ -136,15 +131,20 @@ def runnable_precisions(device: torch.device) -> list[str]:
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    parts: dict[str, str] = PARTS,
+    prog: str = "python -m amp_lab bench",
+    extension: Extension | None = None,
+) -> int:
     """Parse, fill in this device's defaults, check every input, then run the parts in order."""
-    args = parse_args(argv)  # before torch loads: --help and a bad argument answer at once
+    more, check = extension or (None, None)
+    args = parse_args(argv, parts, prog, more)  # before torch loads: --help answers at once
     import torch
 
     from amp_lab.components.distributed import resolve_device
     from amp_lab.compose import compose_settings
     from amp_lab.config import ConfigError
-    from amp_lab.tools.bench.peer import check_data_dir, check_peer_script
     from amp_lab.tools.bench.record import environment, write_report
     from amp_lab.tools.bench.runs import throughput_overrides
 
@@ -157,27 +157,24 @@ def main(argv: list[str] | None = None) -> int:
         for key, (cpu, cuda) in DEFAULTS.items():
             if getattr(args, key) is None:
                 setattr(args, key, cuda if device.type == "cuda" else cpu)
-        args.peer_precisions = args.precisions or ["bf16"]  # a mode timm's train.py has
+        if check is not None:
+            check(args, device)
         args.precisions = args.precisions or runnable_precisions(device)
         args.variants = args.variants or default_variants()
         args.out = dated(args.out, "outputs/bench", "%Y-%m-%d_%H-%M-%S")
         for model in args.models:  # a bad model or mode fails now, not after minutes of rows
             for precision in args.precisions:
                 compose_settings(throughput_overrides(args, model, precision, False))
-        if "peer" in args.parts:  # a bad file fails now, not after the other parts
-            args.peer_script = check_peer_script(args.peer_script)
-        if args.data_dir is not None and {"feed", "peer"} & set(args.parts):
-            args.data_dir = check_data_dir(args.data_dir)
-        env = environment(device, sys.argv[1:] if argv is None else argv)
+        env = environment(device, prog, sys.argv[1:] if argv is None else argv)
+        modules = [importlib.import_module(parts[name]) for name in parts if name in args.parts]
         results: dict[str, list[Any]] = {}  # each part's, so far
 
         def report(**update: list[Any]) -> None:
             results.update(update)
-            write_report(args.out, env, results)
+            write_report(args.out, env, results, modules)
 
-        for name in PARTS:
-            if name in args.parts:
-                importlib.import_module(f"amp_lab.tools.bench.{name}").part(args, device, report)
+        for module in modules:
+            module.part(args, device, report)
     except ConfigError as err:
         return error(str(err), "amp_lab bench")
     print((args.out / "bench.md").read_text(encoding="utf-8"))

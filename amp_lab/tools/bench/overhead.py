@@ -33,6 +33,7 @@ from amp_lab.config import AmpLabConfig, ConfigError
 from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.run import Run
 from amp_lab.tools import probe
+from amp_lab.tools.bench import record
 from amp_lab.tools.bench.runs import Report, synthetic_overrides
 from amp_lab.tools.bench.throughput import release
 from amp_lab.tracking.sinks import Sink
@@ -240,3 +241,20 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
             file=sys.stderr,
         )
         report(overhead=results)
+
+
+def section(reported: dict[str, list[Any]]) -> list[str]:
+    results: list[OverheadResult] = reported.get("overhead", [])
+    rows = [
+        [r.model, r.variant, r.precision, f"{statistics.median(r.amp_lab_ms):.2f}"]
+        + [f"{statistics.median(r.bare_ms):.2f}", f"**{r.median_ratio:.3f}**"]
+        + [f"{x:.3f}" for x in (min(r.ratios), max(r.ratios), r.median_cpu_ratio)]
+        + [str(len(r.ratios)), ", ".join(f"{m:.3f}" for m in r.run_medians)]
+        for r in results
+    ]
+    return record.section(
+        "Overhead: amp_lab step / bare loop (median of rounds; wall time, and process CPU time)",
+        "model | variant | precision | amp_lab ms/step | bare ms/step | median ratio | min | "
+        "max | CPU-time ratio | rounds | runs' median ratios",
+        rows,
+    )

@@ -24,6 +24,7 @@ from amp_lab.precision.optimizer_state import master_weight_bytes, state_bytes
 from amp_lab.run import Run
 from amp_lab.step import Batch, take
 from amp_lab.tools import probe
+from amp_lab.tools.bench import record
 from amp_lab.tools.bench.flops import TFLOPS, mfu, peak_flops, train_step_flops
 from amp_lab.tools.bench.runs import Report, throughput_overrides
 
@@ -205,3 +206,35 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
         fill_speedups(rows)
         report(throughput=rows, throughput_errors=errors)
         print(f"throughput {model} {precision} compile={compiled}: {outcome}", file=sys.stderr)
+
+
+def section(results: dict[str, list[Any]]) -> list[str]:
+    rows: list[ThroughputRow] = results.get("throughput", [])
+    errors: list[dict[str, Any]] = results.get("throughput_errors", [])
+    cells = [
+        [
+            r.model,
+            r.precision,
+            record.fmt(r.compile),
+            record.fmt(r.channels_last),
+            str(r.batch_size),
+        ]
+        + [record.fmt(r.first_step_s), f"{r.samples_per_s:.1f}"]
+        + [f"{ms:.2f}" for ms in (r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms)]
+        + [f"{r.peak_memory_mb:.0f}", r.state_dtype, f"{r.state_mb:.2f}"]
+        + [record.fmt(r.achieved_tflops), f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"]
+        + [f"{r.speedup_vs_fp32:.2f}×" if r.speedup_vs_fp32 is not None else "—"]
+        + [f"{r.fp8_linears} ({r.fp8_recipe})" if r.fp8_recipe else "—"]
+        for r in rows
+    ]
+    cells += [
+        [e["model"], e["precision"], record.fmt(e["compile"]), f"failed: {e['error']}"] + [""] * 14
+        for e in errors
+    ]
+    return record.section(
+        "Throughput",
+        "model | precision | compile | channels_last | batch | first step s | samples/s | "
+        "step ms | fwd ms | bwd ms | opt ms | peak MB | state | state MB | TFLOP/s | MFU | "
+        "vs fp32 | fp8 Linears",
+        cells,
+    )

@@ -16,7 +16,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "bf16; name what goes wrong numerically and the override to try.",
     )
     cli.add_argument("overrides", nargs="*", help="your usual overrides, e.g. precision=fp16")
-    cli.add_argument("--steps", type=int, help="optimizer steps per probe (40; with --suite 12)")
+    cli.add_argument("--steps", type=int, help="optimizer steps per probe (40)")
     cli.add_argument(
         "--search-fp32",
         action="store_true",
@@ -31,28 +31,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli.add_argument(
         "--out",
         type=Path,
-        help="output folder (default outputs/doctor/DATE/TIME; with --suite outputs/doctor_suite)",
-    )
-    cli.add_argument(
-        "--suite",
-        action="store_true",
-        help="run the doctor benchmark (failure cases with a known cause) "
-        "instead of your config; see amp_lab/tools/doctor/suite.py",
-    )
-    cli.add_argument("--cases", nargs="+", metavar="NAME", help="with --suite: only these cases")
-    cli.add_argument(
-        "--draw",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --suite: draw N new cases, every failure class in turn "
-        "(amp_lab/tools/doctor/draw.py)",
-    )
-    cli.add_argument("--seed", type=int, default=0, help="with --suite --draw: the draw's seed (0)")
-    cli.add_argument(
-        "--models",
-        nargs="+",
-        metavar="MODEL",
-        help="with --suite --draw: draw among these models (test_vit test_convnext resnet18)",
+        help="output folder (default outputs/doctor/DATE/TIME)",
     )
     return cli.parse_args(argv)

@@ -1,13 +1,14 @@
-"""`python -m amp_lab doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`,
-or `--suite`: a diagnosis of the user's config (diagnose.py) or the doctor's benchmark
-(suite.py). Bad input is one line and exit code 2.
+"""`python -m amp_lab doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`: a
+diagnosis of the user's config (diagnose.py). Bad input is one line and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 from rich.console import Console
 
@@ -28,21 +29,23 @@ QUIET = (
 )
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from amp_lab.tools.doctor import (
-        suite,  # torch, timm and the rest load once the arguments are read
-    )
-    from amp_lab.tools.doctor.diagnose import run
-
+@contextlib.contextmanager
+def quiet_probes() -> Iterator[Console]:
+    """The console the doctor prints to, while the probes' own loggers are quiet; their levels as
+    they were after (`amp_lab doctor` may run inside a longer-lived process)."""
     levels = {name: logging.getLogger(name).level for name in QUIET}
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)
-    console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        if args.suite:
-            return suite.main(args, console)
-        run(args, console)
-    finally:  # as they were: `amp_lab doctor` may run inside a longer-lived process
+        yield Console(width=None if sys.stdout.isatty() else 160)
+    finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from amp_lab.tools.doctor.diagnose import run  # torch and timm load once the arguments parsed
+
+    with quiet_probes() as console:
+        run(args, console)
     return 0

@@ -1,4 +1,4 @@
-"""`python -m amp_lab.tools.bench.image_folder DIR`: a synthetic ImageFolder written as real files.
+"""`python -m benchmarks.image_folder DIR`: a synthetic ImageFolder written as real files.
 
 DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg: smooth random images, each class tinted its
 own way so a model can learn them; amp_lab and timm's train.py then read the same bytes.
@@ -40,7 +40,7 @@ def write_image_folder(
 
 
 def main(argv: list[str] | None = None) -> int:
-    cli = parser("python -m amp_lab.tools.bench.image_folder", __doc__.split("\n\n")[0])
+    cli = parser("python -m benchmarks.image_folder", __doc__.split("\n\n")[0])
     cli.add_argument("root", type=Path, help="folder to write (train/ and val/ inside)")
     cli.add_argument("--size", type=int, default=224, help="image side in pixels (224)")
     cli.add_argument("--train", type=int, default=1024, help="training images (1024)")

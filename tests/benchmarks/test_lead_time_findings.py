@@ -1,5 +1,5 @@
 """docs/diagnostics.md's lead-time figures are what `make warnings-bench` wrote: the committed
-lead_time.json files under docs/lead_time/, recomputed here claim by claim."""
+lead_time.json files under benchmarks/results/lead_time/, recomputed here claim by claim."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 from helpers import ROOT
 
 from amp_lab.config import HealthConfig
-from amp_lab.tools.bench.lead_time import LEAD_TARGET, LEARN_THEN_DIVERGE
+from benchmarks.lead_time import LEAD_TARGET, LEARN_THEN_DIVERGE
 
-RUNS = ROOT / "docs" / "lead_time"
+RUNS = ROOT / "benchmarks" / "results" / "lead_time"
 DOC = " ".join((ROOT / "docs" / "diagnostics.md").read_text().split())  # lines joined
 
 

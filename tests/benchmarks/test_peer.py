@@ -12,9 +12,9 @@ from helpers.peers import FILE_BENCH, write_fake_peer
 
 from amp_lab.components.lr import peak_lr
 from amp_lab.config import ConfigError
-from amp_lab.tools.bench import cli as bench
-from amp_lab.tools.bench.image_folder import write_image_folder
-from amp_lab.tools.bench.timm_peer import timm_args, timm_rate
+from benchmarks import bench
+from benchmarks.image_folder import write_image_folder
+from benchmarks.timm_peer import timm_args, timm_rate
 
 
 def _arg(args: list[str], flag: str, n: int = 1) -> list[str]:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from amp_lab.tools.bench.lead_time import (
+from benchmarks.lead_time import (
     BASE,
     EVERY_STEP,
     PHENOMENA,

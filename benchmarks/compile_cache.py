@@ -5,7 +5,7 @@ inductor keeps what it builds on disk, keyed by graph, shapes, dtypes and settin
 every configuration once, in parallel processes, turns each timed row's compile into a cache
 load. Each configuration's first step is recorded.
 
-Each configuration compiles in its own `python -m amp_lab.tools.bench.compile_cache` process,
+Each configuration compiles in its own `python -m benchmarks.compile_cache` process,
 not in a multiprocessing child: that one re-imports the main module as `__mp_main__`, which
 changed every FX graph cache key, so no timed row found its graphs (measured: torch 2.14,
 test_vit, CPU).
@@ -21,15 +21,17 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from amp_lab.build import build
-from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
+from amp_lab.tools import probe
+from amp_lab.tools.bench import record
 from amp_lab.tools.bench.runs import Report, throughput_overrides
 from amp_lab.tools.bench.throughput import batch_stream, warm_up
 
+ROOT = Path(__file__).resolve().parents[1]
 RECORD = "first_step.json"  # the record a compile process leaves in its run folder
 
 
@@ -67,6 +69,8 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
     # an equal share of the cores for each process's kernel builds, not all of them each
     compile_threads = max(1, (os.cpu_count() or 1) // args.jobs)
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(compile_threads)}
+    # `python -m benchmarks.compile_cache` from the checkout, whatever the current folder
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
 
     def compile_one(model: str, precision: str) -> CompileRecord:
         run_dir = args.out / "runs" / f"compile_{model}_{precision}"
@@ -75,7 +79,7 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
         command = [
             sys.executable,
             "-m",
-            "amp_lab.tools.bench.compile_cache",
+            "benchmarks.compile_cache",
             "--run-dir",
             str(run_dir),
         ]
@@ -98,7 +102,7 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
 def main() -> None:
     """One configuration, in the process `part` starts for it."""
     parser = argparse.ArgumentParser(
-        prog="python -m amp_lab.tools.bench.compile_cache", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.compile_cache", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
@@ -108,11 +112,29 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:  # the steps as the timed row's warm-up runs them, so every graph it needs gets built
-        run = build(compose_settings(args.overrides), args.run_dir)
+        run = probe.build_run(probe.settings(args.overrides, quiet=False), args.run_dir)
         seconds = warm_up(run, batch_stream(run), args.steps)
     except ConfigError as err:  # e.g. a device this machine lacks
-        sys.exit(f"amp_lab.tools.bench.compile_cache: error: {err}")
+        sys.exit(f"benchmarks.compile_cache: error: {err}")
     (args.run_dir / RECORD).write_text(json.dumps({"first_step_s": seconds}))
+
+
+def section(results: dict[str, list[Any]]) -> list[str]:
+    records: list[CompileRecord] = results.get("compile_cache", [])
+    rows = [
+        [
+            r.model,
+            r.precision,
+            f"{r.first_step_s:.1f}" if r.first_step_s is not None else f"failed: {r.error}",
+        ]
+        for r in records
+    ]
+    return record.section(
+        "torch.compile caches filled (each configuration's first step, with compilation, run in "
+        "parallel processes)",
+        "model | precision | first step s",
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The doctor benchmark: failure cases with a known cause, run through the doctor on CPU.
 
-`python -m amp_lab doctor --suite [--cases NAME ...]` (`make doctor-bench`) runs each case through
-the whole doctor and writes suite.json; it exits 1 when a target is missed: the right cause first
-in >= 90% of cases, no alarm on the healthy cases, every top fix verified.
+`python -m benchmarks.doctor_suite [--cases NAME ...]` (`make doctor-bench`) runs each case
+through the whole doctor and writes suite.json; it exits 1 when a target is missed: the right
+cause first in >= 90% of cases, no alarm on the healthy cases, every top fix verified.
+`--draw N --seed S [--models M ...]` runs N cases drawn anew instead (doctor_draw.py).
+Results of earlier runs, dated: benchmarks/results/doctor_suite.md.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,11 +20,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from amp_lab.command import parser, run_tool
 from amp_lab.config import ConfigError
 from amp_lab.tools.doctor.arguments import parse_args
-from amp_lab.tools.doctor.cases import Case
-from amp_lab.tools.doctor.diagnose import run
-from amp_lab.tools.doctor.draw import draw
+from amp_lab.tools.doctor.cli import quiet_probes
+from benchmarks.doctor_cases import Case
+from benchmarks.doctor_draw import draw
 
 HEALTHY = ("none", "transient")  # causes that mean "no precision problem found"
 TARGET_RIGHT_FIRST = 0.9
@@ -100,6 +104,8 @@ def run_case(
 ) -> dict[str, Any]:
     """The doctor on one case (`steps` per probe, default CASE_STEPS), its output in
     <out>/<case>.txt; the figures the table shows."""
+    from amp_lab.tools.doctor.diagnose import run  # torch loads once the arguments are read
+
     flags = ["--steps", str(steps or CASE_STEPS), "--budget", f"{budget_s:g}"]
     args = parse_args([*case.base, *case.overrides, *flags, "--out", str(out / case.name)])
     started = time.monotonic()
@@ -201,7 +207,34 @@ def chosen_cases(args: argparse.Namespace) -> list[Case]:
     return [known[n] for n in args.cases] if args.cases else CASES
 
 
-def main(args: argparse.Namespace, console: Console) -> int:
+def parse_suite_args(argv: list[str]) -> argparse.Namespace:
+    cli = parser("python -m benchmarks.doctor_suite", __doc__.split("\n\n")[0])
+    cli.add_argument("--cases", nargs="+", metavar="NAME", help="only these fixed cases")
+    cli.add_argument(
+        "--draw", type=int, default=0, metavar="N", help="draw N new cases, every class in turn"
+    )
+    cli.add_argument("--seed", type=int, default=0, help="with --draw: the draw's seed (0)")
+    cli.add_argument(
+        "--models",
+        nargs="+",
+        metavar="MODEL",
+        help="with --draw: draw among these models (test_vit test_convnext resnet18)",
+    )
+    cli.add_argument("--steps", type=int, help=f"probe steps per case ({CASE_STEPS})")
+    cli.add_argument("--out", type=Path, help="output folder (default outputs/doctor_suite)")
+    return cli.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_tool(parse_suite_args, _suite, argv)
+
+
+def _suite(args: argparse.Namespace) -> int:
+    with quiet_probes() as console:
+        return suite(args, console)
+
+
+def suite(args: argparse.Namespace, console: Console) -> int:
     """Run the chosen cases; 0 when every target is met, else 1. suite.json is rewritten after
     every case, so a suite stopped early keeps the figures of the cases it ran."""
     cases = chosen_cases(args)
@@ -231,3 +264,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(f"wrote {out / 'suite.json'}")
     return 0 if result["targets_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""How early the early warnings come: `python -m amp_lab.tools.bench.lead_time`
+"""How early the early warnings come: `python -m benchmarks.lead_time`
 (`make warnings-bench`).
 
 Diverging cases run with a probe and a log window at every step; a run diverges at its first step
@@ -28,6 +28,7 @@ from amp_lab.compose import CONF_DIR, compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError, flat_settings, register
 from amp_lab.health.rules import EARLY
 from amp_lab.records import METRICS_FILE, SETTINGS_FILE, SUMMARY_FILE
+from amp_lab.tools import probe
 
 # the CPU studies' ViT (4 tokens on 16 px digits, it learns within 60 steps), with a probe and a
 # judged window at every step
@@ -118,19 +119,14 @@ def _finished(folder: Path, settings: AmpLabConfig) -> bool:
 
 def run_case(name: str, overrides: list[str], out: Path) -> CaseResult:
     """Train one case in-process (its own output folder) and read what it says of itself."""
-    from amp_lab.build import build  # torch loads only when a case runs
-    from amp_lab.trainer import Trainer
-
-    # nothing to W&B: the bench measures the run's own judgement
-    fixed = ["trainer.resume=false", "checkpoint.enabled=false"]
+    # a quiet run (nothing to W&B): the bench measures the run's own judgement
     folder = out / name
-    settings = compose_settings(["logger=disabled", *overrides, *fixed])
+    settings = probe.settings(overrides)
     if _finished(folder, settings):  # a case a stopped bench finished is read, not rerun
         summary = json.loads((folder / SUMMARY_FILE).read_text())
     else:
-        trainer = Trainer(build(settings, folder))
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            summary = trainer.fit()
+            summary = probe.fit(settings, folder)
     rows = [json.loads(r) for r in (folder / METRICS_FILE).read_text().splitlines()]
     losses = [(r["step"], r["train/loss"]) for r in rows if r["kind"] == "train"]
     health = summary.get("health") or []
@@ -195,7 +191,7 @@ def table(diverging: list[CaseResult], healthy: list[CaseResult]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command.parser("python -m amp_lab.tools.bench.lead_time", __doc__)
+    parser = command.parser("python -m benchmarks.lead_time", __doc__)
     parser.add_argument("--out", type=Path, default=Path("outputs/lead_time"))
     cases = {**DIVERGING, **QK_NORM}
     parser.add_argument("--cases", nargs="*", default=list(cases), choices=list(cases))

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,10 +27,11 @@ from amp_lab.components.distributed import resolve_device
 from amp_lab.compose import compose_settings
 from amp_lab.config import ConfigError
 from amp_lab.records import SUMMARY_FILE
-from amp_lab.tools.bench.compile_cache import last_line, run_logged
-from amp_lab.tools.bench.image_folder import write_image_folder
+from amp_lab.tools.bench import record
 from amp_lab.tools.bench.runs import Report, run_overrides
-from amp_lab.tools.bench.timm_peer import timm_args, timm_rate
+from benchmarks.compile_cache import last_line, run_logged
+from benchmarks.image_folder import write_image_folder
+from benchmarks.timm_peer import timm_args, timm_rate
 
 
 @dataclass
@@ -192,3 +194,25 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
             f"({comparison.ratio:.3f}x)",
             file=sys.stderr,
         )
+
+
+def section(results: dict[str, list[Any]]) -> list[str]:
+    comparisons: list[PeerComparison] = results.get("peer", [])
+    rows = [  # a comparison without a ratio yet is the first round's peer run alone
+        [c.model, c.precision, str(c.batch_size), str(c.img_size), str(c.epochs)]
+        + [str(len(c.ratios)), f"{c.median('amp_lab', 'samples_per_s'):.1f}"]
+        + [f"{c.median('peer', 'samples_per_s'):.1f}"]
+        + [f"**{c.ratio:.3f}** ({min(c.ratios):.2f}–{max(c.ratios):.2f})"]
+        + [f"{c.median(p, 'wall_s'):.1f}" for p in ("amp_lab", "peer")]
+        + [f"{c.wall_ratio:.3f}"]
+        for c in comparisons
+        if c.ratio is not None
+    ]
+    return record.section(
+        "Peer: amp_lab vs timm's train.py (training samples/s after warm-up and whole-process "
+        "wall time, medians of rounds; ratios amp_lab / peer, the median round's)",
+        "model | precision | batch | image | epochs | rounds | amp_lab samples/s | "
+        "peer samples/s | **ratio** (rounds' range) | amp_lab wall s | peer wall s | wall ratio",
+        rows,
+        [f"- data: {c.data}; peer: `{' '.join(c.peer_command[1:])}`" for c in comparisons],
+    )

@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers.peers import FILE_BENCH
 
-from amp_lab.tools.bench import cli as bench
+from benchmarks import bench
 
 
 @pytest.mark.slow

@@ -10,8 +10,7 @@ import json
 
 import pytest
 
-from amp_lab.tools.doctor.cli import main
-from amp_lab.tools.doctor.suite import CASES, HEALTHY, figures, run_case
+from benchmarks.doctor_suite import CASES, HEALTHY, figures, main, run_case
 
 FAST = {"healthy"}  # the no-alarm case; the failure classes run in the slow tier
 
@@ -47,7 +46,7 @@ def test_the_figures_count_what_the_targets_need():
 
 @pytest.mark.slow
 def test_the_suite_command_writes_its_figures(tmp_path, capsys):
-    assert main(["--suite", "--cases", "healthy", "--out", str(tmp_path)]) == 0
+    assert main(["--cases", "healthy", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "right cause first: 1/1 (100%, target >= 90%); alarms on healthy cases: 0" in out
     saved = json.loads((tmp_path / "suite.json").read_text())
@@ -55,7 +54,7 @@ def test_the_suite_command_writes_its_figures(tmp_path, capsys):
 
 
 def test_an_unknown_case_is_one_line(tmp_path, capsys):
-    assert main(["--suite", "--cases", "nope", "--out", str(tmp_path / "out")]) == 2
+    assert main(["--cases", "nope", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("amp_lab: error: unknown suite case nope")
     assert not (tmp_path / "out").exists()

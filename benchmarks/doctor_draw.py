@@ -1,7 +1,7 @@
 """Drawn doctor cases: variations of every failure class that the fixed suite (suite.py) does not
 contain, so its figures measure the doctor on cases it was not written against.
 
-`python -m amp_lab doctor --suite --draw N --seed S` draws N cases, the classes in turn (every
+`python -m benchmarks.doctor_suite --draw N --seed S` draws N cases, the classes in turn (every
 class appears once per round), each with a model among the test ViT, the test ConvNeXt and
 resnet18 at 32 px, a module, a fault magnitude, an optimizer (SGD, AdamW), a batch size and an
 accumulation from the seeded generator; the same seed draws the same cases.
@@ -13,8 +13,7 @@ import random
 from collections.abc import Callable
 
 from amp_lab.config import ConfigError
-from amp_lab.tools.doctor.cases import Case
-from amp_lab.tools.doctor.probes import key
+from benchmarks.doctor_cases import Case
 
 # per model: its overrides (CPU sizes) and the modules a forward overflow is injected into
 MODELS: dict[str, tuple[tuple[str, ...], Callable[[random.Random], str]]] = {
@@ -105,6 +104,8 @@ CLASSES: dict[str, tuple[str, Overrides]] = {
 def draw(n: int, seed: int, models: list[str] | None = None) -> list[Case]:
     """`n` cases, the classes in turn in a seeded order, each varied by the generator; the
     model among `models` (default all of MODELS)."""
+    from amp_lab.tools.doctor.probes import key  # torch loads once the arguments are read
+
     chosen = models or list(MODELS)
     unknown = [m for m in chosen if m not in MODELS]
     if unknown:

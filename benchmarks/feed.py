@@ -13,15 +13,15 @@ import json
 import statistics
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from amp_lab.build import build
-from amp_lab.compose import compose_settings
 from amp_lab.records import METRICS_FILE
-from amp_lab.tools.bench.peer import peer_data
+from amp_lab.tools import probe
+from amp_lab.tools.bench import record
 from amp_lab.tools.bench.runs import Report, run_overrides
-from amp_lab.trainer import Trainer
+from benchmarks.peer import peer_data
 
 
 @dataclass
@@ -53,11 +53,10 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
             else ["data=imagefolder", f"data.root={root}", f"data.decode={source}"]
         )
         overrides = [*data, f"data.num_workers={args.workers}", *timing]
-        settings = compose_settings(
-            run_overrides(args, args.models[0], args.precisions[0], *overrides)
-        )
+        run = run_overrides(args, args.models[0], args.precisions[0], *overrides)
+        settings = probe.settings(run, quiet=False)
         run_dir = args.out / "runs" / f"feed_{settings.model.name}_{source}"
-        summary = Trainer(build(settings, run_dir)).fit()
+        summary = probe.fit(settings, run_dir)
         records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
         shares = [r["throughput/data_share"] for r in records if "throughput/data_share" in r]
         rows.append(
@@ -78,3 +77,18 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
             f"{share if share is not None else float('nan'):.2f}",
             file=sys.stderr,
         )
+
+
+def section(results: dict[str, list[Any]]) -> list[str]:
+    rows: list[FeedRow] = results.get("feed", [])
+    cells = [
+        [r.model, r.precision, r.data, str(r.workers), f"{r.samples_per_s:.1f}"]
+        + [record.fmt(r.data_share, 2), record.fmt(r.vs_synthetic)]
+        for r in rows
+    ]
+    return record.section(
+        "Feed: synthetic data vs JPEG files decoded on the host and on the device "
+        "(samples/s after warm-up; data share: time waiting for batches)",
+        "model | precision | data | workers | samples/s | data share | vs synthetic",
+        cells,
+    )

@@ -8,7 +8,7 @@ module stands two computation paths of one built run in for them:
   (q @ k^T, softmax, @ v: timm's `fused_attn = False`), as a separate serving kernel would.
 Both under the same autocast; the mismatch is the logits' mean KL(training || inference).
 
-`python -m amp_lab.tools.numerics.engine_mismatch <overrides>` prints it for fp16 and bf16.
+`python -m benchmarks.engine_mismatch <overrides>` prints it for fp16 and bf16.
 """
 
 from __future__ import annotations

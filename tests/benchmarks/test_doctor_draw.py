@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from amp_lab.compose import compose_settings
-from amp_lab.tools.doctor.cli import main
-from amp_lab.tools.doctor.draw import CLASSES, MODELS, draw
-from amp_lab.tools.doctor.suite import figures
+from benchmarks.doctor_draw import CLASSES, MODELS, draw
+from benchmarks.doctor_suite import figures, main
 
 
 def test_a_seed_draws_the_same_cases_and_every_class_once_per_round():
@@ -65,14 +64,15 @@ def test_the_figures_are_given_per_class():
 )
 def test_bad_draw_input_is_one_line(tmp_path, capsys, args, message):
     out = tmp_path / "out"
-    assert main(["--suite", "--draw", "2", *args, "--out", str(out)]) == 2
+    assert main(["--draw", "2", *args, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(message)
     assert not out.exists()
 
 
 def test_the_documented_draw_on_main_is_its_committed_suite_files():
-    """docs/diagnostics.md's re-measured table reads docs/doctor_draw/seed_<S>.json row by row."""
+    """The re-measured table of the doctor's drawn cases reads
+    benchmarks/results/doctor_draw/seed_<S>.json row by row."""
     import json
     import re
 
@@ -87,7 +87,7 @@ def test_the_documented_draw_on_main_is_its_committed_suite_files():
     )
     assert len(rows) == 3
     for seed, right, alarms, ended, nexts, median, worst in rows:
-        saved = json.loads((ROOT / f"docs/doctor_draw/seed_{seed}.json").read_text())
+        saved = json.loads((ROOT / f"benchmarks/results/doctor_draw/seed_{seed}.json").read_text())
         f = saved["figures"]
         assert (saved["seed"], saved["draw"]) == (int(seed), 30)
         healthy = sum(r["class"] in ("healthy", "one_transient_inf_step") for r in saved["cases"])

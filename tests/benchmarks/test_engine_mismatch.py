@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers import FAST
 
-from amp_lab.tools.numerics.engine_mismatch import mismatch
+from benchmarks.engine_mismatch import mismatch
 
 
 def test_bf16_training_and_inference_paths_disagree_far_more_than_fp16s():
