@@ -29,7 +29,9 @@ TRAIN = re.compile(
 )
 OVERRIDE_TOOLS = {"doctor", "audit", "numerics"}
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-TOOL_COMMAND = re.compile(r"(?:python -m amp_lab\.(\w+)|amp_lab (\w+))\s(.*)$")
+TOOL_COMMAND = re.compile(r"(?:python -m (benchmarks\.\w+)|amp_lab (\w+))\s(.*)$")
+# the checkout's benchmarks the docs show beside the tools, each with its own --help
+BENCHMARKS = ["benchmarks.bench", "benchmarks.doctor_suite", "benchmarks.lead_time"]
 
 
 def training_commands(markdown: str) -> list[list[str]]:
@@ -153,17 +155,17 @@ def test_help_does_not_import_wandb(tmp_path):
 
 
 def _options(tool: str) -> set[str]:
-    """The --options a tool's --help lists."""
+    """The --options a tool's (or a benchmark's) --help lists."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
-        importlib.import_module(TOOLS[tool]).main(["--help"])
+        importlib.import_module(TOOLS.get(tool, tool)).main(["--help"])
     return set(OPTION.findall(printed.getvalue()))
 
 
 def test_every_option_the_docs_pass_to_a_tool_is_one_it_has():
-    """`python -m amp_lab bench --parts ...`, `amp_lab doctor --search-fp32`, ... in code blocks
-    and inline code: each option is in the tool's --help."""
-    known = {tool: _options(tool) for tool in TOOLS}
+    """`amp_lab bench --parts ...`, `amp_lab doctor --search-fp32`, `python -m benchmarks.bench
+    --parts peer ...` in code blocks and inline code: each option is in the tool's --help."""
+    known = {tool: _options(tool) for tool in [*TOOLS, *BENCHMARKS]}
     used = 0
     for doc in PAGES:
         text = page(doc)

@@ -25,21 +25,33 @@ def test_the_resume_rule_names_exactly_the_settings_free_on_resume():
     assert set(re.findall(r"`([\w.]+)`", listed)) == free_on_resume()
 
 
-def test_the_bench_options_table_lists_every_option_with_its_default(capsys):
-    from amp_lab.tools.bench.cli import DEFAULTS, parse_args
-
-    with pytest.raises(SystemExit):
-        parse_args(["--help"])
-    options = set(re.findall(r"^\s+(--[a-z-]+)", capsys.readouterr().out, flags=re.M)) - {"--help"}
-    table = section("benchmarks.md", "Options")
+def _table_defaults(text: str) -> dict[str, str]:
+    """Each `--option` row of a markdown table: its default cell."""
     rows = {}
-    for row in (r for r in table.splitlines() if r.startswith("| `--")):
+    for row in (r for r in text.splitlines() if r.startswith("| `--")):
         names, default = row.split(" | ")[:2]
         for name in re.findall(r"`(--[a-z-]+)`", names):
             rows[name] = default
-    assert set(rows) == options
-    defaults = vars(parse_args([]))
-    for name, cell in rows.items():
+    return rows
+
+
+def test_the_bench_options_tables_list_every_option_with_its_default(capsys):
+    """benchmarks.md's Options: `amp_lab bench`'s table, then the one of what
+    `python -m benchmarks.bench` adds."""
+    from amp_lab.tools.bench.cli import DEFAULTS, parse_args
+    from benchmarks.bench import PARTS, options
+
+    def listed(*args) -> set[str]:
+        with pytest.raises(SystemExit):
+            parse_args(["--help"], *args)
+        return set(re.findall(r"^\s+(--[a-z-]+)", capsys.readouterr().out, flags=re.M)) - {"--help"}
+
+    shipped, repository = section("benchmarks.md", "Options").split("takes these too")
+    rows, more = _table_defaults(shipped), _table_defaults(repository)
+    assert set(rows) == listed()
+    assert set(more) == listed(PARTS, "python -m benchmarks.bench", options) - set(rows)
+    defaults = vars(parse_args([], PARTS, "python -m benchmarks.bench", options))
+    for name, cell in {**rows, **more}.items():
         value = defaults[name[2:].replace("-", "_")]
         if isinstance(value, int):  # the numeric defaults the table states as `N`
             assert cell.strip("| ") == f"`{value}`", name

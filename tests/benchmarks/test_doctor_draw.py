@@ -71,15 +71,15 @@ def test_bad_draw_input_is_one_line(tmp_path, capsys, args, message):
 
 
 def test_the_documented_draw_on_main_is_its_committed_suite_files():
-    """The re-measured table of the doctor's drawn cases reads
+    """benchmarks/results/doctor_suite.md's re-measured table of the drawn cases reads
     benchmarks/results/doctor_draw/seed_<S>.json row by row."""
     import json
     import re
 
     from helpers import ROOT
 
-    text = (ROOT / "docs/diagnostics.md").read_text()
-    section = text[text.index("#### Re-measured on main") :]
+    text = (ROOT / "benchmarks/results/doctor_suite.md").read_text()
+    section = text[text.index("### Re-measured on main") :]
     rows = re.findall(
         r"^\| (\d+) \| (\d+/\d+) \| (\d+/\d+) \| (\d+/\d+) \| (\d+) \| (\d+) / (\d+) \|",
         section,

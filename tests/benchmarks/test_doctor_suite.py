@@ -1,7 +1,7 @@
 """The doctor benchmark: every failure case names its cause first and its top fix verifies.
 
 The cheap cases run in the fast tier; every case runs in the slow tier (`make doctor-bench`
-runs them all in one command and prints the figures of docs/diagnostics.md).
+runs them all in one command and prints the figures of benchmarks/results/doctor_suite.md).
 """
 
 from __future__ import annotations

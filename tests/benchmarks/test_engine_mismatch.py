@@ -1,5 +1,6 @@
-"""The "fp16 is back" finding (docs/diagnostics.md): between a training-mode forward and an
-inference-mode forward of the same weights, bf16's logits part ways far more than fp16's."""
+"""The "fp16 is back" finding (benchmarks/results/numerics_findings.md): between a training-mode
+forward and an inference-mode forward of the same weights, bf16's logits part ways far more than
+fp16's."""
 
 from __future__ import annotations
 
