@@ -13,7 +13,8 @@
 #   SLURM_CLUSTER_PORT  slurmctld port; slurmd uses the next one                 (6817)
 #   SLURM_CLUSTER_REQUEUE_DELAY  seconds before a requeued job may start again     (10)
 # Clients find the cluster through /etc/slurm/slurm.conf (written when absent or ours) or
-# SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf.
+# SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf; the tests use only the latter, and only while `status`
+# says the cluster is up (tests/helpers/slurm.py).
 set -euo pipefail
 
 DIR=${SLURM_CLUSTER_DIR:-/tmp/amp_lab_slurm}
@@ -144,6 +145,8 @@ status() {
             echo "$name: stopped"
         fi
     done
+    # without its controller sinfo retries for ~9 s before it fails: say stopped at once
+    alive "$DIR/run/slurmctld.pid" || return 1
     sinfo 2>/dev/null || true
     node_up
 }

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import FAST
-from helpers.slurm import SCRIPT
+from helpers.slurm import cluster_conf, why_not_up
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-slurm",
+        action="store_true",
+        help="fail, not skip, the tests that need the test SLURM cluster when it is not up (CI)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -18,6 +26,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # than with threads fighting over them; subprocesses (CLI runs, SLURM jobs) inherit it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # Every SLURM command a test or its subprocesses run reads the test cluster's slurm.conf, or an
+    # empty one that SLURM refuses at once: never /etc/slurm or a login node's own cluster.
+    os.environ["SLURM_CONF"] = str(cluster_conf() or os.devnull)
+    config.addinivalue_line("markers", "slurm: takes the cluster fixture (pytest -m slurm)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:  # the tests that submit to the test cluster
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
 
 
 @pytest.fixture
@@ -35,11 +53,15 @@ def ctrl_c() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    """The test SLURM cluster, started (and stopped after the module) when it is not up."""
-    started = subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode != 0
-    if started:
-        subprocess.run([str(SCRIPT), "start"], check=True, timeout=900)
-    yield
-    if started:
-        subprocess.run([str(SCRIPT), "stop"], check=True, timeout=120)
+def cluster(request: pytest.FixtureRequest) -> Path:
+    """The slurm.conf of the test SLURM cluster (scripts/slurm_cluster.sh start), which SLURM_CONF
+    names; the test skips while that cluster is not up (fails, with --require-slurm)."""
+    why_not = why_not_up()
+    if why_not and request.config.getoption("--require-slurm"):
+        pytest.fail(why_not)
+    if why_not:
+        pytest.skip(why_not)
+    conf = cluster_conf()
+    assert conf is not None
+    os.environ["SLURM_CONF"] = str(conf)  # as pytest_configure sets it, were it started since
+    return conf

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -145,10 +144,6 @@ def test_an_inf_on_one_rank_makes_every_rank_skip(first_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("sbatch") is None,
-    reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs it)",
-)
 @pytest.mark.usefixtures("cluster")
 def test_two_task_slurm_job_trains_with_ddp(tmp_path, monkeypatch):
     """tasks_per_node=2 through the submitit launcher: one DDP world of two SLURM tasks."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -225,7 +224,6 @@ def test_a_search_hands_its_trials_to_submitit_local(tmp_path):
         assert trial.state.name == "COMPLETE" and sorted(trial.intermediate_values) == [4, 8, 12]
 
 
-@pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch (scripts/slurm_cluster.sh)")
 def test_a_search_runs_its_trials_as_slurm_jobs(cluster, tmp_path):
     """The same search under hydra/launcher=submitit_slurm_cpu: each round's trials (one per
     study) are one job array on the test cluster; every trial reaches its study through the

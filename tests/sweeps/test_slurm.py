@@ -1,8 +1,9 @@
 """Sweeps through hydra-submitit-launcher on a real single-node SLURM (scripts/slurm_cluster.sh).
 
-CI starts the cluster in .ci/run; the `cluster` fixture starts it when it is not up. Jobs run this
-checkout's amp_lab (run_cli puts it on PYTHONPATH; sbatch exports the environment) with the
-venv's python (submitit submits sys.executable).
+A test that takes the `cluster` fixture runs only on the cluster scripts/slurm_cluster.sh started
+(CI's .ci/run starts it) and skips while it is not up. Jobs run this checkout's amp_lab (run_cli
+puts it on PYTHONPATH; sbatch exports the environment) with the venv's python (submitit submits
+sys.executable).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,13 +20,7 @@ from helpers import ROOT, run_cli
 from helpers.slurm import JOB, ON_TEST_CLUSTER
 from helpers.wandb_records import offline_runs, read_run
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("sbatch") is None,
-        reason="no sbatch on this machine (scripts/slurm_cluster.sh start installs SLURM)",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(autouse=True)
