@@ -202,7 +202,6 @@ class Trainer:
         figures = {**meter.read(), "memory/peak_mb": peak_memory_mb(run.device)}
         if not run.dist.active:
             return figures
-        world = run.dist.world_size
         local_rate = figures.get("throughput/samples_per_s", 0.0)
         memory = figures["memory/peak_mb"]
         totals = run.dist.all_reduce(
@@ -211,15 +210,11 @@ class Trainer:
         peak = run.dist.all_reduce(
             torch.tensor([memory], dtype=torch.float64, device=run.device), op="max"
         )
-        rate, memory_total = totals.tolist()
-        figures.update({"memory/peak_mb": peak.item(), "memory/peak_mb_total": memory_total})
+        rate, figures["memory/peak_mb_total"] = totals.tolist()
+        figures["memory/peak_mb"] = peak.item()
         if "throughput/samples_per_s" in figures:
-            figures.update(
-                {
-                    "throughput/samples_per_s": rate,
-                    "throughput/samples_per_s_per_device": rate / world,
-                }
-            )
+            figures["throughput/samples_per_s"] = rate
+            figures["throughput/samples_per_s_per_device"] = rate / run.dist.world_size
         return figures
 
     def _eval_record(self, meter: ThroughputMeter, started: float) -> dict[str, Any]:

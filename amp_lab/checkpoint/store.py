@@ -220,8 +220,9 @@ class Checkpointer:
                 stale.unlink()
             payload = self._payload(set())
             write_atomic(path, lambda f: torch.save(payload, f))
-        if main:
-            self._prune()
+        if main:  # only now that the new one is complete
+            for old in self.checkpoints()[self.cfg.keep :]:
+                sharded.remove(old)
         self.last_save = time.monotonic()
         return path
 
@@ -242,10 +243,6 @@ class Checkpointer:
             "wandb_run_id": self.records.wandb_id(),
             "settings": flat_settings(self.settings),
         }
-
-    def _prune(self) -> None:
-        for old in self.checkpoints()[self.cfg.keep :]:  # only now that the new one is complete
-            sharded.remove(old)
 
     def step_done(self, elapsed_s: float, final: bool) -> float:
         """After a step's records: a periodic or a stop checkpoint. Returns the seconds spent."""

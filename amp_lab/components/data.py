@@ -190,11 +190,10 @@ def _synthetic(cfg: DataConfig, seed: int, device: torch.device):
         0, cfg.num_classes, (cfg.num_samples,), generator=generator, device=device
     )
     n_val = max(1, round(cfg.num_samples * cfg.val_fraction))
-    spec = DataSpec(cfg.channels, cfg.num_classes, cfg.img_size)
     return (
         TensorDataset(images[n_val:], labels[n_val:]),
         TensorDataset(images[:n_val], labels[:n_val]),
-        spec,
+        DataSpec(cfg.channels, cfg.num_classes, cfg.img_size),
     )
 
 
@@ -249,9 +248,9 @@ def _imagefolder(
         else:
             files = datasets.ImageFolder(str(path), transform=transforms[0 if train else 1])
         files = files if indices is None else Subset(files, indices)
-        if transforms is None:
-            return EncodedImages(files, DeviceDecoder(cfg, norm, device, train))
-        return files
+        return (
+            files if transforms else EncodedImages(files, DeviceDecoder(cfg, norm, device, train))
+        )
 
     try:
         if (root / "train").is_dir() and (root / "val").is_dir():

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from amp_lab.tools.numerics.bands import (
     FLAG_FACTOR,
@@ -159,9 +160,8 @@ def amplifiers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     """Mean KL(p || q) of the logits' softmax over the batch, in fp64."""
-    log_p = torch.log_softmax(p_logits.double(), -1)
-    log_q = torch.log_softmax(q_logits.double(), -1)
-    return float(torch.sum(log_p.exp() * (log_p - log_q), -1).mean())
+    log_p, log_q = (torch.log_softmax(t.double(), -1) for t in (p_logits, q_logits))
+    return float(F.kl_div(log_q, log_p, reduction="batchmean", log_target=True))
 
 
 def outputs(test: Capture, ref: Capture) -> dict[str, float]:

@@ -21,13 +21,6 @@ from amp_lab.records import HYDRA_DIR
 from amp_lab.tools.report.runs import RunData, setting_value
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def run_device(run: RunData) -> str:
     """The device the run trained on: as resolved in its summary, else as configured."""
     device = (run.summary.get("precision") or {}).get("device")
@@ -77,8 +70,8 @@ def gather(runs: list[RunData], argv: list[str]) -> dict[str, Any]:
         "devices": devices,
         "host": {
             "python": platform.python_version(),
-            "torch": _version("torch"),
-            "timm": _version("timm"),
+            "torch": metadata.version("torch"),  # dependencies: installed with amp_lab
+            "timm": metadata.version("timm"),
             "cores": cores,
             "load_avg": load,
             "platform": platform.platform(),

@@ -188,3 +188,23 @@ def test_an_overflowing_scale_moves_by_the_runs_own_scaler():
     hysteresis = ["scaler=hysteresis", f"scaler.min_scale={floor}", f"scaler.max_scale={start}"]
     assert _fp16_scale(start, *hysteresis) == (floor, False)
     assert _fp16_scale(start, "scaler=static") == (start, False)
+
+
+def test_the_logits_kl_is_the_sum_of_p_log_p_over_q_on_its_edge_cases():
+    """compare.kl (torch's F.kl_div) equals the mean of sum p (log p - log q) over the batch:
+    on plain and fp16-rounded logits, and nan or inf where an infinite logit makes the sum so."""
+    from amp_lab.tools.numerics.compare import kl
+
+    def by_hand(p: torch.Tensor, q: torch.Tensor) -> float:
+        log_p, log_q = torch.log_softmax(p.double(), -1), torch.log_softmax(q.double(), -1)
+        return float(torch.sum(log_p.exp() * (log_p - log_q), -1).mean())
+
+    torch.manual_seed(0)
+    p, inf = torch.randn(4, 10), float("inf")
+    assert kl(p, p) == 0.0
+    for test in (torch.randn(4, 10), p.half().float()):
+        assert kl(p, test) == pytest.approx(by_hand(p, test), rel=1e-12)
+    one = torch.tensor([[0.0, 1.0]])
+    for a, b in ((torch.tensor([[0.0, inf]]), one), (torch.tensor([[0.0, -inf]]), one)):
+        assert torch.isnan(torch.tensor(kl(a, b))) and torch.isnan(torch.tensor(by_hand(a, b)))
+    assert kl(one, torch.tensor([[0.0, -inf]])) == by_hand(one, torch.tensor([[0.0, -inf]])) == inf
