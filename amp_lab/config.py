@@ -487,11 +487,19 @@ class HealthConfig:
     # consecutive skipped steps (non-finite gradients: a scale at inf, a forward non-finite at
     # any scale) after which the run can no longer train: it stops, diverged
     max_bad_steps: int = 50
-    # -- early warnings, judged at probe steps (diagnostics.every; docs/diagnostics.md)
-    # attention logits growing: a block's max q.k/sqrt(d) this high (e^-30 ~ 1e-13: the softmax is
-    # one-hot in every float format); of 20, 30, 40, 50 and 100 the highest that warned >= 10
-    # steps ahead of 80% of the lead-time bench's seed-0 divergences (docs/diagnostics.md)
-    attn_logit: float = 30.0
+    # diverged, too: the mean of `window` steps fell more than `rise` below its start, then the
+    # last `window` steps' mean gave back this share of that fall (a run that learned lost it)
+    give_back: float = 0.5
+    # -- early warnings: every step's figures, judged at each log step (docs/diagnostics.md)
+    # a step's loss this many times the mean of the `window` steps before it
+    loss_spike: float = 3.0
+    grad_spike: float = 10.0  # a step's gradient norm this many times the mean before it
+    # attention logits growing: a block's bound on q.k/sqrt(d), scale x max|q| x max|k| over its
+    # tokens and heads, this high (every step; e^-50: a softmax one-hot in every float format);
+    # of 20, 30, 40, 50, 100 and 200 the highest that warned >= 10 steps ahead of 80% of the
+    # lead-time bench's seed-0 grid divergences (benchmarks/results/lead_time.md)
+    attn_logit: float = 50.0
+    # -- early warnings judged at probe steps (diagnostics.every)
     # outlier features: a block's output feature kurtosis this high (1: every feature alike)
     kurtosis: float = 20.0
     adam_rms: float = 5.0  # second moment lags: a weight matrix's RMS of g^2/v-hat this high
@@ -514,10 +522,11 @@ class HealthConfig:
 
     def __post_init__(self) -> None:
         shares = ("zero_grad_share", "min_drop", "skip_rate", "window_skip_rate", "erased_share")
-        _bound(self, "health", "in (0, 1]", *shares)
+        _bound(self, "health", "in (0, 1]", *shares, "give_back")
         relative = ("rise", "acc_pp", "loss_rel", "deviation", "stall_share", "base_drop")
         _bound(self, "health", "finite and > 0", *relative, "attn_logit", "kurtosis", "adam_rms")
         _bound(self, "health", ">= 1", "min_steps", "window", "max_bad_steps")
+        _bound(self, "health", "finite and > 1", "loss_spike", "grad_spike")
         _require(
             0.5 <= self.confidence < 1, f"health.confidence={self.confidence} must be in [0.5, 1)"
         )

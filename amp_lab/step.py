@@ -3,9 +3,8 @@
 One method per stage (STAGES), in the order of docs/amp_pitfalls.md §2: zero_grad -> per
 micro-batch autocast forward, fp32 loss / grad_accum, scale(loss).backward() -> at the boundary
 unscale_, gradient norm, clip -> scaler.step -> scaler.update, once -> schedule step. The pitfall
-lab overrides one stage per mistake. Nothing here reads a value back to the host, and the
-gradient norm is computed only when used (a log step, clipping by norm): every op costs host
-time, and a short GPU step waits on the host.
+lab overrides one stage per mistake. Nothing here reads a value back to the host: the gradient
+norm of every step stays a device tensor, which the health monitor reads at log steps.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ class StepResult:
     loss: torch.Tensor  # mean loss over the micro-batches, fp32 unless a pitfall computes it lower
     correct: torch.Tensor  # correctly classified samples
     samples: int
-    grad_norm: torch.Tensor | None  # L2 norm of the unscaled gradients before clipping; None
-    # when the step was asked for no norm and did not clip by norm
+    grad_norm: torch.Tensor  # L2 norm of the unscaled gradients before clipping
     found_inf: torch.Tensor  # 1.0 when the gradients held inf/nan and the update was skipped
     scale: torch.Tensor | None = None  # the loss scale after the step (None: no scaler used)
 
@@ -197,12 +195,8 @@ class TrainStep:
             rounding=options.update_rounding,
         )
 
-    def __call__(
-        self, micro_batches: Sequence[Batch], measure_norm: bool = True, step: int | None = None
-    ) -> StepResult:
-        """Optimizer step `step` (the loop passes it; default: the one after the last);
-        `measure_norm=False` skips the gradient norm unless clipping by norm needs it (the loop
-        asks for it on log steps only)."""
+    def __call__(self, micro_batches: Sequence[Batch], step: int | None = None) -> StepResult:
+        """Optimizer step `step` (the loop passes it; default: the one after the last)."""
         self.step_number = self.step_number + 1 if step is None else step
         self.diagnostics.begin_step(self.step_number)
         model = self.diagnostics.forward_module(self.model)
@@ -225,7 +219,7 @@ class TrainStep:
         # one micro-batch (the common case) adds no op: its loss and count are the step's
         loss_sum = losses[0] if count == 1 else torch.stack(losses).sum()
         correct = corrects[0] if count == 1 else torch.stack(corrects).sum()
-        grad_norm = self.unscale_and_clip(measure_norm)
+        grad_norm = self.unscale_and_clip()
         self.diagnostics.before_optimizer_step()
         skipped = self.optimizer_step(grad_norm)
         self.update_scale()
@@ -260,30 +254,24 @@ class TrainStep:
     def after_micro_batch(self, last: bool) -> None:
         """Nothing between micro-batches: the scaler acts once, at the boundary."""
 
-    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
+    def unscale_and_clip(self) -> torch.Tensor:
         """Unscale first, so the norm and the clip threshold see the true gradients."""
         self.before_unscale()
         self.scaler.unscale_(self.optimizer)
-        return self.norm_and_clip(measure_norm)
+        return self.norm_and_clip()
 
-    def norm_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
-        """The total gradient norm (before clipping) when asked or clipping by norm, then clip
-        by norm or value if asked."""
-        clip_norm = self.clip_grad > 0 and self.clip_mode == "norm"
-        norm = None
-        if measure_norm or clip_norm:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-            if clip_norm:
-                torch.nn.utils.clip_grads_with_norm_(
-                    self.params, self.clip_grad, norm, foreach=True
-                )
-        if self.clip_grad > 0 and not clip_norm:
+    def norm_and_clip(self) -> torch.Tensor:
+        """The total gradient norm (before clipping), then clip by norm or value if asked."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        if self.clip_grad > 0 and self.clip_mode == "norm":
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_grad, norm, foreach=True)
+        elif self.clip_grad > 0:
             torch.nn.utils.clip_grad_value_(self.params, self.clip_grad, foreach=True)
         # FSDP: a norm over gradient shards is a DTensor; the total across them is read here
-        return None if norm is None else full_value(norm).float()
+        return full_value(norm).float()
 
-    def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
+    def optimizer_step(self, grad_norm: torch.Tensor) -> torch.Tensor:
         """The update, skipped when the gradients hold inf/nan; returns that skip flag."""
         self.scaler.step(self.optimizer)
         return found_inf(self.scaler, self.optimizer)  # before update() clears it

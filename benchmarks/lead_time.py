@@ -1,12 +1,12 @@
 """How early the early warnings come: `python -m benchmarks.lead_time`
 (`make warnings-bench`).
 
-Diverging cases run with a probe and a log window at every step; a run diverges at its first step
-whose loss is non-finite, or whose mean over the last SMOOTH steps is above twice the lowest such
-mean before it. For each early warning (rules.EARLY) the table gives the steps between its
-firing and that divergence. The healthy runs are the seed-0 jobs of each CPU study but those
-built to fail (PHENOMENA), single-process ones: a warning that fires on one of them, while no
-other rule does, is a false alarm. Writes lead_time.json.
+Every case runs at the default settings (a log window every 10 steps, a probe every 100). Whether
+and where a run diverged is the health judge's `diverged` finding (summary.json `health`); for
+each early warning (rules.EARLY) the table gives the steps between the log step it fired at and
+that divergence. The healthy runs are the seed-0 jobs of each CPU study but those built to fail
+(PHENOMENA), single-process ones: a warning that fires on one of them, while no other rule does,
+is a false alarm; a study run that another rule judged is listed apart. Writes lead_time.json.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import io
 import itertools
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -26,14 +26,14 @@ from rich.table import Table
 from amp_lab import command
 from amp_lab.compose import CONF_DIR, compose_settings
 from amp_lab.config import AmpLabConfig, ConfigError, flat_settings, register
-from amp_lab.health.rules import EARLY
+from amp_lab.health.rules import DIVERGED, EARLY
 from amp_lab.records import METRICS_FILE, SETTINGS_FILE, SUMMARY_FILE
 from amp_lab.tools import probe
 
-# the CPU studies' ViT (4 tokens on 16 px digits, it learns within 60 steps), with a probe and a
-# judged window at every step
+# the CPU studies' ViT (4 tokens on 16 px digits, it learns within 60 steps), no evaluation but
+# the last; everything else at its default
 BASE = ["model=test_vit_patch8", "data.img_size=16", "trainer.device=cpu", "trainer.progress=false"]
-EVERY_STEP = ["trainer.log_every=1", "diagnostics.every=1", "trainer.eval_every=0"]
+QUIET_EVAL = ["trainer.eval_every=0"]
 # Wortsman et al.'s protocol at CPU size: a linear warmup to the peak LR, then cosine decay. The
 # run learns first; at a high peak its attention logits grow and the loss climbs back.
 WARMUP_THEN_PEAK = ["lr.warmup_steps=60", "trainer.max_steps=200"]
@@ -64,9 +64,17 @@ QK_NORM = {
     for name, case in LEARN_THEN_DIVERGE.items()
 }
 LEAD_TARGET = 10  # steps: a warning this early is in time to act on
-# single batches of 32 digits span a factor 2 in a healthy run (0.28-0.63 over the last 40 steps
-# of bf16_lr1e-2): a mean of 5 steps keeps one batch from counting as divergence
-SMOOTH = 5
+# the figures each log step's record holds for the early-warning rules (what another threshold
+# would have seen), the exact logit of a probe step too
+FIGURES = (
+    "train/loss",
+    "train/loss_spike",
+    "train/grad_spike",
+    "diag/attn_logit_bound",
+    "diag/attn_logit_max",
+    "diag/kurtosis_max",
+    "diag/adam_rms_max",
+)
 # studies built to show a failure: their broken cells are the phenomena, not healthy runs
 PHENOMENA = ("attention_logits", "pure_bf16_updates", "silent_noops")
 
@@ -80,8 +88,8 @@ class CaseResult:
     diverged_at: int | None
     warned: dict[str, int] = field(default_factory=dict)  # early rule -> the step it fired
     other: list[str] = field(default_factory=list)  # the other rules that fired
-    # (step, the largest attention logit) at each probe: what another threshold would have seen
-    attn_logits: list[tuple[int, float]] = field(default_factory=list)
+    # per log step: its step and the FIGURES its record holds (what another threshold would see)
+    figures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def lead(self) -> int | None:
@@ -91,23 +99,13 @@ class CaseResult:
         return self.diverged_at - min(self.warned.values())
 
 
-def divergence_step(losses: list[tuple[int, float]], smooth: int = SMOOTH) -> int | None:
-    """The first step whose loss is non-finite, or whose mean over the last `smooth` steps is
-    above twice the lowest such mean before it and above half the first."""
-    lowest, first = math.inf, None
-    for i, (step, loss) in enumerate(losses):
-        if not math.isfinite(loss):
-            return step
-        if i + 1 < smooth:
-            continue
-        mean = sum(value for _, value in losses[i + 1 - smooth : i + 1]) / smooth
-        first = mean if first is None else first
-        # twice a low minimum is still a trained model (0.05 -> 0.10 near the end of a
-        # qk_norm run): a divergence gives back at least half of the first loss
-        if mean > 2 * lowest and mean > first / 2:
-            return step
-        lowest = min(lowest, mean)
-    return None
+def first_reaching(figures: list[dict[str, Any]], figure: str, threshold: float) -> int | None:
+    """The first log step whose `figure` reached `threshold` (in a CaseResult's `figures`, or
+    its JSON): where a rule on it at that threshold would have fired."""
+    reached = (
+        f["step"] for f in figures if isinstance(v := f.get(figure), float) and v >= threshold
+    )
+    return next(reached, None)
 
 
 def _finished(folder: Path, settings: AmpLabConfig) -> bool:
@@ -128,23 +126,25 @@ def run_case(name: str, overrides: list[str], out: Path) -> CaseResult:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             summary = probe.fit(settings, folder)
     rows = [json.loads(r) for r in (folder / METRICS_FILE).read_text().splitlines()]
-    losses = [(r["step"], r["train/loss"]) for r in rows if r["kind"] == "train"]
     health = summary.get("health") or []
     result = CaseResult(
         name,
         overrides,
-        divergence_step(losses),
+        next((e["step"] for e in health if e["rule"] == DIVERGED), None),
         {e["rule"]: e["step"] for e in health if e["rule"] in EARLY},
         [e["rule"] for e in health if e["rule"] not in EARLY],
-        [(r["step"], r["diag/attn_logit_max"]) for r in rows if "diag/attn_logit_max" in r],
+        [
+            {"step": r["step"], **{k.split("/")[1]: r[k] for k in FIGURES if r.get(k) is not None}}
+            for r in rows
+            if r["kind"] == "train"
+        ],
     )
     print(f"{name}: diverged at {result.diverged_at}, warned {result.warned}", flush=True)
     return result
 
 
 def study_jobs(study: str) -> list[list[str]]:
-    """A CPU study's sweep jobs of seed 0 (its `hydra.sweeper.params` grid), probed every 10
-    steps."""
+    """A CPU study's sweep jobs of seed 0 (its `hydra.sweeper.params` grid), as it runs them."""
     from hydra import compose, initialize_config_dir
 
     experiment = f"+experiment/cpu={study}"
@@ -156,9 +156,7 @@ def study_jobs(study: str) -> list[list[str]]:
         for key, values in params.items()
         if key != "trainer.seed"
     ]
-    # a probe at every log step (the CPU studies log every 10), so every warning is judged
-    probe = ["diagnostics.every=10"]
-    return [[experiment, "trainer.seed=0", *job, *probe] for job in itertools.product(*axes)]
+    return [[experiment, "trainer.seed=0", *job] for job in itertools.product(*axes)]
 
 
 def healthy_studies() -> list[str]:
@@ -170,10 +168,7 @@ def healthy_studies() -> list[str]:
 def table(diverging: list[CaseResult], healthy: list[CaseResult]) -> Table:
     """Per diverging case, each warning's lead (negative: it came after); last, per warning, its
     false alarms on the healthy runs."""
-    grid = Table(
-        title="early warnings: steps before divergence (a loss non-finite, or a "
-        f"{SMOOTH}-step mean above 2x the lowest)"
-    )
+    grid = Table(title="early warnings: steps before the judge's divergence (negative: after)")
     for column in ("case", "diverged at", *EARLY, "any"):
         grid.add_column(column, justify="left" if column == "case" else "right")
     for case in diverging:
@@ -220,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [
         run_case(
             name if seed == 0 else f"{name}_seed{seed}",
-            [*BASE, *EVERY_STEP, *cases[name], f"trainer.seed={seed}", *args.set],
+            [*BASE, *QUIET_EVAL, *cases[name], f"trainer.seed={seed}", *args.set],
             args.out / "cases",
         )
         for name in args.cases
@@ -228,14 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     diverging = [run for run in runs if run.name.split("_seed")[0] in DIVERGING]
     fixed = [run for run in runs if run.name.split("_seed")[0] in QK_NORM]
-    healthy = []
+    # the study runs no other rule judged, and the others
+    healthy: list[CaseResult] = []
+    judged: list[CaseResult] = []
     for study in healthy_studies() if args.studies is None else args.studies:
         for i, job in enumerate(study_jobs(study)):
             if compose_settings(job).trainer.strategy != "single":
                 break  # a study of several ranks runs under torchrun, not here
             result = run_case(f"{study}_{i}", [*job, *args.set], args.out / "healthy")
-            if result.diverged_at is None and not result.other:  # healthy by every other rule
-                healthy.append(result)
+            (judged if result.diverged_at is not None or result.other else healthy).append(result)
     Console(width=200).print(table([*diverging, *fixed], healthy))
     leads = [c.lead for c in diverging if c.diverged_at is not None]
     early = sum(lead is not None and lead >= LEAD_TARGET for lead in leads)
@@ -243,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{early} of {len(leads)} diverging cases warned >= {LEAD_TARGET} steps ahead; "
         f"{sum(bool(h.warned) for h in healthy)} of {len(healthy)} healthy runs warned; "
         f"with qk_norm {sum(f.diverged_at is not None for f in fixed)} of {len(fixed)} diverged "
-        f"and {sum(bool(f.warned) for f in fixed)} warned"
+        f"and {sum(bool(f.warned) for f in fixed)} warned; {len(judged)} study runs judged "
+        f"otherwise ({sum(j.diverged_at is not None for j in judged)} diverged)"
     )
     found = {
         "diverging": [asdict(c) | {"lead": c.lead} for c in diverging],
         "qk_norm": [asdict(f) for f in fixed],
         "healthy": [asdict(h) for h in healthy],
+        "judged": [asdict(j) for j in judged],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lead_time.json").write_text(json.dumps(command.strict_json(found), indent=2))

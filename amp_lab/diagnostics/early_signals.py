@@ -1,7 +1,10 @@
-"""Signals that come before the loss diverges, measured at probe steps only (device tensors).
+"""Signals that come before the loss diverges, as device tensors read at log steps.
 
-- the max attention logit per block: timm's Attention calls `q_norm` and `k_norm` even when they
-  are identities, so q and k are read there (Wortsman et al. 2023, arXiv 2309.14322);
+- every step, per attention block, a bound on its largest logit: scale x max|q| x max|k| (the
+  L2 norms of its query and key vectors, over tokens, heads and batch), which no q.k can exceed
+  (Cauchy-Schwarz); timm's Attention calls `q_norm` and `k_norm` even when they are identities,
+  so q and k are read there. At probe steps, the exact largest logit (Wortsman et al. 2023,
+  arXiv 2309.14322);
 - the kurtosis of each block's output features (He et al. 2024; FOG, arXiv 2505.20524);
 - per weight matrix, the RMS of g^2 / v-hat for Adam-family optimizers (StableAdamW,
   arXiv 2304.13013);
@@ -40,7 +43,9 @@ def feature_kurtosis(x: torch.Tensor) -> torch.Tensor:
 
 
 class BlockSignals(Hooks):
-    """Forward hooks for probe steps: max attention logit and output kurtosis per block."""
+    """Forward hooks: per attention block a bound on its largest logit (every step, once
+    `watch()`ed; else on probe steps), and on probe steps (`attach()` to `detach()`) its exact
+    largest logit and each block's output kurtosis."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.attention = [
@@ -49,19 +54,38 @@ class BlockSignals(Hooks):
             if all(hasattr(m, a) for a in ("q_norm", "k_norm", "scale"))
         ]
         self.blocks = [(name, m) for name, m in model.named_modules() if name and _is_block(m)]
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []  # the probe step's
+        self.watching: list[torch.utils.hooks.RemovableHandle] = []  # every step's
+        self.probing = False
         self.q: torch.Tensor | None = None  # the last q_norm output, read by the next k_norm
-        self.values: dict[str, list[torch.Tensor]] = {"logit": [], "kurtosis": []}
+        self.values: dict[str, list[torch.Tensor]] = {"bound": [], "logit": [], "kurtosis": []}
         self.seen: dict[str, torch.Tensor] = {}  # per kind: the max per module since the read
 
+    def _attention_hooks(self) -> list[torch.utils.hooks.RemovableHandle]:
+        return [
+            handle
+            for _, attn in self.attention
+            for handle in (
+                attn.q_norm.register_forward_hook(self._keep_q),
+                attn.k_norm.register_forward_hook(self._logits(attn.scale)),
+            )
+        ]
+
+    def watch(self) -> None:
+        """The bound on every step from now on."""
+        self.watching = self.watching or self._attention_hooks()
+
     def attach(self) -> None:
-        if self.handles:
+        """A probe step: the exact logits and the kurtosis too."""
+        if self.probing:
             return
-        for _, attn in self.attention:
-            self.handles.append(attn.q_norm.register_forward_hook(self._keep_q))
-            self.handles.append(attn.k_norm.register_forward_hook(self._logits(attn.scale)))
-        for _, block in self.blocks:
-            self.handles.append(block.register_forward_hook(self._kurtosis))
+        self.probing = True
+        self.handles = [] if self.watching else self._attention_hooks()
+        self.handles += [block.register_forward_hook(self._kurtosis) for _, block in self.blocks]
+
+    def detach(self) -> None:
+        super().detach()
+        self.probing = False
 
     def _keep_q(self, module: torch.nn.Module, args: Any, q: torch.Tensor) -> None:
         self.q = q
@@ -70,11 +94,20 @@ class BlockSignals(Hooks):
         def hook(module: torch.nn.Module, args: Any, k: torch.Tensor) -> None:
             if not module.training or self.q is None:
                 return
-            # fp32 product: the logits the softmax sees, before any rounding of their own
-            # ([batch, heads, tokens, tokens] at a probe step, as an unfused attention holds)
-            logits = (self.q.detach().float() * scale) @ k.detach().float().transpose(-2, -1)
-            self.values["logit"].append(logits.amax())
-            self.q = None
+            q, self.q = self.q, None
+            with torch.no_grad():  # no graph, and no detach op of its own
+                # |q.k| <= |q| |k|: four reductions over [batch, heads, tokens], far cheaper
+                # than the logits; fp32 norms, whose squares would overflow fp16
+                q_max, k_max = (
+                    torch.linalg.vector_norm(t, dim=-1, dtype=torch.float32).amax() for t in (q, k)
+                )
+                self.values["bound"].append(q_max * k_max * scale)
+                if self.probing:
+                    # fp32 product: the logits the softmax sees, before any rounding of their
+                    # own ([batch, heads, tokens, tokens] at a probe step, as an unfused
+                    # attention holds)
+                    logits = (q.float() * scale) @ k.float().transpose(-2, -1)
+                    self.values["logit"].append(logits.amax())
 
         return hook
 
@@ -90,10 +123,17 @@ class BlockSignals(Hooks):
                 values.clear()
 
     def read(self) -> dict[str, Any]:
-        """`diag/` keys (a sync): the largest attention logit and kurtosis, and their blocks."""
-        names = {"logit": [n for n, _ in self.attention], "kurtosis": [n for n, _ in self.blocks]}
+        """`diag/` keys (a sync): the largest attention logit bound, logit and kurtosis since the
+        last read, and their blocks."""
+        attention = [n for n, _ in self.attention]
+        names = {"bound": attention, "logit": attention, "kurtosis": [n for n, _ in self.blocks]}
         record: dict[str, Any] = {}
-        for kind, key in (("logit", "attn_logit_max"), ("kurtosis", "kurtosis_max")):
+        kinds = (
+            ("bound", "attn_logit_bound"),
+            ("logit", "attn_logit_max"),
+            ("kurtosis", "kurtosis_max"),
+        )
+        for kind, key in kinds:
             seen = self.seen.pop(kind, None)
             if seen is None or len(seen) != len(names[kind]):
                 continue

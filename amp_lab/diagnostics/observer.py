@@ -91,7 +91,11 @@ class Diagnostics(StepObserver):
             )
         self.probe = ModuleProbe(model, self.device)
         self.probe_model = model
-        self.blocks = BlockSignals(model)  # attention logits and kurtosis, at probe steps
+        # attention logits and kurtosis; the logits' bound on every step of an eager model (a
+        # compiled one ignores the hooks: its probe steps, which run eager, measure it)
+        self.blocks = BlockSignals(model)
+        if model is view.model:
+            self.blocks.watch()
         names = {id(p): n for n, p in model.named_parameters()}
         self.optimized_names = [  # the pure modes' masters are not the model's: named by index
             names.get(id(p), f"optimizer param {i} {tuple(p.shape)}")
@@ -169,9 +173,9 @@ class Diagnostics(StepObserver):
                 self.window["erased"] = erased_counts(before, delta, grads)
         elif self.probing:  # pure modes: the gradients sit on the masters; the moments still do
             self.window["state"] = probe_state(self.view.optimizer, [], [], [], self.group)
+        self.blocks.end_step()
         if self.probing:
             self.window["adam_rms"] = adam_rms(self.view.optimizer)
-            self.blocks.end_step()
             self.blocks.detach()
         if self.probe.attached:
             self.probe.end_step(self.step)

@@ -125,9 +125,9 @@ class ClipBeforeUnscale(LabStep):
     crawls; Adam normalises the gradient's size away, so under AdamW the loss falls about as
     fast (tests/diagnostics/test_pitfall_claims.py measures both)."""
 
-    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
+    def unscale_and_clip(self) -> torch.Tensor:
         self.before_unscale()
-        norm = self.norm_and_clip(measure_norm)  # on the scaled gradients: the mistake
+        norm = self.norm_and_clip()  # on the scaled gradients: the mistake
         self.scaler.unscale_(self.optimizer)
         return norm  # the scaled norm, which is what such a loop logs
 
@@ -142,12 +142,11 @@ class HalfModel(LabStep):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def unscale_and_clip(self, measure_norm: bool = True) -> torch.Tensor | None:
-        """The norm on every step: without a scaler it is the only inf/nan check."""
-        return self.norm_and_clip(measure_norm=True)
+    def unscale_and_clip(self) -> torch.Tensor:
+        """Nothing to unscale; the norm is the only inf/nan check."""
+        return self.norm_and_clip()
 
-    def optimizer_step(self, grad_norm: torch.Tensor | None) -> torch.Tensor:
-        assert grad_norm is not None  # this variant's unscale_and_clip always measures it
+    def optimizer_step(self, grad_norm: torch.Tensor) -> torch.Tensor:
         self.optimizer.step()  # no skip: a non-finite gradient reaches the weights
         return (~torch.isfinite(grad_norm)).float()
 

@@ -1,9 +1,10 @@
 """The monitor: one device buffer fed by every step, read at log steps, judged by the rule table.
 
-Each optimizer step writes its loss, correct count, skip flag and loss scale into one row of a
-device buffer: one op, no host sync. At a log step the rows come to the host in one copy, the
-window goes to the rule table (rules.py), and the monitor alone decides whether the run must
-stop (`stop_reason`).
+Each optimizer step writes its loss, correct count, skip flag, loss scale and gradient norm into
+one row of a device buffer: one op, no host sync. At a log step the rows come to the host in one
+copy; each step's loss and gradient norm is set against the mean of the steps before it (the
+window's spikes), the window goes to the rule table (rules.py), and the monitor alone decides
+whether the run must stop (`stop_reason`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Monitor:
 
     TOTALS = ("loss_sum", "loss_count", "correct", "samples")  # summed over the ranks
     WINDOW = (*TOTALS, "skipped")
+    COLUMNS = ("loss", "correct", "skip", "scale", "grad_norm")  # a row per step
 
     def __init__(
         self,
@@ -46,12 +48,13 @@ class Monitor:
         self.window: dict[str, float] = dict.fromkeys(self.WINDOW, 0.0)
         self.streak = 0  # consecutive skipped steps, carried across windows
         self.findings: list[Finding] = []
+        self.figures: dict[str, Any] = {}  # the last read window's spikes (train/ keys)
         self.stop_reason: str | None = None
         self.no_skip = torch.zeros((), device=device)  # a step without a scaler skips nothing
         self.one = torch.ones((), device=device)  # the scale of a step without a scaler
 
     def _allocate_rows(self, count: int, keep: torch.Tensor | None = None) -> None:
-        rows = torch.zeros(count, 4, device=self.device, dtype=torch.float64)
+        rows = torch.zeros(count, len(self.COLUMNS), device=self.device, dtype=torch.float64)
         if keep is not None:
             rows[: len(keep)] = keep
         self.rows = rows
@@ -65,7 +68,8 @@ class Monitor:
         skip = result.found_inf if torch.is_tensor(result.found_inf) else self.no_skip
         scale = self.one if result.scale is None else result.scale
         torch._foreach_copy_(
-            self.row_views[self.pending], [result.loss, result.correct, skip, scale]
+            self.row_views[self.pending],
+            [result.loss, result.correct, skip, scale, result.grad_norm],
         )
         self.pending += 1
         self.samples += result.samples
@@ -80,7 +84,7 @@ class Monitor:
         w = self.window
         w["samples"] += self.samples
         self.samples = 0
-        for i, (loss, correct, skip, _) in enumerate(values):
+        for i, (loss, correct, skip, *_) in enumerate(values):
             finite = math.isfinite(loss)
             if finite:  # a nan loss is counted apart, not summed
                 w["loss_sum"] += loss
@@ -93,8 +97,40 @@ class Monitor:
             if h.first_bad is None and (skip > 0 or not finite):
                 h.first_bad = first + i
         h.steps = step
-        losses, _, skips, scales = zip(*values) if values else ((), (), (), ())
+        self.figures = self._spikes(first, values)
+        losses, _, skips, scales, _ = zip(*values) if values else ((),) * len(self.COLUMNS)
         return Rows(first, list(losses), list(skips), list(scales))
+
+    def _spikes(self, first: int, values: list[list[float]]) -> dict[str, Any]:
+        """Per figure (the loss, the gradient norm), the window's largest ratio of a step's value
+        to the mean of the last health.window steps before it, and its step (as Lightning's
+        SpikeDetection, which flags loss - mean >= rtol x mean). Skipped steps are left out:
+        their gradients held inf/nan, and their update did not happen."""
+        figures: dict[str, Any] = {}
+        h = self.history
+        # below half of chance, ln(classes), a batch's loss varies by factors (a trained run's
+        # 0.03-0.3 on digits: up to 4.4x its 10-step mean), so a loss spike is measured against
+        # no less than that
+        floor = h.chance_loss / 2 if math.isfinite(h.chance_loss) else 0.0
+        for name, recent, least in (
+            ("loss", h.recent_losses, floor),
+            ("grad", h.recent_norms, 0.0),
+        ):
+            column = self.COLUMNS.index("loss" if name == "loss" else "grad_norm")
+            top: tuple[float, int] | None = None
+            for i, row in enumerate(values):
+                value = row[column]
+                if row[2] > 0 or not math.isfinite(value):
+                    continue
+                if recent:
+                    ratio = value / max(sum(recent) / len(recent), least, 1e-30)
+                    if top is None or ratio > top[0]:
+                        top = (ratio, first + i)
+                recent.append(value)
+                del recent[: -self.cfg.window]
+            if top is not None:
+                figures[f"train/{name}_spike"], figures[f"train/{name}_spike_step"] = top
+        return figures
 
     def window_totals(self, dist: DistContext) -> dict[str, float]:
         """The open window's sums, over every rank; the window is then closed."""
@@ -113,6 +149,7 @@ class Monitor:
         the warning lines of new findings."""
         h = self.history
         clean_before = rows.first_step - 1 > sum(w.skipped for w in h.windows)
+        figures = {**self.figures, **probes}
         h.windows.append(
             Window(
                 rows.first_step,
@@ -123,11 +160,13 @@ class Monitor:
                 rows.scales[-1] if rows.scales else float(self.scaler.get_scale()),
                 clean_before,
                 probes.get("diag/grad_zero_share"),
-                {k: probes[k] for k in SIGNALS if probes.get(k) is not None},
+                {k: figures[k] for k in SIGNALS if figures.get(k) is not None},
             )
         )
         h.floor = scaler_stop_reason(self.scaler)
-        return self._judge(at_end=False)
+        lines = self._judge(at_end=False)
+        h.lowest_loss = min(h.lowest_loss, h.tail_loss(self.cfg.window))
+        return lines
 
     def finish(self) -> list[str]:
         """The end rules over the whole run; returns the warning lines of new findings."""

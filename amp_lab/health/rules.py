@@ -2,8 +2,9 @@
 
 A rule reads a run's History (fed by monitor.py) and the `health.*` thresholds. When it fires it
 makes a Finding: `words` are what every surface shows (summary.json, console, report, doctor),
-`evidence` the sentence with its threshold. A rule fires once per run: window rules at every log
-window, end rules at the end, `diverged` at both (it stops the run).
+`evidence` the sentence with its threshold, `step` the step it names (a window rule's last
+judged step; for `diverged`, the step the run diverged at). A rule fires once per run: window
+rules at every log window, end rules at the end, `diverged` at both (it stops the run).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Window:
     scale: float  # loss scale after the window
     clean_before: bool = True  # a step before this window updated the weights
     zero_grad_share: float | None = None  # a probe step's share of exactly-zero gradients
-    # the probe's early-warning figures (diag/ keys of SIGNALS; numerics/early_signals.py)
+    # the early-warning figures of the window (keys of SIGNALS): the monitor's spikes, the
+    # attention bound and the probe's figures (diagnostics/early_signals.py)
     signals: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -52,6 +54,11 @@ class History:
     worst_streak: int = 0  # the most consecutive skipped steps
     first_bad: int | None = None  # the first step that skipped or had a non-finite loss
     floor: str | None = None  # the scaler's own reason it cannot go on (hysteresis floor)
+    # the last health.window losses and gradient norms of steps that did not skip (the spikes'
+    # running means), and the lowest mean loss of health.window steps so far
+    recent_losses: list[float] = field(default_factory=list)
+    recent_norms: list[float] = field(default_factory=list)
+    lowest_loss: float = math.inf
 
     def span(self, windows: list[Window], steps: int) -> list[Window]:
         """The fewest windows from the start of `windows` covering `steps` steps."""
@@ -62,6 +69,11 @@ class History:
             if covered >= steps:
                 break
         return taken
+
+    def tail_loss(self, steps: int) -> float:
+        """The mean finite loss of the last `steps` steps (whole log windows); inf if none."""
+        finite = [w for w in self.windows if w.finite and math.isfinite(w.loss)]
+        return _mean(self.span(finite[::-1], steps)) if finite else math.inf
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)  # its windows as dicts too
@@ -74,12 +86,13 @@ class History:
 @dataclass(frozen=True)
 class Finding:
     rule: str
-    step: int  # the last step the rule saw when it fired
+    step: int  # the step it names: the last it saw, or for `diverged` the step it diverged at
     words: str  # what every surface shows
     evidence: str  # the sentence with its threshold
 
 
-Check = Callable[[History, HealthConfig, bool], "tuple[str, str] | None"]
+# (words, evidence), or (words, evidence, the step named) where it is not the last judged one
+Check = Callable[[History, HealthConfig, bool], "tuple[str, str] | tuple[str, str, int] | None"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,27 @@ def _final(h: History, cfg: HealthConfig) -> tuple[list[Window], int, int, int]:
     return tail, steps, sum(w.finite for w in tail), sum(w.skipped for w in tail)
 
 
-def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
+def _blown_up(h: History, cfg: HealthConfig) -> str | None:
+    """Why the loss learned and then blew up and stayed up, or None: a mean of health.window
+    steps fell more than health.rise below the start, and the mean of the last health.window
+    steps gave back health.give_back of that fall. The start is the lower of the first window's
+    mean and ln(classes): a run that blew up before it learned is `loss_rises`, not this."""
+    finite = [w for w in h.windows if w.finite and math.isfinite(w.loss)]
+    if not finite:
+        return None
+    start, low, now = min(finite[0].loss, h.chance_loss), h.lowest_loss, h.tail_loss(cfg.window)
+    fall = start - low
+    if low > start * (1 - cfg.rise) or now - low < cfg.give_back * fall:
+        return None
+    return (
+        f"the mean loss of the last {cfg.window} steps, {now:.3g}, gave back "
+        f"{(now - low) / fall:.0%} of its fall from {start:.3g} to {low:.3g} (>= "
+        f"health.give_back={cfg.give_back:g}): it learned, then blew up"
+    )
+
+
+def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str, int] | None:
+    step = h.first_bad if h.first_bad is not None else h.windows[-1].last_step
     if h.worst_streak >= cfg.max_bad_steps:
         why = (
             f"{h.worst_streak} consecutive skipped steps (>= health.max_bad_steps="
@@ -109,13 +142,14 @@ def _diverged(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
         why = h.floor
     elif at_end and (final := _final(h, cfg))[2] == 0:
         why = f"every loss of the last {final[1]} steps is inf/nan"
+    elif (blown := _blown_up(h, cfg)) is not None:
+        why, step = blown, h.windows[-1].last_step
     else:
         return None
-    step = h.first_bad if h.first_bad is not None else h.windows[-1].last_step
     scale, fell = h.windows[-1].scale, ""
     if h.dynamic_scale and 0 < scale < h.init_scale:
         fell = f" (loss scale fell to 2^{math.log2(scale):.0f})"
-    return f"diverged at step {step}{fell}", f"the run diverged: {why}"
+    return f"diverged at step {step}{fell}", f"the run diverged: {why}", step
 
 
 def _skips(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
@@ -220,50 +254,67 @@ def _stalls(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | No
 
 
 def _signal(w: Window, key: str) -> float | None:
-    value = w.signals.get(f"diag/{key}")
+    value = w.signals.get(key)
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _reaches(key: str, threshold: str, words: str, why: str) -> Check:
-    """The window rule on the probe figure `key`: it fires when the last window, without a skipped
-    step (a skip's figures hold inf/nan), reached health.<threshold>. `words` formats the figure
-    as {value} and the window's other probe figures by their names."""
+def _reaches(key: str, threshold: str, words: str, why: str, probed: bool = True) -> Check:
+    """The window rule on the figure `key` (a SIGNALS key): it fires when the last window reached
+    health.<threshold>; a `probed` figure only in a window without a skipped step (a skip's
+    probe figures hold inf/nan; the per-step figures leave skipped steps out). `words` formats
+    the figure as {value} and the window's other figures by their names."""
 
     def check(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
         w, limit = h.windows[-1], getattr(cfg, threshold)
         value = _signal(w, key)
-        if value is None or w.skipped or value < limit:
+        if value is None or (probed and w.skipped) or value < limit:
             return None
-        figures = {k.removeprefix("diag/"): v for k, v in w.signals.items()}
+        figures = {k.split("/", 1)[1]: v for k, v in w.signals.items()}
         said = words.format(value=value, **figures)
         return said, f"{said} (>= health.{threshold}={limit:g}): {why}"
 
     return check
 
 
+_loss_spike = _reaches(
+    "train/loss_spike",
+    "loss_spike",
+    "loss spike: {value:.3g}x the mean of the steps before it at step {loss_spike_step}",
+    "a loss this far above its running mean comes before a divergence (as Lightning's "
+    "SpikeDetection flags it); lower the LR, add warmup or clipping",
+    probed=False,
+)
+_grad_spike = _reaches(
+    "train/grad_spike",
+    "grad_spike",
+    "gradient norm spike: {value:.3g}x the mean of the steps before it at step {grad_spike_step}",
+    "the update grows faster than the optimizer adapts; lower the LR, add warmup or clipping",
+    probed=False,
+)
 _attn_logits = _reaches(
-    "attn_logit_max",
+    "diag/attn_logit_bound",
     "attn_logit",
-    "attention logits growing: {value:.3g} in {attn_logit_max_block}",
+    "attention logits growing: up to {value:.3g} in {attn_logit_bound_block}",
     "the softmax is nearly one-hot and the logits grow until the run diverges (Wortsman et al. "
     "2023); qk_norm or a z-loss keeps them bounded, a lower LR slows them",
+    probed=False,
 )
 _kurtosis = _reaches(
-    "kurtosis_max",
+    "diag/kurtosis_max",
     "kurtosis",
     "outlier features: kurtosis {value:.3g} in {kurtosis_max_block}",
     "a few features carry the block's activations, which low precision divergence follows (FOG); "
     "lower the LR",
 )
 _adam_rms = _reaches(
-    "adam_rms_max",
+    "diag/adam_rms_max",
     "adam_rms",
     "second moment lags: RMS(g²/v̂) {value:.3g} in {adam_rms_param}",
     "Adam's second moment underestimates the squared gradient, as 1-8 steps before a loss spike "
     "(StableAdamW); lower the LR or lengthen the warmup",
 )
 _updates_erased = _reaches(
-    "erased_share",
+    "diag/erased_share",
     "erased_share",
     "updates rounded away: {value:.0%} of 16-bit weight updates erased",
     "a step below half an ulp of its weight leaves it unchanged; use fp32 masters, stochastic "
@@ -273,7 +324,7 @@ _updates_erased = _reaches(
 
 def _eps_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
     w = h.windows[-1]
-    eps, floor = _signal(w, "eps"), _signal(w, "eps_floor")
+    eps, floor = _signal(w, "diag/eps"), _signal(w, "diag/eps_floor")
     # at or below half the dtype's smallest positive value eps rounds to 0 (a tie to even);
     # above it, up to that value, which still bounds the step
     if eps is None or floor is None or eps > floor / 2:
@@ -288,7 +339,7 @@ def _eps_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | 
 
 def _decay_lost(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
     w = h.windows[-1]
-    lr_wd, floor = _signal(w, "lr_wd"), _signal(w, "lr_wd_floor")
+    lr_wd, floor = _signal(w, "diag/lr_wd"), _signal(w, "diag/lr_wd_floor")
     if lr_wd is None or floor is None or lr_wd >= floor:
         return None
     dtype = w.signals["diag/lr_wd_dtype"]
@@ -305,10 +356,15 @@ def _mean(windows: list[Window]) -> float:
 
 
 DIVERGED = "diverged"
-# the probe's figures a Window keeps for the early-warning rules
+# the figures a Window keeps for the early-warning rules: every step's (the monitor's spikes,
+# the attention bound), then the probe steps'
 SIGNALS = (
-    "diag/attn_logit_max",
-    "diag/attn_logit_max_block",
+    "train/loss_spike",
+    "train/loss_spike_step",
+    "train/grad_spike",
+    "train/grad_spike_step",
+    "diag/attn_logit_bound",
+    "diag/attn_logit_bound_block",
     "diag/kurtosis_max",
     "diag/kurtosis_max_block",
     "diag/adam_rms_max",
@@ -323,6 +379,8 @@ SIGNALS = (
 )
 # the early warnings: they fire before the loss diverges (their lead time: docs/diagnostics.md)
 EARLY_RULES = (
+    Rule("loss_spike", "loss spike", "window", _loss_spike),
+    Rule("grad_spike", "gradient norm spike", "window", _grad_spike),
     Rule("attn_logits", "attention logits growing", "window", _attn_logits),
     Rule("kurtosis", "outlier features", "window", _kurtosis),
     Rule("adam_rms", "second moment lags", "window", _adam_rms),
@@ -360,7 +418,8 @@ def judge(h: History, cfg: HealthConfig, at_end: bool, already: set[str]) -> lis
             continue
         result = rule.check(h, cfg, at_end)
         if result is not None:
-            found.append(Finding(rule.name, h.windows[-1].last_step, *result))
+            step = result[2] if len(result) == 3 else h.windows[-1].last_step
+            found.append(Finding(rule.name, step, result[0], result[1]))
             if rule.name == DIVERGED:
                 break
     return found

@@ -1,7 +1,10 @@
-"""The early warnings on real runs: each fires on the case it names, with a real timm model, and
-none fires on a healthy default run probed at every step."""
+"""The early warnings on real runs: each fires on the case it names, with a real timm model; the
+per-step ones warn within 10 steps of the first bad step at the default settings, and none fires
+on a healthy default run probed at every step."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -18,7 +21,14 @@ SHORT = ["trainer.max_steps=12", "trainer.log_every=4", "diagnostics.every=4"]
 
 # each warning's case: a real test_vit run on 16x16 digits (FAST), its probes every 4 steps
 CASES = {
-    # a high LR in bf16: the attention logits grow past 100 within 4 steps (2.6e3 measured)
+    # SGD at lr 0.05 takes a 1000x gradient at step 8 (norm 891x its mean), and the loss of
+    # step 9 is 44x its own
+    "loss_spike": [
+        *("optim=sgd", "lr.base=0.05"),
+        *("fault.grad_spike_at_step=8", "fault.grad_spike_factor=1000"),
+    ],
+    "grad_spike": ["fault.grad_spike_at_step=8", "fault.grad_spike_factor=1000"],
+    # a high LR in bf16: the attention logits' bound passes 4e3 within 4 steps
     "attn_logits": ["precision=bf16", "lr.base=0.3"],
     # an outlier feature built in (see _outlier): block 0 writes 100 into feature 3 of every
     # token; a short run does not grow one (2.0-4.7 measured at lr 1e-3 to 0.3)
@@ -52,6 +62,37 @@ def test_each_warning_fires_on_its_case_with_its_words(tmp_path, rule):
     [entry] = [e for e in summary["health"] if e["rule"] == rule]
     assert entry["evidence"].startswith(entry["words"]) and entry["step"] > 0
     assert RULES[rule].when == "window"
+
+
+@pytest.mark.slow
+def test_the_first_warning_comes_within_10_steps_of_the_first_bad_step_at_the_defaults(tmp_path):
+    """Issue 52: fp16 test_vit_patch8 at lr.base=0.05 without warmup (32 px digits) peaks at loss
+    4.0 by step 6 and sits at chance; its first warning came at step 100, the first probe. The
+    first bad step is the first whose exact largest logit, probed at every step, reaches
+    health.attn_logit; at the defaults (log every 10, probe every 100) the bound's warning comes
+    at the first log step after it."""
+    case = ["trainer.device=cpu", "logger.mode=disabled", "trainer.progress=false"]
+    case += ["model=test_vit_patch8", "precision=fp16", "lr.base=0.05", "trainer.max_steps=20"]
+    probed = _run(tmp_path / "probed", *case, "diagnostics.every=1", "trainer.log_every=1")
+    limit = HealthConfig().attn_logit
+    first_bad = next(r["step"] for r in probed if r.get("diag/attn_logit_max", 0) >= limit)
+    default = build(settings(*case, fast=False), tmp_path / "default")
+    assert default.settings.trainer.log_every == 10 and default.settings.diagnostics.every == 100
+    summary = Trainer(default).fit()
+    first = min(e["step"] for e in summary["health"] if e["rule"] in EARLY)
+    assert first_bad <= 6 and first - first_bad <= 10, (first_bad, summary["health"])
+    assert summary["health"][0]["rule"] == "attn_logits"
+    assert "up to" in summary["health"][0]["words"]  # the bound, which no logit exceeds
+    bound = [r["diag/attn_logit_bound"] for r in probed if "diag/attn_logit_max" in r]
+    exact = [r["diag/attn_logit_max"] for r in probed if "diag/attn_logit_max" in r]
+    assert all(b >= e * (1 - 1e-6) for b, e in zip(bound, exact)) and len(exact) == 20
+
+
+def _run(out, *overrides: str) -> list[dict]:
+    """A run's train records (the schema's defaults under `overrides`, not FAST's)."""
+    Trainer(build(settings(*overrides, fast=False), out)).fit()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == "train"]
 
 
 @pytest.mark.slow

@@ -32,9 +32,13 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _result(loss: float, skip: float | None = 0.0, scale: float = 65536.0) -> StepResult:
+def _result(
+    loss: float, skip: float | None = 0.0, scale: float = 65536.0, norm: float = 1.0
+) -> StepResult:
     found = 0 if skip is None else torch.tensor(skip)  # 0: a step without a scaler
-    return StepResult(torch.tensor(loss), torch.tensor(3), 8, None, found, torch.tensor(scale))
+    return StepResult(
+        torch.tensor(loss), torch.tensor(3), 8, torch.tensor(norm), found, torch.tensor(scale)
+    )
 
 
 def _monitor(dynamic: bool = True, log_every: int = 10, **cfg) -> Monitor:
@@ -43,8 +47,8 @@ def _monitor(dynamic: bool = True, log_every: int = 10, **cfg) -> Monitor:
 
 
 def _feed(monitor: Monitor, steps: list[tuple], zero: float | None = None) -> list[str]:
-    """Each step (loss, skip, scale) through the monitor, a log window every log_every steps;
-    returns every warning line, the end rules' included."""
+    """Each step (loss, skip, scale[, gradient norm]) through the monitor, a log window every
+    log_every steps; returns every warning line, the end rules' included."""
     lines, every = [], len(monitor.row_views)
     for i, step in enumerate(steps, 1):
         monitor.add(_result(*step))
@@ -123,6 +127,10 @@ def test_a_healthy_history_has_no_finding():
         ("not_training", _falling(10) + [(2.3, 1.0, 2.0**-i) for i in range(10)], {}),
         ("diverged", _falling(10) + [(math.nan, 1.0, 2.0**-i) for i in range(10)], {}),
         ("diverged", _falling(4) + [(2.3, 1.0, 2.0**16) for i in range(6)], {"max_bad_steps": 5}),
+        # learned (2.3 -> 0.8), then gave back more than half of it (2.0)
+        ("diverged", [(2.3, 0.0, 1.0)] * 10 + [(0.8, 0.0, 1.0)] * 10 + [(2.0, 0.0, 1.0)] * 10, {}),
+        ("loss_spike", _falling(15) + [(6.9, 0.0, 65536.0)] + _falling(4), {}),
+        ("grad_spike", _falling(15) + [(2.2, 0.0, 65536.0, 50.0)] + _falling(4), {}),
     ],
 )
 def test_each_rule_fires_on_its_evidence(rule, steps, kwargs):
@@ -143,6 +151,34 @@ def test_rules_that_must_not_fire():
     # reads the last health.window steps, not one log window
     one_skip = _falling(15) + [(2.3, 1.0, 2.0**15)] + _falling(5, 2.0**15)
     assert _fired(one_skip, log_every=1) == set()
+    # a skipped step's inf gradient norm is no spike: its update did not happen
+    assert _fired(_falling(15) + [(2.2, 1.0, 2.0**15, math.inf)] + _falling(4, 2.0**15)) == set()
+    # a trained run's batches vary by factors at a low loss: measured against ln(10) / 2 at least
+    noisy_end = _falling(20) + [(0.05, 0.0, 1.0)] * 9 + [(0.3, 0.0, 1.0)]
+    assert _fired(noisy_end) == set()
+    # learned, and its end is noisy: 0.05 -> 0.12 gives back 3% of the fall
+    assert _fired(_falling(20) + [(0.05, 0.0, 1.0)] * 10 + [(0.12, 0.0, 1.0)] * 10) == set()
+    # blew up before it learned anything: it rises, it did not diverge
+    assert _fired([(9.0, 0.0, 1.0)] * 10 + [(20.0, 0.0, 1.0)] * 10) == {"loss_rises"}
+
+
+def test_the_spikes_are_each_steps_value_against_the_mean_of_the_window_before_it():
+    """The largest ratio of the window and its step, over the steps before it (skipped ones left
+    out), as the record carries them; the divergence by loss names the log step it was seen."""
+    monitor = _monitor(log_every=5, window=4)
+    steps = [(2.0, 0.0, 1.0, 1.0)] * 4 + [(2.0, 1.0, 1.0, math.inf), (2.0, 0.0, 1.0, 7.0)]
+    _feed(monitor, steps)
+    figures = monitor.figures  # the second window: step 6 against steps 1-4 (5 skipped)
+    assert figures["train/grad_spike"] == 7.0 and figures["train/grad_spike_step"] == 6
+    assert figures["train/loss_spike"] == 1.0
+    assert monitor.history.recent_norms == [1.0, 1.0, 1.0, 7.0]  # the last health.window
+    learned = [(2.3, 0.0, 1.0)] * 10 + [(0.5, 0.0, 1.0)] * 10 + [(1.5, 0.0, 1.0)] * 10
+    monitor = _monitor(dynamic=False)  # bf16: no scale to fall
+    _feed(monitor, learned)
+    [finding] = monitor.findings
+    assert finding.rule == "diverged" and finding.step == 30 and monitor.diverged
+    assert finding.words == "diverged at step 30"
+    assert "gave back 56% of its fall from 2.3 to 0.5" in finding.evidence
 
 
 def test_underflow_fires_on_the_zero_gradient_share_of_a_window_without_skips():
@@ -173,7 +209,16 @@ def test_every_rule_has_a_label_and_a_place_in_the_table():
         "not_training",
         "loss_rises",
         "loss_stalls",
-        *("attn_logits", "kurtosis", "adam_rms", "updates_erased", "eps_lost", "decay_lost"),
+        *(
+            "loss_spike",
+            "grad_spike",
+            "attn_logits",
+            "kurtosis",
+            "adam_rms",
+            "updates_erased",
+            "eps_lost",
+            "decay_lost",
+        ),
     }
     assert all(r.label and r.when in ("window", "end", "any") for r in RULES.values())
 
@@ -184,6 +229,8 @@ def test_every_rule_has_a_label_and_a_place_in_the_table():
         ("health.skip_rate=0", "health.skip_rate=0.0 must be in (0, 1]"),
         ("health.rise=-1", "health.rise=-1.0 must be finite and > 0"),
         ("health.attn_logit=0", "health.attn_logit=0.0 must be finite and > 0"),
+        ("health.loss_spike=1", "health.loss_spike=1.0 must be finite and > 1"),
+        ("health.give_back=0", "health.give_back=0.0 must be in (0, 1]"),
         ("health.erased_share=2", "health.erased_share=2.0 must be in (0, 1]"),
         ("health.window=0", "health.window=0 must be >= 1"),
         ("health.confidence=1", "health.confidence=1.0 must be in [0.5, 1)"),
@@ -197,19 +244,35 @@ def test_bad_thresholds_and_infinite_scales_fail_at_start_up(override, message):
         settings(override)
 
 
-def test_the_step_and_the_light_diagnostics_write_one_row_between_probes(tmp_path):
-    """Between probe steps the loop adds what a hand-written loop does, plus the accuracy count,
-    the schedule and the monitor's one row (the light diagnostics write none)."""
-    run = build(settings("precision=fp16", "diagnostics.every=100"), tmp_path)
+def _step_ops(tmp_path, *overrides: str) -> list[str]:
+    """The ops of a run's third step (no probe) and its monitor row."""
+    run = build(settings("data.img_size=32", "diagnostics.every=100", *overrides), tmp_path)
     images, labels = run.data.train.tensors
     batch = [(images[:16], labels[:16])]
-    run.train_step(batch, measure_norm=False, step=1)  # the first step creates the state
-    diagnostics = run.train_step.diagnostics
-    result = run.train_step(batch, measure_norm=False, step=2)
+    for step in (1, 2):  # the first step creates the optimizer state
+        run.train_step(batch, step=step)
     with OpCount() as count:
-        diagnostics.begin_step(3)
-        diagnostics.before_optimizer_step()
-        diagnostics.end_step(result)
-        run.monitor.add(result)
-    assert count.ops == ["aten._foreach_copy_.default"]
-    assert result.scale is not None and result.scale.item() == 65536.0
+        run.monitor.add(run.train_step(batch, step=3))
+    return count.ops
+
+
+@pytest.mark.parametrize("model, blocks", [("test_vit", 6), ("test_convnext", 0)])
+def test_between_probes_a_step_costs_the_bound_over_diagnostics_off(tmp_path, model, blocks):
+    """Between probe steps a light step adds to diagnostics=off's ops only the attention bound's:
+    per attention block two norms, two maxima and two products, then a stack and a running max;
+    nothing on a model without attention. The monitor's row is one op in both."""
+    off = _step_ops(tmp_path / "off", f"model={model}", "diagnostics=off")
+    light = _step_ops(tmp_path / "light", f"model={model}")
+    added = list(light)
+    for op in off:
+        added.remove(op)
+    assert len(added) == 6 * blocks + 2 * (blocks > 0), sorted(added)
+    assert (
+        off.count("aten._foreach_copy_.default") == 1 == light.count("aten._foreach_copy_.default")
+    )
+    assert sorted(set(added)) == (
+        ["aten.amax.default", "aten.linalg_vector_norm.default", "aten.maximum.default"]
+        + ["aten.mul.Tensor", "aten.stack.default"]
+        if blocks
+        else []
+    )

@@ -92,19 +92,19 @@ def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[flo
             micro_batches = next(stream)
             synchronize(device)
             mark = time.perf_counter()
-            run.train_step(micro_batches, measure_norm=False)  # as between log steps
+            run.train_step(micro_batches)
             synchronize(device)
             totals[2] += time.perf_counter() - mark
     return [total / steps for total in totals]
 
 
 def timed_steps(run: Run, stream: Iterator[list[Batch]], steps: int) -> float:
-    """Seconds of `steps` real steps, the device synchronised only before and after them; as
-    the loop runs steps between log steps (no gradient norm unless clipping by norm)."""
+    """Seconds of `steps` real steps, the device synchronised only before and after them, as
+    the loop runs steps between log steps."""
     synchronize(run.device)
     start = time.perf_counter()
     for _ in range(steps):
-        run.train_step(next(stream), measure_norm=False)
+        run.train_step(next(stream))
     synchronize(run.device)
     return time.perf_counter() - start
 

@@ -82,6 +82,8 @@ WARNINGS: dict[str, tuple[int, str, str | None]] = {
         "precision.master_weights=true",
     ),
     "adam_rms": (65, "Adam's second moment lags the gradient (a loss spike follows)", None),
+    "grad_spike": (63, "the gradient norm spikes far above its running mean", None),
+    "loss_spike": (62, "the loss spikes far above its running mean", None),
     "kurtosis": (55, "outlier features grow in the activations", None),
 }
 NO_PROBLEM = "no precision problem found"

@@ -40,7 +40,7 @@ def _flat(params: list[torch.Tensor]) -> torch.Tensor:
 
 def _step(run: Run, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> None:
     torch.manual_seed(run.settings.trainer.seed + step)  # the same dropout masks in both
-    run.train_step([batch], measure_norm=False, step=step)
+    run.train_step([batch], step=step)
 
 
 def drift(ref: Run, test: Run, steps: int) -> dict[str, Any]:

@@ -43,8 +43,8 @@ def test_each_warning_class_gets_its_fix_once():
     }
     recs = {r["cause"]: r for r in recommend(probes, _advice())}
     assert set(WARNINGS) == set(EARLY)
-    # adam_rms and kurtosis share the calmer LR: recommended once, for the first of them
-    assert set(recs) == set(EARLY) - {"kurtosis"}
+    # adam_rms, the spikes and kurtosis share the calmer LR: recommended once, for the first
+    assert set(recs) == set(EARLY) - {"grad_spike", "loss_spike", "kurtosis"}
     calmer = "lr.scale=0.5 lr.warmup_steps=4"
     for rule, rec in recs.items():
         assert rec["override"] == (WARNINGS[rule][2] or calmer)
