@@ -131,7 +131,7 @@ def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
         return "crashed"
     fired = probe.findings
     drop = probe.drop()
-    if probe.summary.get("diverged") or math.isnan(drop):
+    if probe.summary.get("diverged"):  # the health judge's finding, as every surface reads it
         return "diverged"
     loss = None
     if probe is not base and drop < cfg.stall_share * base.drop() and base.drop() > cfg.base_drop:
