@@ -7,7 +7,7 @@ import argparse
 import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -21,18 +21,42 @@ def error(message: str, tool: str = "amp_lab") -> int:
     return 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are `tool: error:` lines (argparse's usage block would be a
+    second line) and which, given an `overrides` positional, takes Hydra overrides and options
+    in any order, as `python -m amp_lab` does."""
+
+    def __init__(self, tool: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tool = tool
+
+    def error(self, message: str) -> NoReturn:
+        sys.exit(error(f"{message} ({self.prog} --help)", self.tool))
+
+    # typeshed overloads parse_args on the namespace's type; one signature serves every call
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> Any:
+        words = list(sys.argv[1:] if args is None else args)
+        if "overrides" not in {action.dest for action in self._actions}:
+            return super().parse_args(words, namespace)
+        # a key=value word is an override wherever it stands, also after an option of several
+        # values (--also bf16 model=test_convnext), unless it is a one-value option's value
+        one_value = {flag for a in self._actions if a.nargs is None for flag in a.option_strings}
+        picked = [
+            "=" in word and not word.startswith("-") and (i == 0 or words[i - 1] not in one_value)
+            for i, word in enumerate(words)
+        ]
+        parsed = self.parse_intermixed_args([w for w, p in zip(words, picked) if not p], namespace)
+        parsed.overrides = [w for w, p in zip(words, picked) if p] + parsed.overrides
+        return parsed
+
+
 def parser(
     prog: str, description: str, tool: str = "amp_lab", **kwargs: Any
 ) -> argparse.ArgumentParser:
-    """An ArgumentParser whose errors are `tool: error:` lines (argparse's usage block would be a
-    second line)."""
-    made = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
-
-    def one_line(message: str) -> NoReturn:
-        sys.exit(error(f"{message} ({prog} --help)", tool))
-
-    made.error = one_line  # type: ignore[method-assign]
-    return made
+    """A tool's ArgumentParser: one-line errors; overrides and options in any order."""
+    return _Parser(tool, prog=prog, description=description, **kwargs)
 
 
 def dated(out: Path | None, root: str, stamp: str = "%Y-%m-%d/%H-%M-%S") -> Path:

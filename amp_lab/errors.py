@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from difflib import get_close_matches
+from difflib import SequenceMatcher, get_close_matches
 
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -26,10 +26,31 @@ def schema_keys() -> dict[str, str]:
     return {key: str(f.type).split("[")[0] for key, f in schema_fields()}
 
 
+def _likeness(key: str, real: str) -> float:
+    """How alike a typed key and a real one are, as the key or as its name alone against the real
+    one's whole path: a renamed key often moved its group into its name (checkpoint_every)."""
+    name = key.rpartition(".")[2]
+    whole, named = (
+        SequenceMatcher(None, key, real),
+        SequenceMatcher(None, name, real.replace(".", "_")),
+    )
+    return max(whole.ratio(), named.ratio())
+
+
 def did_you_mean(key: str, known: Iterable[str] | None = None) -> str:
-    """'; did you mean scaler.init_scale?' for the nearest of `known` (the schema's keys), or ''."""
-    close = get_close_matches(key, list(known or schema_keys()), n=1)
-    return f"; did you mean {close[0]}?" if close else ""
+    """'; did you mean scaler.init_scale?' for the real key (of `known`, the schema's keys) a typed
+    one meant, or '': the same name in another group first (trainer.max_bad_steps:
+    health.max_bad_steps), else the nearest (trainer.checkpoint_every: checkpoint.every_steps)."""
+    keys = list(known or schema_keys())
+    if "." in key:  # a group's setting: the groups themselves are no answer
+        groups = {k.partition(".")[0] for k in keys if "." in k}
+        keys = [k for k in keys if k not in groups]
+    name = key.rpartition(".")[2]
+    elsewhere = sorted(k for k in keys if k.rpartition(".")[2] == name and k != key)
+    if elsewhere:
+        return f"; did you mean {' or '.join(elsewhere)}?"
+    score, nearest = max(((_likeness(key, k), k) for k in keys), default=(0.0, ""))
+    return f"; did you mean {nearest}?" if score >= 0.6 else ""  # difflib's default cutoff
 
 
 def _options(group: str) -> str:

@@ -44,6 +44,8 @@ BAD_INPUTS = [
     (["+scaler.init_scal=1"], "unknown setting scaler.init_scal; did you mean scaler.init_scale?"),
     (["trainer.max_step=5"], "did you mean trainer.max_steps?"),
     (["fault.inf_grad_at=3"], "did you mean fault.inf_grad_at_step?"),
+    (["trainer.max_bad_steps=5"], "trainer.max_bad_steps; did you mean health.max_bad_steps?"),
+    (["trainer.checkpoint_every=50"], "did you mean checkpoint.every_steps?"),
     (
         ["optim.kwargs.betas=[0.9,0.95]"],
         "optim.kwargs is free-form: add a key to it with +optim.kwargs.betas=VALUE",

@@ -22,6 +22,7 @@ from amp_lab.build import build
 from amp_lab.choices import Choice, DatasetName, DiagnosticsMode, PitfallName, PrecisionName
 from amp_lab.config import AmpLabConfig, ConfigError, flat_settings
 from amp_lab.diagnostics.pitfalls import VARIANTS
+from amp_lab.errors import did_you_mean, schema_keys
 from amp_lab.precision.modes import PRECISION_MODES
 from amp_lab.trainer import Trainer
 
@@ -122,6 +123,37 @@ def test_model_kwargs_accept_new_keys():
 def test_invalid_values_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         settings(override)
+
+
+def test_a_key_in_the_wrong_group_is_suggested_by_its_full_path():
+    """Each setting typed under every other group is suggested back: alone where its name is
+    its own, among the few that share it (name, enabled, tags) otherwise."""
+    keys = schema_keys()
+    groups = {key.partition(".")[0] for key in keys if "." in key}
+    moved = 0
+    for key in (k for k in keys if "." in k):
+        name = key.partition(".")[2]
+        sharing = sorted(k for k in keys if k.rpartition(".")[2] == name and k not in groups)
+        for group in groups - {key.partition(".")[0]}:
+            if f"{group}.{name}" not in keys:
+                hint = did_you_mean(f"{group}.{name}")
+                assert hint == f"; did you mean {' or '.join(sharing)}?", (key, group, hint)
+                moved += 1
+    assert moved > 2000  # every setting, in each group it is not in
+
+
+@pytest.mark.parametrize(
+    "typed,meant",
+    [
+        ("trainer.checkpoint_every", "checkpoint.every_steps"),  # renamed and moved
+        ("trainer.every_steps", "checkpoint.every_steps"),
+        ("health.bad_steps", "health.max_bad_steps"),
+        ("scaler.init_scal", "scaler.init_scale"),  # a typo
+        ("precison", "precision"),
+    ],
+)
+def test_a_renamed_key_is_suggested_by_its_full_path(typed, meant):
+    assert did_you_mean(typed) == f"; did you mean {meant}?"
 
 
 @pytest.mark.parametrize(

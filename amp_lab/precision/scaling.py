@@ -112,11 +112,14 @@ class HysteresisGradScaler(GradScaler):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Also loads torch's GradScaler state: its own settings kept, the count of overflows
+        left full, the floor not hit."""
         super().load_state_dict(state_dict)  # GradScaler reads its keys only, not the ones below
-        self.hysteresis = state_dict["hysteresis"]
-        self.min_scale, self.max_scale = state_dict["min_scale"], state_dict["max_scale"]
-        self._hysteresis_tracker = state_dict["_hysteresis_tracker"]
-        self._floor_hit = state_dict["_floor_hit"]
+        self.hysteresis = state_dict.get("hysteresis", self.hysteresis)
+        self.min_scale = state_dict.get("min_scale", self.min_scale)
+        self.max_scale = state_dict.get("max_scale", self.max_scale)
+        self._hysteresis_tracker = state_dict.get("_hysteresis_tracker", self.hysteresis)
+        self._floor_hit = state_dict.get("_floor_hit", 0)
 
 
 def uses_dynamic_scaling(cfg: ScalerConfig, policy: PrecisionPolicy) -> bool:

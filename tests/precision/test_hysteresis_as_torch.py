@@ -4,7 +4,8 @@ torch's GradScaler bit for bit, whatever the growth and backoff factors.
 Two copies of timm's test_vit train side by side, one under torch's GradScaler, one under
 amp_lab's, with inf and nan gradients injected on a fixed pattern of steps; every step the scale,
 the growth tracker, the weights and the optimizer state must be equal to the bit. The factors are
-not powers of two, so every change of the scale rounds.
+not powers of two, so every change of the scale rounds. Each scaler also loads the other's
+state dict.
 """
 
 from __future__ import annotations
@@ -122,3 +123,43 @@ def test_the_scale_grows_to_the_float_max_and_no_further_as_torchs_does():
     assert math.isfinite(max(seen)) and max(seen) * GROWTH > torch.finfo(torch.float32).max
     assert seen[7] == seen[3]  # held at the top for several steps, then backed off at step 8
     assert seen[8] == seen[7] * 0.5
+
+
+def _scale_after(scaler: GradScaler, overflows: list[bool]) -> list[float]:
+    """The scale after each step, the gradients inf where `overflows` says."""
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    seen = []
+    for overflow in overflows:
+        scaler.scale(weight.sum())  # creates the scale tensor on first use
+        weight.grad = torch.full((4,), math.inf if overflow else 1.0)
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        seen.append(scaler.get_scale())
+    return seen
+
+
+def test_the_hysteresis_scaler_loads_torchs_state_with_its_count_full():
+    theirs = GradScaler("cpu", init_scale=2.0**10, growth_factor=GROWTH, growth_interval=4)
+    _scale_after(theirs, [True, False, False])  # backed off once, two clean steps since
+    ours = HysteresisGradScaler("cpu", 8.0, 2.0, 0.5, 100, 3, 1e-30, math.inf)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.get_scale() == theirs.get_scale() == 2.0**9
+    assert ours._get_growth_tracker() == 2 and ours.get_growth_interval() == 4
+    assert ours.get_growth_factor() == GROWTH
+    assert ours.state_dict()["_hysteresis_tracker"] == 3 and not ours.floor_reached()
+    # three overflows in a row before a backoff: the count of them started full
+    assert _scale_after(ours, [True, True, True]) == [2.0**9, 2.0**9, 2.0**8]
+
+
+def test_torchs_scaler_loads_the_hysteresis_scalers_state():
+    ours = HysteresisGradScaler("cpu", 2.0**10, GROWTH, 0.5, 4, 2, 1e-30, math.inf)
+    _scale_after(ours, [True, True, False])  # the second overflow backed off, one clean step
+    theirs = GradScaler("cpu", init_scale=8.0, growth_interval=100)
+    theirs.load_state_dict(ours.state_dict())
+    assert theirs.get_scale() == ours.get_scale() == 2.0**9
+    assert theirs._get_growth_tracker() == 1 and theirs.get_growth_interval() == 4
+    assert theirs.get_growth_factor() == GROWTH
+    # torch's semantics from here on: each overflow backs off
+    assert _scale_after(theirs, [True, True]) == [2.0**8, 2.0**7]
