@@ -154,7 +154,7 @@ def study_jobs(study: str) -> list[list[str]]:
     axes = [
         [f"{key}={value}" for value in str(values).split(",")]
         for key, values in params.items()
-        if key != "trainer.seed"
+        if key != "trainer.seed" and "(" not in str(values)  # a search's ranges are drawn
     ]
     # a probe at every log step (the CPU studies log every 10), so every warning is judged
     probe = ["diagnostics.every=10"]
