@@ -80,11 +80,3 @@ def split(overrides: Iterable[Override], study_per: list[str]) -> Space:
             "line, e.g. 'lr.base=tag(log, interval(1e-4, 1e-1))' (conf/search/lr.yaml)"
         )
     return Space(fixed, studies, drawn)
-
-
-def ends(dist: BaseDistribution) -> list[Any]:
-    """The values that bound a distribution: its choices, or its low and high."""
-    if isinstance(dist, CategoricalDistribution):
-        return list(dist.choices)
-    assert isinstance(dist, (FloatDistribution, IntDistribution))
-    return [dist.low, dist.high]

@@ -28,16 +28,29 @@ RESULT = "result"  # how the run ended: completed, diverged, pruned at ..., cras
 AXIS = "axis"  # a study's user attributes: its study_per overrides (["precision=fp32"]),
 OBJECTIVE = "objective"  # and the summary.json figure it scores
 PRUNED_MARK = "pruned by the search"  # the start of a pruned run's summary status
-FAILURES = ("crashed", "refused")  # the results that count toward max_failure_rate
-# summary.json's figures a search can score: (their direction, the evaluation's record a trial
-# reports, which the pruner compares); a time to the target is pruned on its loss
-OBJECTIVES = {
-    "final_val_loss": ("minimize", "val/loss"),
-    "final_val_acc": ("maximize", "val/acc"),
-    "best_val_acc": ("maximize", "val/acc"),
-    "time_to_target_s": ("minimize", "val/loss"),
-    "steps_to_target": ("minimize", "val/loss"),
-}
+# summary.json's figures a search can score: an accuracy is maximized (its trials report val/acc
+# to the pruner), a loss, a time or a step count to the target minimized (they report val/loss)
+OBJECTIVES = "final_val_loss final_val_acc best_val_acc time_to_target_s steps_to_target".split()
+
+
+def objective(name: str, direction: str | None) -> tuple[str, str]:
+    """(the direction, the evaluation's record a trial reports) of the objective `name`; a
+    direction against the objective's is refused (a search that maximizes a loss is a typo)."""
+    from amp_lab.errors import did_you_mean
+    from amp_lab.search.space import SearchError
+
+    if name not in OBJECTIVES:
+        raise SearchError(
+            f"hydra.sweeper.objective={name} is not a figure a search scores"
+            f"{did_you_mean(name, OBJECTIVES)} (use one of {', '.join(OBJECTIVES)})"
+        )
+    own, report = ("maximize", "val/acc") if name.endswith("_acc") else ("minimize", "val/loss")
+    if direction not in (None, own):
+        raise SearchError(
+            f"hydra.sweeper.direction={direction}: {name} is {own[:-1]}ed (one objective; drop "
+            f"direction or set it to {own})"
+        )
+    return own, report
 
 
 def used(value: Any) -> Any:
@@ -79,7 +92,7 @@ def outcome(job_dir: Path, error: str | None, objective: str) -> tuple[str, floa
     if summary.get("diverged") or status == "diverged":  # the health judge's verdict
         return "PRUNED", None, "diverged"
     if status != "completed":  # crashed: ..., interrupted: ...
-        return "FAIL", None, status if status.startswith(FAILURES) else f"crashed: {status}"
+        return "FAIL", None, status if status.startswith("crashed") else f"crashed: {status}"
     if not finite:
         return "PRUNED", None, f"diverged: final val loss {loss}"
     value = summary.get(objective)
@@ -95,16 +108,16 @@ def tell(
     sweep_dir: Path,
     error: str | None,
     objective: str,
-) -> str:
+) -> tuple[str, str]:
     """Record the trial's outcome in the study, its run directory and result as attributes;
-    returns the result."""
+    returns its state's name and result."""
     from optuna.trial import TrialState
 
     state, value, result = outcome(job_dir, error, objective)
     trial.set_user_attr(JOB_DIR, str(job_dir.resolve().relative_to(sweep_dir.resolve())))
     trial.set_user_attr(RESULT, result)
     study.tell(trial, value, state=TrialState[state])
-    return result
+    return state, result
 
 
 def retry_interrupted(study: optuna.Study) -> int:
@@ -138,23 +151,23 @@ def verdict(study: optuna.Study) -> str:
     trials, objective = finished(study), study.user_attrs.get(OBJECTIVE, "final_val_loss")
     kinds = Counter(kind(t) for t in trials)
     tally = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    failed = [t for t in trials if kind(t) in FAILURES]
-    crash = f"trial {failed[0].number} {failed[0].user_attrs[RESULT]}" if failed else ""
-    if (top := best(study)) is None:
-        advice = (
-            f"{crash}: fix that first"
-            if crash
-            else "lower the searched ranges' upper bounds (e.g. 'lr.base=tag(log, "
-            "interval(1e-4, 1e-2))')"
-        )
+    failed = [f"trial {t.number} {t.user_attrs[RESULT]}" for t in trials if t.state.name == "FAIL"]
+    if top := best(study):
+        params = ", ".join(f"{k}={value_text(v)}" for k, v in top.params.items())
         return (
-            f"search {study.study_name}: no trial of {len(trials)} finished with a finite "
-            f"{objective} ({tally}): no best setting; {advice}"
+            f"search {study.study_name}: best {params}: {objective} {top.value:.4g} (trial "
+            f"{top.number}; {len(trials)} trials: {tally})" + "".join(f"; {f}" for f in failed[:1])
         )
-    params = ", ".join(f"{k}={value_text(v)}" for k, v in top.params.items())
+    advice = (
+        f"{failed[0]}: fix that first"
+        if failed
+        else "no run reached trainer.target_acc: lower it or train longer"
+        if kinds["missed"]
+        else "lower the searched ranges' upper bounds ('lr.base=tag(log, interval(1e-4, 1e-2))')"
+    )
     return (
-        f"search {study.study_name}: best {params}: {objective} {top.value:.4g} "
-        f"(trial {top.number}; {len(trials)} trials: {tally})" + (f"; {crash}" if crash else "")
+        f"search {study.study_name}: no trial of {len(trials)} finished with a finite "
+        f"{objective} ({tally}): no best setting; {advice}"
     )
 
 

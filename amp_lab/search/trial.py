@@ -24,12 +24,10 @@ class TrialPruned(Exception):
     """The study's pruner stopped this run; its summary's status says so."""
 
 
-def env_override(where: dict[str, Any], pruner: dict[str, int] | None) -> str:
-    """The override that names the trial (sweep_dir, storage, study, trial, report) and its
-    MedianPruner's settings (None: no pruning) to the job (quoted: a path may hold any
-    character)."""
-    spec = json.dumps({**where, "pruner": pruner})
-    value = spec.replace("\\", "\\\\").replace("'", "\\'")
+def env_override(spec: dict[str, Any]) -> str:
+    """The override that names the trial and its pruner (TRIAL_ENV) to the job (quoted: a path
+    may hold any character)."""
+    value = json.dumps(spec).replace("\\", "\\\\").replace("'", "\\'")
     return f"++hydra.job.env_set.{TRIAL_ENV}='{value}'"
 
 

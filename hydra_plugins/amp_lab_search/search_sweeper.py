@@ -4,10 +4,10 @@ pruning, resume and a study per value of the `study_per` keys; trials run by any
 `amp_lab -m +search=lr 'lr.base=tag(log, interval(1e-4, 1e-1))' optim=choice(adamw,sgd)`
 searches one study over both dimensions (the grammar: amp_lab/search/space.py);
 `precision=fp32,fp16,bf16 hydra.sweeper.study_per=[precision]` opens one study per precision.
-Each round asks every unfinished study for `n_jobs` trials and hands them as one batch of
-override lists to the configured launcher (basic, submitit_local, submitit_slurm): the launcher
-never knows it runs a search. The studies live in `search.journal` in the sweep folder (or
-`storage`), so a rerun of the same command with the same `hydra.sweep.dir` resumes.
+Each round asks every unfinished study for `n_jobs` trials and hands them as one batch to the
+configured launcher (basic, submitit_local, submitit_slurm), which never knows it runs a search.
+The studies live in `search.journal` in the sweep folder (or `storage`): the same command with
+the same `hydra.sweep.dir` resumes.
 """
 
 # no `from __future__ import annotations`: Hydra runs this module outside sys.modules, where
@@ -28,24 +28,13 @@ from omegaconf import MISSING, OmegaConf, open_dict
 log = logging.getLogger(__name__)
 ALL = "all"  # the name of the one study of a search without study_per or study_name
 
-# hydra/sweeper/sampler=NAME, as in hydra-optuna-sweeper (any optuna.samplers class works
-# through hydra.sweeper.sampler._target_). Seeded, so that a search repeats. TPE's settings are
-# pinned: optuna 5.0 turned on multivariate TPE and the constant liar by default, and amp_lab
-# relies on both (warmup and LR are drawn jointly; a round's n_jobs trials are asked before any
-# is told), on optuna 4.x as well.
-SAMPLERS = {
-    "tpe": {
-        "_target_": "optuna.samplers.TPESampler",
-        "seed": 0,
-        "n_startup_trials": 4,  # random trials before its model of the objective takes over
-        "multivariate": True,
-        "constant_liar": True,
-    },
-    "random": {"_target_": "optuna.samplers.RandomSampler", "seed": 0},
-    "cmaes": {"_target_": "optuna.samplers.CmaEsSampler", "seed": 0},
-    "gp": {"_target_": "optuna.samplers.GPSampler", "seed": 0},
-    "qmc": {"_target_": "optuna.samplers.QMCSampler", "seed": 0},
-}
+# hydra/sweeper/sampler=tpe|random|cmaes|gp|qmc: that optuna.samplers class (any other through
+# hydra.sweeper.sampler._target_), seeded so that a search repeats. TPE's settings are pinned:
+# optuna 5.0 turned on multivariate TPE and the constant liar by default, and amp_lab relies on
+# both on optuna 4.x as well (warmup and LR are drawn jointly; a round's n_jobs trials are asked
+# before any is told); 4 random trials before its model of the objective takes over.
+SAMPLERS = ("TPESampler", "RandomSampler", "CmaEsSampler", "GPSampler", "QMCSampler")
+TPE = {"n_startup_trials": 4, "multivariate": True, "constant_liar": True}
 
 
 @dataclass
@@ -82,9 +71,11 @@ class SearchSweeperConf:
 ConfigStore.instance().store(
     group="hydra/sweeper", name="amp_lab_search", node=SearchSweeperConf, provider="amp_lab"
 )
-for _name, _node in SAMPLERS.items():
+for _cls in SAMPLERS:
+    _node = {"_target_": f"optuna.samplers.{_cls}", "seed": 0, **(TPE if _cls[:3] == "TPE" else {})}
+    _name = _cls.removesuffix("Sampler").lower()
     ConfigStore.instance().store(
-        group="hydra/sweeper/sampler", name=_name, node=_node, provider="amp_lab"
+        name=_name, node=_node, group="hydra/sweeper/sampler", provider="amp_lab"
     )
 
 
@@ -94,13 +85,20 @@ def _next_job(sweep_dir: Path) -> int:
     return max(numbers, default=-1) + 1
 
 
+def _error(ret: JobReturn) -> str | None:
+    """A failed job's exception, in one line (its summary.json may say more)."""
+    # the exception itself: `return_value` would raise it, printing "Error executing job"
+    err = ret._return_value
+    line = str(err).strip().partition("\n")[0]
+    return f"{type(err).__name__}: {line}" if ret.status == JobStatus.FAILED else None
+
+
 class SearchSweeper(BasicSweeper):
     """Asks the studies for trials, launches them, tells each study its trials' outcomes (its
     setup and the launcher are BasicSweeper's)."""
 
     def __init__(self, sampler: Any, **settings: Any) -> None:
-        # `sampler` arrives instantiated (Hydra instantiates nested targets); each study gets its
-        # own, with its seed, from the config (self.config.hydra.sweeper.sampler)
+        # `sampler` arrives instantiated; each study instantiates its own, seeded, from the config
         self.settings = OmegaConf.merge(OmegaConf.structured(SearchSweeperConf), settings)
         super().__init__(max_batch_size=None, params=self.settings.params or {})
 
@@ -118,7 +116,7 @@ class SearchSweeper(BasicSweeper):
                 f"hydra.sweeper.n_trials={s.n_trials}, n_jobs={s.n_jobs}, max_failure_rate="
                 f"{s.max_failure_rate}: use n_trials, n_jobs >= 1, max_failure_rate in [0, 1]"
             )
-        self.direction = self._direction()
+        self.direction, report = studies.objective(s.objective, s.direction)
         self.extend = get_method(s.custom_search_space) if s.custom_search_space else None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         space = split(parser.parse_overrides([*self._parse_config(), *arguments]), s.study_per)
@@ -126,18 +124,24 @@ class SearchSweeper(BasicSweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        pruner = {k: v for k, v in s.pruner.items() if k != "enabled"} if s.pruner.enabled else None
+        # what a trial's run needs to report to its study (trial.py)
+        self.where = {"sweep_dir": str(sweep_dir.resolve()), "storage": s.storage}
+        self.where |= {"report": report, "pruner": pruner}
         opened = [(axis, self._open(axis, sweep_dir)) for axis in space.studies]
         returns = []
-        while batch := self._ask(opened, space.fixed, space.distributions, sweep_dir):
+        while batch := self._ask(opened, space.fixed, space.distributions):
             overrides = [job for _, _, job in batch]
             self.validate_batch_is_legal(overrides)
             results = self.launcher.launch(overrides, initial_job_idx=_next_job(sweep_dir))
             failed = []
             for (study, trial, _), ret in zip(batch, results):
                 job_dir = Path(ret.hydra_cfg.hydra.runtime.output_dir)
-                result = studies.tell(study, trial, job_dir, sweep_dir, _error(ret), s.objective)
+                state, result = studies.tell(
+                    study, trial, job_dir, sweep_dir, _error(ret), s.objective
+                )
                 log.info("%s trial %d: %s", study.study_name, trial.number, result)
-                if result.startswith(studies.FAILURES):
+                if state == "FAIL":
                     failed.append(
                         f"trial {trial.number} of {study.study_name} {result} ({job_dir})"
                     )
@@ -154,41 +158,19 @@ class SearchSweeper(BasicSweeper):
         OmegaConf.save(OmegaConf.create(found), sweep_dir / "optimization_results.yaml")
         return returns
 
-    def _direction(self) -> str:
-        """The objective's direction; a direction against it is refused (a search that
-        maximizes a loss is a typo)."""
-        from amp_lab.errors import did_you_mean
-        from amp_lab.search.space import SearchError
-        from amp_lab.search.study import OBJECTIVES
-
-        s = self.settings
-        if s.objective not in OBJECTIVES:
-            raise SearchError(
-                f"hydra.sweeper.objective={s.objective} is not a figure a search scores"
-                f"{did_you_mean(s.objective, OBJECTIVES)} (use one of {', '.join(OBJECTIVES)})"
-            )
-        own = OBJECTIVES[s.objective][0]
-        if s.direction not in (None, own):
-            raise SearchError(
-                f"hydra.sweeper.direction={s.direction}: {s.objective} is {own[:-1]}ed (one "
-                f"objective; drop direction or set it to {own})"
-            )
-        return own
-
     def _check(self, fixed: list[str], space: dict[str, Any]) -> None:
         """Each end of each range and each choice composed and checked as its job would be, so
         that a bad value is one line before any trial runs."""
         from amp_lab.compose import validate
         from amp_lab.config import ConfigError
-        from amp_lab.search.space import SearchError, ends
+        from amp_lab.search.space import SearchError
         from amp_lab.search.study import value_text
 
         assert self.hydra_context is not None and self.config is not None
-        loader = self.hydra_context.config_loader
         for key, dist in space.items():
-            for value in ends(dist):
+            for value in getattr(dist, "choices", None) or (dist.low, dist.high):
                 job = [*fixed, f"{key}={value_text(value)}"]
-                cfg = loader.load_sweep_config(master_config=self.config, sweep_overrides=job)
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, job)
                 with open_dict(cfg):
                     del cfg["hydra"]
                 try:
@@ -206,19 +188,15 @@ class SearchSweeper(BasicSweeper):
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours
         name = ",".join(filter(None, [self.settings.study_name, *axis])) or ALL
+        where = studies.storage(sweep_dir, self.settings.storage)
         study = optuna.create_study(
-            study_name=name,
-            storage=studies.storage(sweep_dir, self.settings.storage),
-            direction=self.direction,
-            load_if_exists=True,
+            study_name=name, storage=where, direction=self.direction, load_if_exists=True
         )
         # every study of a launch draws the same random trials (one seed), so the precisions'
         # curves meet at the same points; a resumed search draws anew, or it would replay them
-        sampler = OmegaConf.to_container(self.config.hydra.sweeper.sampler)
-        assert isinstance(sampler, dict)
-        if sampler.get("seed") is not None:
-            sampler["seed"] += len(study.trials)
-        study.sampler = instantiate(sampler)
+        sampler = self.config.hydra.sweeper.sampler
+        seed = {"seed": sampler.seed + len(study.trials)} if sampler.get("seed") is not None else {}
+        study.sampler = instantiate(sampler, **seed)
         study.set_user_attr(studies.AXIS, axis)  # the report pairs each study with fp32's
         study.set_user_attr(studies.OBJECTIVE, self.settings.objective)
         if retried := studies.retry_interrupted(study):
@@ -226,42 +204,21 @@ class SearchSweeper(BasicSweeper):
         return study
 
     def _ask(
-        self,
-        opened: list[tuple[list[str], Any]],
-        fixed: list[str],
-        space: dict[str, Any],
-        sweep_dir: Path,
+        self, opened: list[tuple[list[str], Any]], fixed: list[str], space: dict[str, Any]
     ) -> list[tuple[Any, Any, list[str]]]:
         """The next batch: up to n_jobs new trials of each study short of n_trials."""
-        from amp_lab.search.study import OBJECTIVES, finished, value_text
+        from amp_lab.search.study import finished, value_text
         from amp_lab.search.trial import env_override
 
-        s = self.settings
-        pruner = {k: v for k, v in s.pruner.items() if k != "enabled"} if s.pruner.enabled else None
         batch = []
         for axis, study in opened:
-            for _ in range(min(s.n_jobs, s.n_trials - len(finished(study)))):
+            for _ in range(
+                min(self.settings.n_jobs, self.settings.n_trials - len(finished(study)))
+            ):
                 trial = study.ask(space)
                 if self.extend:
                     self.extend(self.config, trial)
                 drawn = [f"{key}={value_text(value)}" for key, value in trial.params.items()]
-                where = {
-                    "sweep_dir": str(sweep_dir.resolve()),
-                    "storage": s.storage,
-                    "study": study.study_name,
-                    "trial": trial.number,
-                    "report": OBJECTIVES[s.objective][1],
-                }
-                batch.append((study, trial, [*fixed, *axis, *drawn, env_override(where, pruner)]))
+                where = {**self.where, "study": study.study_name, "trial": trial.number}
+                batch.append((study, trial, [*fixed, *axis, *drawn, env_override(where)]))
         return batch
-
-
-def _error(ret: JobReturn) -> str | None:
-    """A failed job's exception, in one line (its summary.json may say more)."""
-    if ret.status != JobStatus.FAILED:
-        return None
-    # the exception itself: `return_value` would raise it and print "Error executing job" for
-    # every pruned trial
-    err = ret._return_value
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"

@@ -13,9 +13,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
 
 from amp_lab.search.space import SearchError, distribution, split
-from amp_lab.search.study import outcome, results
+from amp_lab.search.study import OBJECTIVE, RESULT, objective, outcome, results, verdict
 from hydra_plugins.amp_lab_search.search_sweeper import SearchSweeper
 
 PARSER = OverridesParser.create()
@@ -175,3 +176,65 @@ def test_the_results_file_is_hydras_for_one_study_and_per_study_for_several():
         "best_params": None,
         "best_value": None,
     }
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("final_val_loss", ("minimize", "val/loss")),
+        ("best_val_acc", ("maximize", "val/acc")),
+        ("final_val_acc", ("maximize", "val/acc")),
+        ("time_to_target_s", ("minimize", "val/loss")),  # pruned on its loss
+        ("steps_to_target", ("minimize", "val/loss")),
+    ],
+)
+def test_an_objective_has_its_direction_and_reports_its_evaluation(name, expected):
+    assert objective(name, None) == objective(name, expected[0]) == expected
+
+
+def _study(objective: str, *told: tuple[str, float | None, str]) -> optuna.Study:
+    study = optuna.create_study(study_name="precision=fp16")
+    study.set_user_attr(OBJECTIVE, objective)
+    for i, (state, value, result) in enumerate(told):
+        trial = create_trial(
+            params={"lr.base": 0.01 * (i + 1)},
+            distributions={"lr.base": FloatDistribution(1e-4, 1)},
+            value=value,
+            state=TrialState[state],
+            user_attrs={RESULT: result},
+        )
+        study.add_trial(trial)
+    return study
+
+
+CRASH = ("FAIL", None, "crashed: TypeError: bad")
+DIVERGED = ("PRUNED", None, "diverged")
+
+
+@pytest.mark.parametrize(
+    "study, expected",
+    [
+        (
+            _study("final_val_loss", ("COMPLETE", 0.5, "completed"), DIVERGED, CRASH),
+            "best lr.base=0.01: final_val_loss 0.5 (trial 0; 3 trials: 1 completed, 1 diverged, "
+            "1 crashed); trial 2 crashed: TypeError: bad",
+        ),
+        (
+            _study("final_val_loss", DIVERGED, DIVERGED),
+            "no trial of 2 finished with a finite final_val_loss (2 diverged): no best setting; "
+            "lower the searched ranges' upper bounds",
+        ),
+        (  # a crash is named before any divergence
+            _study("final_val_loss", DIVERGED, CRASH),
+            "no trial of 2 finished with a finite final_val_loss (1 diverged, 1 crashed): no best "
+            "setting; trial 1 crashed: TypeError: bad: fix that first",
+        ),
+        (
+            _study("steps_to_target", ("PRUNED", None, "missed: steps_to_target is None")),
+            "no trial of 1 finished with a finite steps_to_target (1 missed): no best setting; "
+            "no run reached trainer.target_acc: lower it or train longer",
+        ),
+    ],
+)
+def test_the_verdict_names_the_best_trial_or_why_none_is(study, expected):
+    assert verdict(study).startswith(f"search precision=fp16: {expected}")

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from amp_lab.records import SEARCH_FILE
-from amp_lab.search.study import AXIS, FAILURES, JOB_DIR, RESULT, finished, kind, storage, verdict
+from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, kind, storage, verdict
 from amp_lab.tools.report.context import gather
 from amp_lab.tools.report.context import markdown as context_markdown
 from amp_lab.tools.report.runs import ReportError, RunData, load_run, setting_value
@@ -35,6 +35,7 @@ def _row(run: RunData, trial: Any) -> dict[str, Any]:
         "trial": trial.number,
         "state": trial.state.name,
         "result": trial.user_attrs[RESULT],
+        "kind": kind(trial),  # completed, pruned, diverged, missed, crashed or refused
         "val_loss": trial.value,  # the objective's value (final_val_loss unless it says other)
         "lr": setting_value(run.settings.get("lr.base")),
         "warmup_steps": setting_value(run.settings.get("lr.warmup_steps")),
@@ -50,7 +51,6 @@ def _row(run: RunData, trial: Any) -> dict[str, Any]:
 def _study(study: Any, sweep_dir: Path, runs: list[RunData]) -> dict[str, Any]:
     """A study's figures; its trials' runs are added to `runs`."""
     trials = finished(study)
-    kinds = [kind(t) for t in trials]
     runs += [load_run(sweep_dir / t.user_attrs[JOB_DIR]) for t in trials]
     rows = [_row(run, t) for run, t in zip(runs[-len(trials) :], trials)] if trials else []
     done = [r for r in rows if r["state"] == "COMPLETE"]
@@ -65,9 +65,9 @@ def _study(study: Any, sweep_dir: Path, runs: list[RunData]) -> dict[str, Any]:
         "precision": precisions.pop() if len(precisions) == 1 else None,
         "trials": len(rows),
         "completed": len(done),
-        "diverged": sum(r["result"].startswith("diverged") for r in rows),
-        "pruned": kinds.count("pruned"),
-        "crashed": sum(k in FAILURES for k in kinds),
+        "diverged": sum(r["kind"] == "diverged" for r in rows),
+        "pruned": sum(r["kind"] == "pruned" for r in rows),
+        "crashed": sum(r["state"] == "FAIL" for r in rows),  # or refused
         "best": best,
         "near_best_lr": [min(near), max(near)] if near else None,
         "near_best_trials": len(near),
