@@ -154,7 +154,7 @@ def study_jobs(study: str) -> list[list[str]]:
     axes = [
         [f"{key}={value}" for value in str(values).split(",")]
         for key, values in params.items()
-        if key != "trainer.seed"
+        if key != "trainer.seed" and "(" not in str(values)  # a search's ranges are drawn
     ]
     return [[experiment, "trainer.seed=0", *job] for job in itertools.product(*axes)]
 

@@ -58,7 +58,7 @@ def each_value(overrides: list[str]) -> list[list[str]]:
     value): every value the sweep would run is composed once."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     values = [
-        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+        [f"{o.get_key_element()}={v}" for v in _ends(o)]
         if o.is_sweep_override()
         else [o.input_line]
         for o in parsed
@@ -67,6 +67,13 @@ def each_value(overrides: list[str]) -> list[list[str]]:
     return [first] + [
         [*first[:i], value, *first[i + 1 :]] for i, v in enumerate(values) for value in v[1:]
     ]
+
+
+def _ends(override) -> list[str]:
+    """A sweep's values; a search's interval (`tag(log, interval(1e-4, 1e-2))`) at its ends."""
+    if override.is_interval_sweep():
+        return [str(override.value().start), str(override.value().end)]
+    return list(override.sweep_string_iterator())
 
 
 @cache

@@ -28,9 +28,13 @@ STUDIES = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 def _sweep_jobs(experiment: str) -> list[list[str]]:
     """The overrides of each job the study's `hydra.sweeper.params` grid expands to."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        params = compose("config", [experiment], return_hydra_config=True).hydra.sweeper.params
+        sweeper = compose("config", [experiment], return_hydra_config=True).hydra.sweeper
+    per = sweeper.get("study_per")  # a search: a study per value of these keys, the rest drawn
+    params = _OVERRIDES.parse_overrides([f"{k}={v}" for k, v in sweeper.params.items()])
     axes = [
-        [f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()
+        [f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()]
+        for o in params
+        if per is None or o.key_or_group in per
     ]
     return [list(job) for job in itertools.product(*axes)]
 

@@ -1,81 +1,82 @@
-"""A search space: schema settings and the range each is drawn from, checked before any trial.
+"""A search space from Hydra's override grammar, as hydra-optuna-sweeper reads it.
 
-`hydra.sweeper.space` nests like the settings it searches (`lr: {base: {low, high, log}}`), so
-`hydra.sweeper.space.lr.base.high=0.3` works on the command line. Each setting becomes an Optuna
-distribution, which `Study.ask` draws from.
+`hydra.sweeper.params` and the command line name the space: `interval(a, b)` is a float range,
+`int(interval(a, b))` an int one, `tag(log, ...)` a log scale, `range(a, b[, step])` an int (or,
+with a float bound or step, a float) range from a to b inclusive, and `choice(a, b)`, `a,b` or
+`shuffle(...)` a categorical dimension (a group's options too: `precision=choice(fp16,bf16)`).
+Each becomes an Optuna distribution, which `Study.ask` draws from; a plain value is fixed for
+every trial. `study_per` keys are not searched: each of their values opens a study.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
+from hydra.core.override_parser.types import Override, Transformer
 from hydra.errors import HydraException
-from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
-
-from amp_lab.errors import did_you_mean, schema_keys
-
-RANGE_KEYS = {"low", "high", "log"}
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 
 class SearchError(HydraException):
     """A bad search setting, told in one line (the `amp_lab` command exits 2)."""
 
 
-def override(key: str, value: float) -> str:
-    """The override that sets a drawn value (an int distribution draws ints)."""
-    # 4 significant digits keep job folder names short; no run tells 1e-4 relative LR apart
-    return f"{key}={value}" if isinstance(value, int) else f"{key}={value:.4g}"
+class Space(NamedTuple):
+    fixed: list[str]  # overrides every trial gets
+    studies: list[list[str]]  # one override list per study (the study_per values)
+    distributions: dict[str, BaseDistribution]  # searched: override key -> distribution
 
 
-def _leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Mapping[str, Any]]:
-    """`{lr: {base: {low: ..}}}` -> `{"lr.base": {low: ..}}`: a mapping with a range key ends."""
-    found: dict[str, Mapping[str, Any]] = {}
-    for name, value in node.items():
-        key = f"{prefix}{name}"
-        if not isinstance(value, Mapping):
-            raise SearchError(
-                f"hydra.sweeper.space.{key}={value!r} is not a range; write "
-                f"hydra.sweeper.space.{key}={{low: A, high: B}}"
-            )
-        if RANGE_KEYS & set(value):
-            found[key] = value
-        else:
-            found.update(_leaves(value, f"{key}."))
-    return found
-
-
-def _distribution(key: str, spec: Mapping[str, Any]) -> BaseDistribution:
-    where = f"hydra.sweeper.space.{key}"
-    kind = schema_keys().get(key)
-    if kind is None:
-        raise SearchError(f"unknown search-space key {key}{did_you_mean(key)}")
-    if kind not in ("int", "float"):
-        raise SearchError(f"{key} is a {kind}, not a number: a search space draws int and float")
-    if extra := set(spec) - RANGE_KEYS:
-        raise SearchError(f"{where} has {', '.join(sorted(extra))}; a range has low, high, log")
+def distribution(override: Override) -> BaseDistribution:
+    """The Optuna distribution of a sweep override."""
+    value: Any = override.value()
     try:
-        low, high, log = float(spec["low"]), float(spec["high"]), bool(spec.get("log", False))
-    except (KeyError, TypeError, ValueError):
-        raise SearchError(f"{where} needs numbers low and high (and log: true|false)") from None
-    if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
-        raise SearchError(f"{where} is an empty range [{low:g}, {high:g}]; make low < high")
-    if low < 0 or (log and low <= 0):
-        scale = "a log-scale range needs low > 0" if log else "searched settings are >= 0"
-        raise SearchError(f"{where}.low={low:g} is out of range: {scale}")
-    if kind == "float":
-        return FloatDistribution(low, high, log=log)
-    if low != int(low) or high != int(high):
-        raise SearchError(f"{where}: {key} is an int; give whole-number bounds")
-    return IntDistribution(int(low), int(high), log=log)
+        if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
+            choices: list[Any] = list(override.sweep_iterator(Transformer.encode))  # primitives
+            return CategoricalDistribution(choices)
+        if override.is_range_sweep():
+            ends = (value.start, value.stop, value.step)
+            if any(isinstance(x, float) for x in ends):
+                return FloatDistribution(value.start, value.stop, step=value.step)
+            return IntDistribution(value.start, value.stop, step=value.step)
+        if override.is_interval_sweep():
+            log, ints = "log" in value.tags, isinstance(value.start, int)
+            kind = IntDistribution if ints and isinstance(value.end, int) else FloatDistribution
+            return kind(value.start, value.end, log=log)
+    except ValueError as err:  # optuna's: low > high, a log scale from 0, ...
+        raise SearchError(f"{override.input_line}: {err}") from None
+    raise SearchError(f"{override.input_line}: a search draws from choice, range or interval")
 
 
-def parse_space(space: Mapping[str, Any], fixed: set[str]) -> dict[str, BaseDistribution]:
-    """The checked distributions of `space`, less the settings fixed on the command line."""
-    found = {key: _distribution(key, spec) for key, spec in _leaves(space).items()}
-    if not (drawn := {key: d for key, d in found.items() if key not in fixed}):
+def split(overrides: Iterable[Override], study_per: list[str]) -> Space:
+    """The space of the overrides; of two overrides of one key the later wins (the command line
+    over the config's params)."""
+    last = {o.get_key_element(): o for o in overrides}
+    fixed: list[str] = []
+    studies: list[list[str]] = [[]]
+    drawn: dict[str, BaseDistribution] = {}
+    for key, override in last.items():
+        if override.is_delete() or not override.is_sweep_override():
+            fixed.append(override.input_line or f"{key}={override.get_value_element_as_str()}")
+        elif override.key_or_group in study_per:
+            if not override.is_discrete_sweep():
+                raise SearchError(
+                    f"{override.input_line}: a study_per key takes a list of values (a,b,c)"
+                )
+            studies = [
+                [*s, f"{key}={v}"] for s in studies for v in override.sweep_string_iterator()
+            ]
+        else:
+            drawn[key] = distribution(override)
+    if not drawn:
         raise SearchError(
-            "the search space is empty; set hydra.sweeper.space (conf/search/lr.yaml)"
+            "the search space is empty; name ranges in hydra.sweeper.params or on the command "
+            "line, e.g. 'lr.base=tag(log, interval(1e-4, 1e-1))' (conf/search/lr.yaml)"
         )
-    return drawn
+    return Space(fixed, studies, drawn)

@@ -1,4 +1,4 @@
-"""A run that is a search trial reports its validation loss to the study and stops when pruned.
+"""A run that is a search trial reports each evaluation to its study and stops when pruned.
 
 The sweeper names the trial in the job's environment (`TRIAL_ENV`, set through Hydra's
 `hydra.job.env_set`, so it reaches the job on any launcher); a run without it gets no sink and
@@ -8,7 +8,6 @@ the trainer never hears of Optuna.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -16,19 +15,19 @@ from typing import Any
 from amp_lab.search.study import PRUNED_MARK, storage
 from amp_lab.tracking.sinks import Record, Sink
 
-TRIAL_ENV = "AMP_LAB_SEARCH_TRIAL"  # {"sweep_dir", "study", "trial": number, "pruner": {..}}
+# {"sweep_dir", "storage": URL or null, "study", "trial": number, "report": "val/loss",
+#  "pruner": {..}}
+TRIAL_ENV = "AMP_LAB_SEARCH_TRIAL"
 
 
 class TrialPruned(Exception):
     """The study's pruner stopped this run; its summary's status says so."""
 
 
-def env_override(study: str, trial: int, sweep_dir: Path, pruner: dict[str, int]) -> str:
-    """The override that names the trial and its MedianPruner's settings to the job (quoted: a
-    path may hold any character)."""
-    where = {"sweep_dir": str(sweep_dir.resolve()), "study": study, "trial": trial}
-    spec = json.dumps({**where, "pruner": pruner})
-    value = spec.replace("\\", "\\\\").replace("'", "\\'")
+def env_override(spec: dict[str, Any]) -> str:
+    """The override that names the trial and its pruner (TRIAL_ENV) to the job (quoted: a path
+    may hold any character)."""
+    value = json.dumps(spec).replace("\\", "\\\\").replace("'", "\\'")
     return f"++hydra.job.env_set.{TRIAL_ENV}='{value}'"
 
 
@@ -39,7 +38,9 @@ def pruning_sinks() -> list[Sink]:
 
 
 class PruningSink(Sink):
-    """Reports each evaluation's loss to the trial; raises TrialPruned when the pruner says so."""
+    """Reports each evaluation (its loss, or its accuracy for an accuracy objective) to the
+    trial, a non-finite loss too: Optuna's MedianPruner prunes a trial whose every reported value
+    is NaN, and its samplers rank such a trial last. Raises TrialPruned when the pruner says so."""
 
     def __init__(self, spec: str) -> None:
         self.spec: dict[str, Any] = json.loads(spec)
@@ -48,18 +49,20 @@ class PruningSink(Sink):
     def start(self, info: Record) -> None:
         import optuna
 
-        journal, name = storage(Path(self.spec["sweep_dir"])), self.spec["study"]
-        pruner = optuna.pruners.MedianPruner(**self.spec["pruner"])
-        study = optuna.load_study(study_name=name, storage=journal, pruner=pruner)
-        study_id = journal.get_study_id_from_name(name)
-        trial_id = journal.get_trial_id_from_study_id_trial_number(study_id, self.spec["trial"])
+        spec = self.spec
+        median = spec["pruner"]
+        pruner = optuna.pruners.MedianPruner(**median) if median else optuna.pruners.NopPruner()
+        where = optuna.storages.get_storage(storage(Path(spec["sweep_dir"]), spec["storage"]))
+        study = optuna.load_study(study_name=spec["study"], storage=where, pruner=pruner)
+        study_id = where.get_study_id_from_name(spec["study"])
+        trial_id = where.get_trial_id_from_study_id_trial_number(study_id, spec["trial"])
         self.trial = optuna.trial.Trial(study, trial_id)
 
     def log(self, record: Record) -> None:
-        loss = record.get("val/loss")
-        if record.get("kind") != "val" or loss is None or not math.isfinite(loss):
-            return  # a non-finite loss is the health judge's to call diverged, not the pruner's
+        key = self.spec["report"]
+        if record.get("kind") != "val" or (value := record.get(key)) is None:
+            return
         step = int(record["step"])
-        self.trial.report(float(loss), step)
+        self.trial.report(float(value), step)
         if self.trial.should_prune():
-            raise TrialPruned(f"{PRUNED_MARK} at step {step} (val loss {loss:.4g})")
+            raise TrialPruned(f"{PRUNED_MARK} at step {step} ({key} {value:.4g})")

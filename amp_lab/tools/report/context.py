@@ -20,6 +20,8 @@ import yaml
 from amp_lab.records import HYDRA_DIR
 from amp_lab.tools.report.runs import RunData, setting_value
 
+SWEEPER = ("hydra.sweeper", "hydra/sweeper")  # the overrides of a sweep's sweeper
+
 
 def run_device(run: RunData) -> str:
     """The device the run trained on: as resolved in its summary, else as configured."""
@@ -47,7 +49,12 @@ def commands(runs: list[RunData]) -> list[str]:
         hydra_file = sweep if sweep.exists() else run.path / HYDRA_DIR / "hydra.yaml"
         try:
             hydra = yaml.safe_load(hydra_file.read_text())["hydra"]
-            task = " ".join(shlex.quote(str(o)) for o in hydra["overrides"]["task"])
+            # the sweeper's settings too (a search's n_trials, sampler, ...), so that the command
+            # sweeps what it swept; hydra.sweep.dir not: a new folder, or it would resume
+            typed = hydra["overrides"]["task"] + [
+                o for o in hydra["overrides"]["hydra"] if o.lstrip("+~").startswith(SWEEPER)
+            ]
+            task = " ".join(shlex.quote(str(o)) for o in typed)
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             continue
         flag = "-m " if sweep.exists() else ""

@@ -202,10 +202,11 @@ def _study(ax: Axes, study: dict[str, Any], color: str) -> None:
     ax.plot(xs, ys, "o-", color=color, label=label, markersize=4)
     if study["best"]:
         ax.plot(study["best"]["lr"], study["best"]["val_loss"], "*", color=color, markersize=14)
-    pruned = [r for r in rows if r["state"] == "PRUNED" and r["last_reported"] is not None]
+    reported = [r for r in rows if r["last_reported"] is not None]
+    pruned = [r for r in reported if r["kind"] in ("pruned", "missed")]  # not diverged
     xs, ys = [r["lr"] for r in pruned], [r["last_reported"] for r in pruned]
     ax.plot(xs, ys, "o", mfc="none", color=color)
-    failed = [r["lr"] for r in rows if r["state"] == "FAIL"]
+    failed = [r["lr"] for r in rows if r["state"] == "FAIL" or r["kind"] == "diverged"]
     top = ax.get_xaxis_transform()  # x in data, y in axes fractions: 0.97 is the top edge
     ax.plot(failed, [0.97] * len(failed), "x", color=color, ms=10, mew=2, transform=top)
 

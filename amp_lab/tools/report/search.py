@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from amp_lab.records import SEARCH_FILE
-from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, storage, verdict
+from amp_lab.search.study import AXIS, JOB_DIR, RESULT, finished, kind, storage, verdict
 from amp_lab.tools.report.context import gather
 from amp_lab.tools.report.context import markdown as context_markdown
 from amp_lab.tools.report.runs import ReportError, RunData, load_run, setting_value
@@ -35,7 +35,8 @@ def _row(run: RunData, trial: Any) -> dict[str, Any]:
         "trial": trial.number,
         "state": trial.state.name,
         "result": trial.user_attrs[RESULT],
-        "val_loss": trial.value,
+        "kind": kind(trial),  # completed, pruned, diverged, missed, crashed or refused
+        "val_loss": trial.value,  # the objective's value (final_val_loss unless it says other)
         "lr": setting_value(run.settings.get("lr.base")),
         "warmup_steps": setting_value(run.settings.get("lr.warmup_steps")),
         "precision": setting_value(run.settings.get("precision.name")),
@@ -53,16 +54,20 @@ def _study(study: Any, sweep_dir: Path, runs: list[RunData]) -> dict[str, Any]:
     runs += [load_run(sweep_dir / t.user_attrs[JOB_DIR]) for t in trials]
     rows = [_row(run, t) for run, t in zip(runs[-len(trials) :], trials)] if trials else []
     done = [r for r in rows if r["state"] == "COMPLETE"]
-    best = min(done, key=lambda r: r["val_loss"], default=None)
-    near = [r["lr"] for r in done if best and r["val_loss"] <= best["val_loss"] * (1 + NEAR_BEST)]
+    precisions = {r["precision"] for r in rows}  # one, unless the study searched precision
+    sign = 1 if study.direction.name == "MINIMIZE" else -1  # an accuracy objective: the most
+    best = min(done, key=lambda r: sign * r["val_loss"], default=None)
+    band = abs(best["val_loss"]) * NEAR_BEST if best else 0
+    near = [r["lr"] for r in done if best and sign * (r["val_loss"] - best["val_loss"]) <= band]
     return {
         "study": study.study_name,
         "axis": study.user_attrs.get(AXIS, []),
-        "precision": rows[0]["precision"] if rows else None,
+        "precision": precisions.pop() if len(precisions) == 1 else None,
         "trials": len(rows),
         "completed": len(done),
-        "diverged": sum(r["result"].startswith("diverged") for r in rows),
-        "pruned": sum(r["state"] == "PRUNED" for r in rows),
+        "diverged": sum(r["kind"] == "diverged" for r in rows),
+        "pruned": sum(r["kind"] == "pruned" for r in rows),
+        "crashed": sum(r["state"] == "FAIL" for r in rows),  # or refused
         "best": best,
         "near_best_lr": [min(near), max(near)] if near else None,
         "near_best_trials": len(near),
@@ -112,7 +117,11 @@ def search_data(sweep_dir: Path, argv: list[str]) -> dict[str, Any]:
 
 def _cells(s: dict[str, Any]) -> list[str]:
     best, band, ratio = s["best"], s["near_best_lr"], s["lr_ratio"]
-    counts = f"{s['trials']} ({s['completed']} ok, {s['pruned']} pruned, {s['diverged']} diverged)"
+    crashed = f", {s['crashed']} crashed" if s.get("crashed") else ""
+    counts = (
+        f"{s['trials']} ({s['completed']} ok, {s['pruned']} pruned, {s['diverged']} diverged"
+        f"{crashed})"
+    )
     if best is None:
         return [s["study"], counts, "-", "-", "-", "-", "-"]
     near = s["near_best_trials"]
