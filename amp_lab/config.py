@@ -418,7 +418,7 @@ class LoggerConfig:
     mode: LoggerMode = LoggerMode.offline  # WANDB_MODE wins unless this is disabled
     project: str = "amp_lab"  # W&B project
     entity: str | None = None  # W&B team or user; None: the account's default entity
-    group: str | None = None  # None: the multirun directory, so a sweep is one W&B group
+    group: str | None = None  # None: a sweep's own group (its folder's names and an id)
     tags: list[str] = field(default_factory=list)  # extra W&B tags (model and precision are added)
 
 

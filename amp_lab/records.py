@@ -12,6 +12,7 @@ SUMMARY_FILE = "summary.json"  # the run's results; its `status` says how the ru
 AUDIT_FILE = "precision_audit.json"  # what the first step (of each start) computed in, judged
 SETTINGS_FILE = "settings.json"  # the run's settings, flat: a resume or a rerun is compared to it
 WANDB_ID_FILE = "wandb_run_id"  # the W&B run's id: a resumed job logs to the same W&B run
+WANDB_GROUP_FILE = "wandb_group"  # in a sweep folder: its W&B group, the same for every job
 SEARCH_FILE = "search.journal"  # a search's Optuna studies, in its sweep folder (amp_lab/search/)
 REFUSED_FILE = "refused.txt"  # a sweep job amp_lab refused at start-up: `job N: reason`
 CHECKPOINT_DIR = "checkpoints"  # step_NNNNNNNNN.pt, see amp_lab/checkpoint/store.py

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import yaml
 
 from amp_lab.config import AmpLabConfig, LoggerConfig
-from amp_lab.records import HYDRA_DIR, SUMMARY_FILE, WANDB_ID_FILE
+from amp_lab.records import HYDRA_DIR, SUMMARY_FILE, WANDB_GROUP_FILE, WANDB_ID_FILE
 from amp_lab.tracking.sinks import Record, Sink
 
 log = logging.getLogger(__name__)
@@ -65,13 +65,31 @@ def redact(text: str) -> str:
     return text.replace(key, "***") if key else text
 
 
-def sweep_group(run_dir: Path) -> str:
-    """The W&B group of a multirun job: its sweep directory's last two parts (date/time)."""
-    return "/".join(Path(run_dir).resolve().parent.parts[-2:])  # e.g. 2026-11-29/21-30-00
+def sweep_group(sweep_dir: Path) -> str:
+    """The W&B group of a sweep's jobs: its folder's last two names and a random suffix
+    (`2026-11-29/21-30-00-k3x9q2`: two sweeps whose folders end alike stay apart), stored in the
+    folder by the first job, so every job on every node, a requeued job and a resumed sweep
+    read the same one."""
+    path = Path(sweep_dir) / WANDB_GROUP_FILE
+    if not path.exists():
+        mine = path.with_name(f"{path.name}.{_random_id(8)}")  # this job's own, on any node
+        mine.write_text("/".join(path.resolve().parent.parts[-2:]) + f"-{_random_id(6)}\n")
+        try:  # a hard link never replaces a file: of jobs starting at once on any node, one wins
+            os.link(mine, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: the last writer wins
+            os.replace(mine, path)
+        mine.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
+def _random_id(length: int) -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(length))
 
 
 def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
-    """(group, name): the sweep directory unless logger.group is set; the job's overrides."""
+    """(group, name): logger.group, else a multirun's sweep_group; the job's overrides."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -80,7 +98,7 @@ def run_identity(out_dir: Path, cfg: LoggerConfig) -> tuple[str | None, str]:
         hydra_cfg = HydraConfig.get()
         name = hydra_cfg.job.override_dirname
         if hydra_cfg.mode == RunMode.MULTIRUN and group is None:
-            group = sweep_group(Path(hydra_cfg.runtime.output_dir))
+            group = sweep_group(Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir)
     elif (out_dir / HYDRA_DIR / "overrides.yaml").exists():
         name = ",".join(yaml.safe_load((out_dir / HYDRA_DIR / "overrides.yaml").read_text()) or [])
     return group, name or out_dir.name
@@ -104,7 +122,7 @@ def run_id(out_dir: Path) -> str:
     path = out_dir / WANDB_ID_FILE
     if path.exists():
         return path.read_text().strip()
-    new_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    new_id = _random_id(8)
     path.write_text(new_id + "\n")
     return new_id
 

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from helpers.wandb_records import offline_runs, read_run
 from amp_lab.build import build
 from amp_lab.checkpoint.signals import Interrupted
 from amp_lab.config import ConfigError
-from amp_lab.records import WANDB_ID_FILE
+from amp_lab.records import WANDB_GROUP_FILE, WANDB_ID_FILE
 from amp_lab.tracking.wandb_sink import (
     ATTEMPT_LOGS,
     WandbSink,
@@ -104,6 +105,29 @@ def test_run_logs_config_identity_history_and_summary(tmp_path, monkeypatch):
     _no_key_anywhere(tmp_path)
 
 
+def test_each_sweep_has_a_group_of_its_own_that_every_job_reads(tmp_path):
+    """Two sweeps whose folders end in the same two names get groups of their own; the jobs of
+    one, starting at once (racing as nodes do on a shared file system), requeued or resumed
+    later, all read the group its first job stored."""
+    sweeps = [tmp_path / project / "multirun" / "lr" for project in ("a", "b")]
+    for sweep in sweeps:
+        sweep.mkdir(parents=True)
+    start = threading.Barrier(16)
+
+    def job(_: int) -> str:
+        start.wait()
+        return sweep_group(sweeps[0])
+
+    with ThreadPoolExecutor(16) as pool:
+        [group] = set(pool.map(job, range(16)))
+    assert re.fullmatch(r"multirun/lr-[a-z0-9]{6}", group)
+    assert (sweeps[0] / WANDB_GROUP_FILE).read_text() == group + "\n"
+    assert [p.name for p in sweeps[0].iterdir()] == [WANDB_GROUP_FILE]  # no job's own copy left
+    assert sweep_group(sweeps[0]) == group  # a requeued job, a resumed sweep
+    other = sweep_group(sweeps[1])
+    assert other != group and other.startswith("multirun/lr-")
+
+
 @pytest.mark.slow
 def test_a_sweeps_runs_share_its_group_for_side_by_side_comparison(tmp_path):
     """`python -m amp_lab -m ...` as a user types it (the default multirun/<date>/<time>): every
@@ -120,11 +144,12 @@ def test_a_sweeps_runs_share_its_group_for_side_by_side_comparison(tmp_path):
     assert len(jobs) == 2
     runs = {job.name: read_run(f) for job in jobs for f in offline_runs(job)}
     assert len(runs) == 2  # one W&B run per job
-    group = f"{sweep.parent.name}/{sweep.name}"  # the sweep's date/time
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", group)
+    group = (sweep / WANDB_GROUP_FILE).read_text().strip()  # the sweep's date/time and its id
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-[a-z0-9]{6}", group)
+    assert group.startswith(f"{sweep.parent.name}/{sweep.name}-")
     for job_dir, run in runs.items():
         precision = "bf16" if "precision=bf16" in job_dir else "fp32"
-        assert run.group == sweep_group(sweep / job_dir) == group
+        assert run.group == group
         assert run.job_type == precision
         assert run.name == job_dir.split("_", 1)[1]  # the override_dirname: 0_<overrides>
         assert f"precision={precision}" in run.name and "model=test_vit" in run.name
@@ -135,6 +160,12 @@ def test_a_sweeps_runs_share_its_group_for_side_by_side_comparison(tmp_path):
         [sync_dir] = job.glob("wandb/offline-run-*")
         where = f"W&B offline run {runs[job.name].run_id}: {sync_dir}"
         assert sum(line.endswith(where) for line in printed) == 1, where
+    # launched again into its folder (a resumed sweep), from elsewhere: the same group
+    again = run_cli("-m", "trainer.seed=1", *fast, "trainer.max_steps=2", "logger.mode=offline",
+                    f"hydra.sweep.dir={sweep}", cwd=tmp_path / "multirun")  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    [seed1] = [read_run(f) for f in sweep.glob("*trainer.seed=1*/wandb/offline-run-*/*.wandb")]
+    assert seed1.group == group
 
 
 @pytest.mark.slow

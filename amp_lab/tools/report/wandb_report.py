@@ -29,7 +29,7 @@ def run_groups(runs: list[RunData]) -> tuple[list[str], list[str]]:
     for run in runs:
         group = run.config.get("logger", {}).get("group")
         if group is None and (run.path.parent / "multirun.yaml").exists():
-            group = sweep_group(run.path)
+            group = sweep_group(run.path.parent)
         if group is not None:
             groups.append(group)
         elif (run.path / WANDB_ID_FILE).exists():
