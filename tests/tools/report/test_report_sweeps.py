@@ -11,6 +11,7 @@ from helpers import FAST, run_cli
 from helpers.reports import cells, report, summary
 
 from amp_lab.tools.report.compare import main
+from amp_lab.tracking.wandb_sink import sweep_group
 
 pytestmark = pytest.mark.slow
 SMALL = [o for o in FAST if not o.startswith(("logger.", "data.img_size", "model="))]
@@ -65,7 +66,9 @@ def test_model_by_precision_sweep_compares_each_model_with_its_own_fp32(tmp_path
     ]
     spec = json.loads((sweep / "report" / "wandb_report.json").read_text())
     grids = [block for block in spec["blocks"] if "runsets" in block]
-    group_filter = "(Metric('Group') == '2026-11-29/22-00-00')"
+    group = sweep_group(sweep)  # the folder's last two names and the sweep's own id
+    assert group.startswith("2026-11-29/22-00-00-")
+    group_filter = f"(Metric('Group') == '{group}')"
     assert sorted(g["runsets"][0]["filters"] for g in grids[:2]) == [
         f"{group_filter} and Config('model.name') == 'test_convnext'",
         f"{group_filter} and Config('model.name') == 'test_vit'",
