@@ -430,10 +430,12 @@ class CheckpointConfig:
     every_steps: int = 0  # optimizer steps between periodic checkpoints; 0: off
     every_minutes: float = 10.0  # wall-clock minutes between periodic checkpoints; 0: off
     keep: int = 2  # newest checkpoints kept; an older one goes only once a newer one is complete
-    # signals that ask the run to stop (submitit's pre-timeout/preemption signal, SLURM's TERM,
-    # Ctrl-C): checkpoint at the next step boundary, then hand the signal on to the previous
-    # handler
-    signals: list[str] = field(default_factory=lambda: ["SIGUSR2", "SIGTERM", "SIGINT"])
+    # signals that ask the run to stop (submitit's pre-timeout/preemption signal, the USR1 of
+    # `#SBATCH --signal=USR1@90`, SLURM's TERM, Ctrl-C): checkpoint at the next step boundary,
+    # then hand the signal on to the previous handler
+    signals: list[str] = field(
+        default_factory=lambda: ["SIGUSR2", "SIGUSR1", "SIGTERM", "SIGINT"]
+    )
 
     def __post_init__(self) -> None:
         _bound(self, "checkpoint", ">= 0", "every_steps", "every_minutes")

@@ -1,6 +1,7 @@
 """Stop signals: caught while the loop runs, acted on at a step boundary, then handed on.
 
-A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGTERM; SIGINT, Ctrl-C) only
+A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGUSR1: an sbatch script's
+`--signal=USR1@90`; SIGTERM; SIGINT, Ctrl-C) only
 sets a flag; the loop saves a checkpoint at the next step boundary and then hands the signal on
 to the handler that was there before (submitit's, which requeues the job), so a requeued job
 resumes where it stopped. Where that handler is the default (or Python's KeyboardInterrupt),

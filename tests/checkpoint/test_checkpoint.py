@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from helpers import ROOT, run_cli, settings
+from helpers import FAST, ROOT, run_cli, settings
 from helpers.resume import RUN, SignalAt
 from helpers.resume import curve as _curve
 from helpers.resume import interrupt as _interrupt
@@ -537,3 +537,38 @@ def test_run_dir_file_names_are_written_once_in_the_package():
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert RUN_DIR_NAMES >= {"summary.json", "metrics.jsonl", "wandb_run_id", "refused.txt"}
     assert found == []
+
+
+@pytest.mark.slow
+def test_usr1_from_an_sbatch_signal_option_saves_stops_in_one_line_and_resumes_exactly(tmp_path):
+    """`#SBATCH --signal=USR1@90` on a plain sbatch script: USR1 mid-run checkpoints at the next
+    step, stops with 128 + USR1 and the one line naming how to resume, and the same command
+    resumes there: its curve is the uninterrupted run's, no step lost or repeated."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    fast = [o for o in FAST if not o.startswith(("trainer.max_steps", "trainer.log_every"))]
+    args = [*fast, "trainer.max_steps=40", "trainer.log_every=1", "checkpoint.every_steps=10"]
+    whole = run_cli(*args, "hydra.run.dir=whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    command = [sys.executable, "-m", "amp_lab", *args, "hydra.run.dir=split"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0"}
+    job = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    metrics, deadline = tmp_path / "split" / "metrics.jsonl", time.monotonic() + 300
+    while not (metrics.exists() and '"step": 15' in metrics.read_text()):
+        assert job.poll() is None and time.monotonic() < deadline, "the run ended before step 15"
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)
+    output, _ = job.communicate(timeout=300)  # Hydra logs to the console's stdout
+    assert job.returncode == 128 + signal.SIGUSR1, output[-2000:]
+    [line] = [line for line in output.splitlines() if "SIGUSR1 at step" in line]
+    step = int(line.split("SIGUSR1 at step ")[1].split(":")[0])
+    assert 15 <= step < 40 and f"hydra.run.dir={tmp_path / 'split'}" in line
+    assert f"step_{step:09d}.pt" in line  # saved at the next step, not the last periodic one
+    resumed = run_cli(*args, "hydra.run.dir=split", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _curve(tmp_path / "split") == _curve(tmp_path / "whole")
