@@ -1,7 +1,9 @@
 """The precision audit of a run: watch its first step, record what ran, judge it, act on it.
 
 The trainer wraps each step in `audit.around(step)`; the first one of this start of the run (the
-first after a resume too) is watched (observe.py), the run's parts are read after it
+first after a resume too) is watched (observe.py); under audit=stop what the step cannot change
+(weight, master and optimizer-state dtypes) is judged just before it, so a model cast behind the
+run's back stops in one line rather than in torch's traceback. The run's parts are read after it
 (record.py) and judged against the mode's promise (promises.py). The result goes to
 precision_audit.json, its headline to the log and summary.json. A broken promise stops the run
 with `BrokenPromise` (audit.mode=stop: one line, exit code 2) or warns (audit.mode=warn, or a
@@ -75,6 +77,12 @@ def _modules(seen: StepSeen) -> dict[str, dict[str, Any]]:
     return modules
 
 
+def _more(lines: list[str]) -> str:
+    """After the first broken promise: how many more, and how to train on regardless."""
+    more = f" (and {len(lines) - 1} more: {AUDIT_FILE})" if len(lines) > 1 else ""
+    return f"{more}; audit=warn trains on regardless"
+
+
 @dataclass(eq=False)
 class PrecisionAudit:
     """Watches the first step `around()` is given, then steps aside."""
@@ -101,15 +109,50 @@ class PrecisionAudit:
 
     @contextlib.contextmanager
     def _audited(self, step: int) -> Iterator[None]:
+        if self.settings.audit.mode == AuditMode.stop and not self._on_purpose():
+            held = self.judge_held(step)  # what the step cannot change, before torch's traceback
+            if not held["kept"]:
+                self._record(held)
         watch = StepWatch(self.train_step, self.model, self.scaler)
         with watch.watching() as seen:
             yield
-        self.result = self.judge(seen, step)
+        self._record(self.judge(seen, step))
+
+    def _record(self, result: dict[str, Any]) -> None:
+        self.result = result
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             text = json.dumps(self.result, indent=2)
             write_bytes_atomic(self.out_dir / AUDIT_FILE, text.encode())
         self._act(self.result)
+
+    def judge_held(self, step: int) -> dict[str, Any]:
+        """The audit of what the run holds before step `step` runs: weights, master weights and
+        optimizer state (once there is some) in their promised dtypes."""
+        facts = {
+            "params": record.parameters(self.model, {}),
+            "optimizer": record.optimizer(self.train_step.optimizer, self.model),
+        }
+        broken = promises.held_breaches(facts, self.expect)
+        return {
+            **self._verdict(step, broken),
+            "before_step": True,
+            "headline": "judged before the first step",
+            "coverage": {"share": {}},
+            **facts,
+        }
+
+    def _verdict(self, step: int, broken: list[promises.Breach]) -> dict[str, Any]:
+        exp = self.expect
+        return {
+            "step": step,
+            "resumed": step > 1,
+            "precision": exp.mode,
+            "promise": exp.promise.describe(),
+            "fp32_modules": exp.fp32_modules,
+            "kept": not broken,
+            "breaches": [b._asdict() for b in broken],
+        }
 
     def judge(self, seen: StepSeen, step: int) -> dict[str, Any]:
         """The audit of a watched step: the facts, the coverage and the broken promises."""
@@ -130,13 +173,7 @@ class PrecisionAudit:
         cover = coverage.coverage(seen.gemm_flops, exp, facts["fp8"])
         broken = promises.breaches(seen.gemm_flops, facts, exp)
         return {
-            "step": step,
-            "resumed": step > 1,
-            "precision": exp.mode,
-            "promise": exp.promise.describe(),
-            "fp32_modules": exp.fp32_modules,
-            "kept": not broken,
-            "breaches": [b._asdict() for b in broken],
+            **self._verdict(step, broken),
             "headline": cover.pop("headline"),
             "coverage": cover,
             "modules": _modules(seen),
@@ -160,18 +197,18 @@ class PrecisionAudit:
             ),
         }
 
+    def _on_purpose(self) -> bool:
+        """A pitfall run breaks its promise on purpose: it is audited, and warns."""
+        return self.settings.pitfall.name != PitfallName.none
+
     def _act(self, result: dict[str, Any]) -> None:
         """Log the headline, or each broken promise; or stop the run at the first."""
         lines = [b["line"] for b in result["breaches"]]
         if not lines:
             log.info("precision audit: %s", result["headline"])
             return
-        more = f" (and {len(lines) - 1} more: {AUDIT_FILE})" if len(lines) > 1 else ""
-        # a pitfall run breaks its promise on purpose: it is audited, and warns
-        on_purpose = self.settings.pitfall.name != PitfallName.none
-        if self.settings.audit.mode == AuditMode.stop and not on_purpose:
-            raise BrokenPromise(
-                f"precision audit: {lines[0]}{more}; audit=warn trains on regardless"
-            )
+        if self.settings.audit.mode == AuditMode.stop and not self._on_purpose():
+            when = ", before the first step" if result.get("before_step") else ""
+            raise BrokenPromise(f"precision audit{when}: {lines[0]}{_more(lines)}")
         for line in lines:
             log.warning("precision audit: %s", line)

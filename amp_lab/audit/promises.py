@@ -198,6 +198,12 @@ def _fsdp_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
     return breaches
 
 
+def held_breaches(facts: dict[str, Any], exp: Expected) -> list[Breach]:
+    """The promises on what the run holds (weights, masters, optimizer state) that it broke:
+    judged from `params` and `optimizer` alone, so before a step too."""
+    return [*_weight_breaches(facts, exp), *_state_breaches(facts, exp)]
+
+
 def breaches(
     gemm_flops: dict[tuple[str, str], int], facts: dict[str, Any], exp: Expected
 ) -> list[Breach]:
@@ -206,8 +212,7 @@ def breaches(
     return [
         *_fp8_breaches(gemm_flops, exp, fp8),
         *_gemm_breaches(gemm_flops, exp, fp8),
-        *_weight_breaches(facts, exp),
-        *_state_breaches(facts, exp),
+        *held_breaches(facts, exp),
         *_step_breaches(facts, exp),
         *_fsdp_breaches(facts, exp),
     ]

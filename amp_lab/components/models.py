@@ -64,10 +64,14 @@ def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 def check_input_fits(
     model: torch.nn.Module, name: str, spec: DataSpec, device: torch.device
 ) -> None:
-    """One tiny forward pass at start-up, so a size mismatch is an error before training."""
+    """One tiny forward pass at start-up, so a size mismatch is an error before training. The
+    images come in the weights' dtype: a model in the wrong dtype is the audit's to name."""
     model.eval()
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     try:
-        model(torch.zeros(2, spec.channels, spec.img_size, spec.img_size, device=device))
+        model(
+            torch.zeros(2, spec.channels, spec.img_size, spec.img_size, device=device, dtype=dtype)
+        )
     except (RuntimeError, AssertionError) as err:  # timm's patch embedding asserts its sizes
         reason = str(err).splitlines()[0]
         raise ConfigError(

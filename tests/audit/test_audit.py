@@ -181,10 +181,10 @@ def test_weights_cast_to_half_precision_are_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(amp_lab.build, "keep_in_fp32", cast_then_keep)
     line = fit_and_stop(tmp_path, "precision=bf16")
     assert line.startswith(
-        "precision audit: precision=bf16 promises fp32 weights, but those of (model), "
-        "blocks.0.attn.proj, blocks.0.attn.qkv, blocks.0.mlp.fc1 and 36 more are bf16 (and 3 "
-        "more: precision_audit.json)"
-    )  # 40 modules hold weights; the other 3 breaches: both param groups, their state
+        "precision audit, before the first step: precision=bf16 promises fp32 weights, but "
+        "those of (model), blocks.0.attn.proj, blocks.0.attn.qkv, blocks.0.mlp.fc1 and 36 more "
+        "are bf16 (and 2 more: precision_audit.json)"
+    )  # 40 modules hold weights; the other 2 breaches: both param groups (no state before a step)
 
 
 def test_an_ignored_fp32_modules_entry_is_caught(tmp_path, monkeypatch):

@@ -79,6 +79,34 @@ def test_a_training_run_that_breaks_its_promise_exits_2_with_one_line(
     assert summary["steps"] == 0 and summary["status"].startswith("stopped: precision audit")
 
 
+@pytest.mark.parametrize("model", ["test_vit", "test_convnext"])
+def test_a_model_cast_behind_the_runs_back_stops_before_its_first_step(
+    tmp_path, monkeypatch, model
+):
+    """A sitecustomize casts every timm model to fp16 under precision=bf16: the run stops before
+    its first step with one line naming the modules and the promise, not torch's traceback
+    from inside autocast ('Unexpected floating ScalarType')."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import timm\n"
+        "create = timm.create_model\n"
+        "timm.create_model = lambda *args, **kwargs: create(*args, **kwargs).half()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    args = [*FAST, f"model={model}", "data.img_size=32", "precision=bf16", "hydra.run.dir=run"]
+    done = run_cli(*args, cwd=tmp_path)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr[-2000:]
+    assert err[0].startswith(
+        "amp_lab: error: precision audit, before the first step: precision=bf16 promises fp32 "
+        "weights, but those of "
+    ), err[0]
+    assert err[0].endswith(
+        "are fp16 (and 2 more: precision_audit.json); audit=warn trains on regardless"
+    ), err[0]  # the other 2: both param groups' fp16 masters (no optimizer state before a step)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 0 and summary["status"].startswith("stopped: precision audit")
+
+
 def test_a_pitfall_run_breaks_its_promise_on_purpose_and_trains_on(tmp_path):
     """pitfall=half_model: fp16 weights and optimizer, no scaler. Audited, warned, trained."""
     summary = Trainer(build(settings("precision=fp16", "pitfall=half_model"), tmp_path)).fit()
