@@ -7,7 +7,6 @@ coordinates over the settings that vary.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -59,20 +58,30 @@ def varying_leaves(runs: list[RunData]) -> list[str]:
     ]
 
 
+# report.md's curves and its summary figures, as W&B panels: (title, history key) and
+# (title, summary key)
+CURVES = [
+    ("train loss", "train/loss"),
+    ("val accuracy", "val/acc"),
+    ("loss scale", "amp/loss_scale"),
+]
+BARS = [
+    ("throughput (samples/s)", "mean_samples_per_s"),
+    ("peak memory (MB)", "peak_memory_mb"),
+    ("skipped steps", "skipped_steps"),
+    ("final loss scale", "final_loss_scale"),
+]
+
+
 def _panels(wr: Any, axis: Any) -> list[Any]:
+    """Curves grouped by the axis (mean, min-max band over seeds), the figures as bars."""
     curves = {"groupby": axis, "groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
     return [
-        wr.LinePlot(title="train loss", x="step", y=["train/loss"], **curves),
-        wr.LinePlot(title="val accuracy", x="step", y=["val/acc"], **curves),
-        wr.LinePlot(title="loss scale", x="step", y=["amp/loss_scale"], log_y=True, **curves),
-        wr.BarPlot(
-            title="throughput (samples/s)",
-            metrics=[wr.SummaryMetric("mean_samples_per_s")],
-            groupby=axis,
-        ),
-        wr.BarPlot(
-            title="peak memory (MB)", metrics=[wr.SummaryMetric("peak_memory_mb")], groupby=axis
-        ),
+        *[
+            wr.LinePlot(title=t, x="step", y=[key], log_y=key == "amp/loss_scale", **curves)
+            for t, key in CURVES
+        ],
+        *[wr.BarPlot(title=t, metrics=[wr.SummaryMetric(key)], groupby=axis) for t, key in BARS],
     ]
 
 
@@ -106,11 +115,13 @@ def build_report(
             project=project,
             name=f"group {group['id']}",
             filters=" and ".join(filters),
-            groupby=[*settings, *varying],
+            groupby=[f"config.{key}" for key in [*settings, *varying]],  # the run table's
         )
         blocks += [
             wr.H2(f"Group {group['id']}: {group['name']}"),
-            wr.MarkdownBlock(f"**Verdict:** {group['verdict']}"),
+            wr.MarkdownBlock(
+                f"**Reference:** {group['reference']}\n\n**Verdict:** {group['verdict']}"
+            ),
             wr.PanelGrid(runsets=[runset], panels=_panels(wr, axis)),
         ]
     columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(key)) for key in leaves]
@@ -135,11 +146,18 @@ def build_report(
     )
 
 
-def report_spec(report: Any) -> dict[str, Any]:
-    """The report as plain JSON data (what `save()` would publish)."""
-    import pydantic
+def report_spec(report: Any) -> str:
+    """The report in the library's own serialisation: the view `save()` sends (its `spec` is
+    what is uploaded), as JSON; `load_spec` reads it back."""
+    return report._to_model().model_dump_json(by_alias=True, exclude_none=True, indent=2)
 
-    return pydantic.TypeAdapter(type(report)).dump_python(report, mode="json")
+
+def load_spec(text: str) -> Any:
+    """A spec `report_spec` wrote, as a wandb_workspaces Report again."""
+    import wandb_workspaces.reports.v2 as wr
+    from wandb_workspaces.reports.v2.internal import ReportViewspec
+
+    return wr.Report._from_model(ReportViewspec.model_validate_json(text))
 
 
 def _api() -> Any:
@@ -169,13 +187,15 @@ def publish(runs: list[RunData], data: dict[str, Any], out: Path, console: Conso
             return None
         except Exception as err:  # noqa: BLE001 - fall back to the offline spec
             console.print(f"W&B report could not be saved ({redact(str(err))}); writing its spec")
-    report = build_report(project, entity, groups, data, leaves, run_ids)
+    # offline the entity is left empty: a run set with one looks its project up on the server.
+    # Published, it is logger.entity or the API key's default entity.
+    report = build_report(project, "", groups, data, leaves, run_ids)
     path = out / SPEC_FILE
-    path.write_text(json.dumps(report_spec(report), indent=2) + "\n")
+    path.write_text(report_spec(report) + "\n")
     syncs = " ".join(sorted({f"{run.path.parent}/*/wandb/offline-run-*" for run in runs}))
-    console.print(
-        f"W&B is offline: report spec written to {path}.\nTo publish it: "
-        f"`wandb sync {syncs}`, then rerun this command with --wandb online "
-        "(WANDB_API_KEY set, WANDB_MODE not offline)."
+    console.print(  # the runs first: the report's run sets find them by group and id
+        f"W&B report spec written to {path} (offline); to publish it (WANDB_API_KEY set, "
+        f"WANDB_MODE not offline): wandb sync {syncs} && {data['context']['report_command']}",
+        soft_wrap=True,
     )
     return path

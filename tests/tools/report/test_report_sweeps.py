@@ -3,14 +3,16 @@ grid compared `--by scaler.init_scale`, and three launches into one sweep folder
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+import wandb_workspaces.reports.v2 as wr
 from helpers import FAST, run_cli
 from helpers.reports import cells, report, summary
+from helpers.wandb_records import offline_runs, read_run
 
 from amp_lab.tools.report.compare import main
+from amp_lab.tools.report.wandb_report import load_spec
 from amp_lab.tracking.wandb_sink import sweep_group
 
 pytestmark = pytest.mark.slow
@@ -64,21 +66,67 @@ def test_model_by_precision_sweep_compares_each_model_with_its_own_fp32(tmp_path
         + " ".join(SMALL)
         + " logger.mode=offline"
     ]
-    spec = json.loads((sweep / "report" / "wandb_report.json").read_text())
-    grids = [block for block in spec["blocks"] if "runsets" in block]
+    report_obj = load_spec((sweep / "report" / "wandb_report.json").read_text())
+    logged = {
+        run.run_id: run for job in sweep.iterdir() for run in map(read_run, offline_runs(job))
+    }
+    assert len(logged) == 4
     group = sweep_group(sweep)  # the folder's last two names and the sweep's own id
-    assert group.startswith("2026-11-29/22-00-00-")
-    group_filter = f"(Metric('Group') == '{group}')"
-    assert sorted(g["runsets"][0]["filters"] for g in grids[:2]) == [
-        f"{group_filter} and Config('model.name') == 'test_convnext'",
-        f"{group_filter} and Config('model.name') == 'test_vit'",
+    assert group.startswith("2026-11-29/22-00-00-") and {r.group for r in logged.values()} == {
+        group
+    }
+    grids = [block for block in report_obj.blocks if isinstance(block, wr.PanelGrid)]
+    assert sorted(g.runsets[0].filters for g in grids[:2]) == [
+        f"Metric(\"Group\") == '{group}' and Config(\"model.name\") == '{name}'"
+        for name in ("test_convnext", "test_vit")
     ]
-    assert all(g["runsets"][0]["groupby"] == ["model.name", "precision.name"] for g in grids[:2])
-    [parallel] = grids[2]["panels"]
-    assert [c["metric"]["name"] for c in parallel["columns"][:2]] == [
-        "model.name",
-        "precision.name",
-    ]
+    for grid in grids[:2]:
+        [runset] = grid.runsets
+        model = runset.filters.rsplit("== ", 1)[1].strip("'")
+        assert {
+            r.config["model"]["name"] for r in logged.values() if _matches(runset.filters, r)
+        } == {model}
+        assert runset.groupby == ["config.model.value.name", "config.precision.value.name"]
+        for key in runset.groupby:  # W&B's nested-config path: section.value.key
+            section, _, rest = key.removeprefix("config.").partition(".value.")
+            assert all(_config(r, f"{section}.{rest}") is not None for r in logged.values())
+        for panel in grid.panels:
+            keys = [m.name for m in getattr(panel, "y", None) or panel.metrics]
+            where = "history" if isinstance(panel, wr.LinePlot) else "summary"
+            for r, key in [(r, k) for r in logged.values() for k in keys]:
+                found = (
+                    any(key in row for row in r.history) if where == "history" else key in r.summary
+                )
+                assert found, f"{key} not in the {where} of {r.run_id}"
+            assert _config(next(iter(logged.values())), panel.groupby.name) is not None
+    [parallel] = grids[2].panels
+    for column in parallel.columns:
+        for r in logged.values():
+            if isinstance(column.metric, wr.Config):
+                assert _config(r, column.metric.name) is not None, column.metric.name
+            else:
+                assert column.metric.name in r.summary, column.metric.name
+    assert [c.metric.name for c in parallel.columns[:2]] == ["model.name", "precision.name"]
+
+
+def _config(run, dotted: str):
+    """A dotted key's value in the config a W&B run logged (nested dicts), else None."""
+    value = run.config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _matches(filters: str, run) -> bool:
+    """Whether a run set's filter (Metric("Group") == '...' and Config("k") == '...') holds for
+    a logged run."""
+    for term in filters.split(" and "):
+        field, _, value = term.partition(" == ")
+        kind, name = field.split('("')
+        logged = run.group if name == 'Group")' else _config(run, name.removesuffix('")'))
+        if str(logged) != value.strip("'"):
+            return False
+    return True
 
 
 def test_scaler_grid_by_init_scale_with_default_and_chosen_reference(tmp_path, capsys):
