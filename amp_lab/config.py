@@ -433,9 +433,7 @@ class CheckpointConfig:
     # signals that ask the run to stop (submitit's pre-timeout/preemption signal, the USR1 of
     # `#SBATCH --signal=USR1@90`, SLURM's TERM, Ctrl-C): checkpoint at the next step boundary,
     # then hand the signal on to the previous handler
-    signals: list[str] = field(
-        default_factory=lambda: ["SIGUSR2", "SIGUSR1", "SIGTERM", "SIGINT"]
-    )
+    signals: list[str] = field(default_factory=lambda: ["SIGUSR2", "SIGUSR1", "SIGTERM", "SIGINT"])
 
     def __post_init__(self) -> None:
         _bound(self, "checkpoint", ">= 0", "every_steps", "every_minutes")

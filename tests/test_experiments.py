@@ -31,9 +31,9 @@ def _sweep_jobs(experiment: str) -> list[list[str]]:
         sweeper = compose("config", [experiment], return_hydra_config=True).hydra.sweeper
     per = sweeper.get("study_per")  # a search: a study per value of these keys, the rest drawn
     params = _OVERRIDES.parse_overrides([f"{k}={v}" for k, v in sweeper.params.items()])
-    axes = [
-        [f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()]
-        for o in params
+    axes = [  # the key as the study writes it: `+noop` adds a group
+        [f"{key}={v}" for v in o.sweep_string_iterator()]
+        for key, o in zip(sweeper.params, params)
         if per is None or o.key_or_group in per
     ]
     return [list(job) for job in itertools.product(*axes)]

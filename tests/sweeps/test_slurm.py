@@ -20,6 +20,8 @@ from helpers import ROOT, run_cli
 from helpers.slurm import JOB, ON_TEST_CLUSTER
 from helpers.wandb_records import offline_runs, read_run
 
+from amp_lab.tracking.wandb_sink import sweep_group
+
 pytestmark = pytest.mark.slow
 
 
@@ -154,9 +156,7 @@ def test_signalled_job_checkpoints_is_requeued_and_resumes(cluster, tmp_path):
     submitit_log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
     assert "Requeued job" in submitit_log
     first, resumed = (read_run(f) for f in offline_runs(run_dir))
-    assert first.run_id == resumed.run_id and first.group == resumed.group == "/".join(
-        sweep.resolve().parts[-2:]
-    )
+    assert first.run_id == resumed.run_id and first.group == resumed.group == sweep_group(sweep)
     logged = [
         [row["step"] for row in run.history if "train/loss" in row] for run in (first, resumed)
     ]

@@ -120,8 +120,7 @@ def _numerics(args: argparse.Namespace) -> int:
         raise ConfigError("--also and --steps go with --vs fp32; drop them or --vs")
     if unknown := [m for m in args.also if m not in PRECISION_MODES]:
         raise ConfigError(
-            f"--also {unknown[0]}: not a precision mode (use {', '.join(PRECISION_MODES)}); "
-            "put the overrides before --also"
+            f"--also {unknown[0]}: not a precision mode (use {', '.join(PRECISION_MODES)})"
         )
     if args.steps < 0:
         raise ConfigError(f"--steps={args.steps} must be >= 0")

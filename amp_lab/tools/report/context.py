@@ -52,7 +52,9 @@ def commands(runs: list[RunData]) -> list[str]:
             # the sweeper's settings too (a search's n_trials, sampler, ...), so that the command
             # sweeps what it swept; hydra.sweep.dir not: a new folder, or it would resume
             typed = hydra["overrides"]["task"] + [
-                o for o in hydra["overrides"].get("hydra") or [] if o.lstrip("+~").startswith(SWEEPER)
+                o
+                for o in hydra["overrides"].get("hydra") or []
+                if o.lstrip("+~").startswith(SWEEPER)
             ]
             task = " ".join(shlex.quote(str(o)) for o in typed)
         except (OSError, yaml.YAMLError, KeyError, TypeError):

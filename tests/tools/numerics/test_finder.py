@@ -127,10 +127,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         "amp_lab: error: precision=fp32 is the reference itself; name the mode to test, e.g. "
         "amp_lab numerics precision=bf16 --vs fp32"
     ]
-    assert main(["--also", "fp16", "model=test_vit", "--out", str(tmp_path)]) == 2
+    assert main(["--also", "fp64", "model=test_vit", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
-        "amp_lab: error: --also model=test_vit: not a precision mode (use fp32, tf32, fp16, "
-        "fp16_noscale, bf16, bf16_pure, fp16_pure, fp8); put the overrides before --also"
+        "amp_lab: error: --also fp64: not a precision mode (use fp32, tf32, fp16, "
+        "fp16_noscale, bf16, bf16_pure, fp16_pure, fp8)"
     )
     with pytest.raises(SystemExit) as stop:
         main(["--vs", "fp64"])
