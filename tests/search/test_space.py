@@ -96,13 +96,14 @@ def test_study_per_keys_open_a_study_per_value():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["x=1"], "the search space is empty"),
-        (["x=interval(2, 1)"], "x=interval(2, 1): `low <= high` must hold"),
-        (["x=tag(log, interval(0, 1))"], "`low > 0` must hold for `log=True`"),
+        (["x=1"], r"the search space is empty"),
+        # the reason is Optuna's own, worded differently by Optuna 5 and 4
+        (["x=interval(2, 1)"], r"x=interval\(2, 1\): (`low <= high` must hold|The `low` value)"),
+        (["x=tag(log, interval(0, 1))"], r"(`low > 0` must hold for `log=True`|larger than 0)"),
     ],
 )
 def test_a_bad_space_is_one_search_error(overrides, message):
-    with pytest.raises(SearchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SearchError, match=message):
         split(_parsed(*overrides), study_per=[])
 
 
