@@ -34,6 +34,12 @@ watches: list[PendingWatch | SlurmSubmit] = []
 # every process that composes it imports this module: the sweep's and each submitit job's (the
 # job unpickles the task, whose module imports this one).
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
+# The search's TPE pins multivariate and constant_liar, which optuna 4 calls experimental on
+# stderr (stable in 5): a search prints its own lines, a bad setting one line. Not in the
+# sweeper's module: Hydra imports plugins inside catch_warnings, which drops a filter set there.
+warnings.filterwarnings(
+    "ignore", message=r"Argument ``(multivariate|constant_liar)`` is an experimental feature"
+)
 
 
 def slurm_error_line(err: BaseException) -> str | None:

@@ -264,8 +264,9 @@ def test_hydras_settings_storage_study_name_sampler_objective_and_a_custom_space
     "override, expected",
     [
         ("lr.bse=interval(1, 2)", "unknown setting lr.bse; did you mean lr.base?"),
-        ("lr.base=tag(log, interval(0.5, 0.1))", "`low <= high` must hold"),
-        ("lr.base=tag(log, interval(0, 0.1))", "`low > 0` must hold for `log=True`"),
+        # Optuna's own reasons, as Optuna 5 and 4 word them
+        ("lr.base=tag(log, interval(0.5, 0.1))", ("`low <= high` must hold", "smaller than or")),
+        ("lr.base=tag(log, interval(0, 0.1))", ("`low > 0` must hold for `log=True`", "than 0")),
         (
             "lr.warmup_steps=int(interval(-3, 4))",
             "draws lr.warmup_steps=-3: lr.warmup_steps=-3 must",
@@ -285,7 +286,9 @@ def test_a_bad_search_setting_is_one_line_and_exit_2_before_any_trial(override, 
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [x for x in result.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("amp_lab: error: "), result.stderr[-2000:]
-    assert expected in lines[0]
+    assert any(
+        words in lines[0] for words in ((expected,) if isinstance(expected, str) else expected)
+    )
     assert not (tmp_path / "sweep").exists()
 
 
