@@ -57,9 +57,10 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def _store(
-        self, stored: torch.Tensor, exact: torch.Tensor, skip: torch.Tensor | None
+        self, stored: torch.Tensor, target: torch.Tensor, weight: float, skip: torch.Tensor | None
     ) -> torch.Tensor:
-        """Round the fp32 value into the stored moment; return what is stored, as fp32."""
+        """The moment moved towards `target` in fp32, rounded into storage; returned as fp32."""
+        exact = stored.float().lerp_(target, weight)
         new = stochastic_round_to_bf16(exact) if self.stochastic else exact.to(stored.dtype)
         stored.copy_(new if skip is None else torch.where(skip, stored, new))
         return stored.float()
@@ -92,14 +93,8 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     weight.mul_(1 - lr * decay)
                 else:
                     grad = grad.add(weight, alpha=decay)
-                m = self._store(
-                    state["exp_avg"], state["exp_avg"].float().lerp_(grad, 1 - beta1), skip
-                )
-                v = self._store(
-                    state["exp_avg_sq"],
-                    state["exp_avg_sq"].float().lerp_(grad.square(), 1 - beta2),
-                    skip,
-                )
+                m = self._store(state["exp_avg"], grad, 1 - beta1, skip)
+                v = self._store(state["exp_avg_sq"], grad.square(), 1 - beta2, skip)
                 # clamp: a first step skipped leaves step at 0, whose bias correction is 0
                 denom = (v / (1 - beta2**step).clamp_min(1e-30)).sqrt_().add_(group["eps"])
                 weight.addcdiv_(m / (1 - beta1**step).clamp_min(1e-30), denom, value=-lr)
