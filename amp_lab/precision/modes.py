@@ -1,9 +1,7 @@
 """One table of precision modes and the policy object the training step uses.
 
-The loop never branches on dtype: it asks the policy for an autocast context and gets a loss
-scaler from scaling.py. Everything a mode means lives in the PRECISION_MODES table, and what a
-run of it promises (`PrecisionPolicy.promise()`) is read from that row and the run's settings;
-amp_lab/audit/ checks each promise against the first step the run really takes.
+The loop never branches on dtype: everything a mode means is its PRECISION_MODES row, and what a
+run of it promises (`PrecisionPolicy.promise()`, checked by amp_lab/audit/) is read from there.
 """
 
 from __future__ import annotations
@@ -223,11 +221,8 @@ class PrecisionPolicy:
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     ) -> Callable[[], None]:
-        """Give the built model and optimizer the mode's weights; returns the before-unscale hook.
-
-        fp8 swaps Linear layers for torchao's Float8Linear (same Parameter objects, so the
-        optimizer is unaffected); the pure modes move the weights to 16 bits (master_weights.py).
-        """
+        """Give the built model and optimizer the mode's weights (fp8's Float8Linear keeps the
+        Parameter objects); returns the before-unscale hook."""
         if self.mode.fp8:
             from amp_lab.precision.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
             from amp_lab.precision.fp32_modules import matching_modules

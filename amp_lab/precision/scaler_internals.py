@@ -1,9 +1,8 @@
 """Every use of torch GradScaler's private state, in one place.
 
-torch's public API has no device-side view of the inf/nan flag `unscale_` leaves, of the scale
-tensor, or of a scale update outside `update()`; the step, the diagnostics, the hysteresis scaler
-and the pitfall lab need them without a host sync. tests/precision/test_scaler_internals.py fails
-on a torch major.minor not in CHECKED_TORCH until these are re-checked.
+torch's public API has no device-side view of the inf/nan flag, of the scale tensor, or of a scale
+update outside `update()`; tests/precision/test_scaler_internals.py fails on a torch major.minor
+not in CHECKED_TORCH until these are re-checked.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ def scale_and_growth_tracker(scaler: GradScaler) -> tuple[torch.Tensor, torch.Te
 
 
 def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
-    """Back off or grow the scale now from `grads` (checked for inf/nan as they are), with
-    update()'s own kernel, but keep this step's records: the pitfall lab's per-micro-batch
-    update."""
+    """update()'s kernel now on `grads`' inf/nan check, keeping this step's records (the pitfall
+    lab's per-micro-batch update)."""
     scale, growth = scale_and_growth_tracker(scaler)
     flag = torch.zeros((), device=scale.device)
     if grads:  # inv_scale 1: only the check, the gradients keep their values
@@ -79,9 +77,7 @@ def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
 
 def overflow_update(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> None:
     """The scaler's own update() for a step whose gradients overflowed, without unscaling or
-    stepping them (16-bit gradients cannot be unscaled): the scale moves by the scaler's own rule
-    (torch's backoff, a hysteresis scaler's holds, a static scaler's fixed scale). Needs a
-    scale(); the finder's retry of a pass that overflowed."""
+    stepping them (the finder's retry of a pass that overflowed); needs a scale()."""
     scale, _ = scale_and_growth_tracker(scaler)
     state = scaler._per_optimizer_states[id(optimizer)]
     state["found_inf_per_device"] = {scale.device: torch.ones((), device=scale.device)}
