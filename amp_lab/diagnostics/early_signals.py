@@ -1,17 +1,14 @@
 """Signals that come before the loss diverges, as device tensors read at log steps.
 
-- every step, per attention block, a bound on its largest logit: scale x max|q| x max|k| (the
-  L2 norms of its query and key vectors, over tokens, heads and batch), which no q.k can exceed
-  (Cauchy-Schwarz); timm's Attention calls `q_norm` and `k_norm` even when they are identities,
-  so q and k are read there. At probe steps, the exact largest logit (Wortsman et al. 2023,
-  arXiv 2309.14322);
+- per attention block, every step, a bound on its largest logit: scale x max|q| x max|k|, the
+  largest L2 norms of its queries and keys (Cauchy-Schwarz; read at timm's `q_norm`, `k_norm`),
+  and at probe steps the exact largest logit (Wortsman et al. 2023, arXiv 2309.14322);
 - the kurtosis of each block's output features (He et al. 2024; FOG, arXiv 2505.20524);
-- per weight matrix, the RMS of g^2 / v-hat for Adam-family optimizers (StableAdamW,
-  arXiv 2304.13013);
+- per weight matrix, the RMS of Adam's g^2 / v-hat (StableAdamW, arXiv 2304.13013);
 - the share of the 16-bit weights' updates that rounding erased (no masters, nearest rounding);
-- once, from the optimizer: eps against its state dtype, lr x weight decay against the weights'.
+- once: eps against its state dtype, lr x weight decay against the weights'.
 
-Nothing here judges: the rule table (amp_lab/health/rules.py) compares these with `health.*`.
+The rule table (amp_lab/health/rules.py) judges them against `health.*`.
 """
 
 from __future__ import annotations
@@ -102,10 +99,7 @@ class BlockSignals(Hooks):
                     torch.linalg.vector_norm(t, dim=-1, dtype=torch.float32).amax() for t in (q, k)
                 )
                 self.values["bound"].append(q_max * k_max * scale)
-                if self.probing:
-                    # fp32 product: the logits the softmax sees, before any rounding of their
-                    # own ([batch, heads, tokens, tokens] at a probe step, as an unfused
-                    # attention holds)
+                if self.probing:  # fp32 product: the logits before any rounding of their own
                     logits = (q.float() * scale) @ k.float().transpose(-2, -1)
                     self.values["logit"].append(logits.amax())
 
@@ -123,23 +117,21 @@ class BlockSignals(Hooks):
                 values.clear()
 
     def read(self) -> dict[str, Any]:
-        """`diag/` keys (a sync): the largest attention logit bound, logit and kurtosis since the
-        last read, and their blocks."""
-        attention = [n for n, _ in self.attention]
-        names = {"bound": attention, "logit": attention, "kurtosis": [n for n, _ in self.blocks]}
+        """`diag/` keys (a sync): the largest logit bound, logit and kurtosis since the last read,
+        and their blocks."""
+        attention, blocks = [n for n, _ in self.attention], [n for n, _ in self.blocks]
         record: dict[str, Any] = {}
-        kinds = (
-            ("bound", "attn_logit_bound"),
-            ("logit", "attn_logit_max"),
-            ("kurtosis", "kurtosis_max"),
-        )
-        for kind, key in kinds:
+        for kind, key, names in (
+            ("bound", "attn_logit_bound", attention),
+            ("logit", "attn_logit_max", attention),
+            ("kurtosis", "kurtosis_max", blocks),
+        ):
             seen = self.seen.pop(kind, None)
-            if seen is None or len(seen) != len(names[kind]):
+            if seen is None or len(seen) != len(names):
                 continue
             top = int(torch.nan_to_num(seen, nan=torch.inf).argmax())
             record[f"diag/{key}"] = float(seen[top])
-            record[f"diag/{key}_block"] = names[kind][top]
+            record[f"diag/{key}_block"] = names[top]
         return record
 
 
@@ -180,10 +172,9 @@ def erased_counts(
 
 
 def optimizer_floors(optimizer: torch.optim.Optimizer, rounding: str | None) -> dict[str, Any]:
-    """Config-time facts (host metadata, after the first step made the state): the smallest eps
-    against the smallest positive value of the second moment's dtype, and the largest
-    peak lr x weight decay against half the relative spacing of the weights it decays, where
-    the weights are rounded to nearest after each step."""
+    """Config-time facts (host metadata, once the state exists): the smallest eps against its
+    state dtype's smallest positive value; the largest peak lr x wd against the 16-bit weights'
+    spacing where they are rounded to nearest."""
     record: dict[str, Any] = {}
     eps = [
         (float(g["eps"]), s.dtype)

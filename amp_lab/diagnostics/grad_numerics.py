@@ -1,10 +1,7 @@
 """How fp16 would hold the gradients: flushed-to-zero and subnormal shares, and a log2|g| histogram.
 
-fp16's smallest subnormal is 2^-24 (about 6e-8) and its smallest normal 2^-14 (about 6.1e-5):
-a gradient at or below half the smallest subnormal (2^-25, about 3e-8) rounds to zero, one below
-the smallest normal keeps only a few mantissa bits (docs/amp_pitfalls.md §1). The shares are
-measured on the unscaled gradients as they are (scale 1) and multiplied by the current loss
-scale, per parameter tensor, all on the device.
+Per parameter tensor, on the device, of the unscaled gradients and of them times the loss scale
+(docs/amp_pitfalls.md §1).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Numerics telemetry (`diagnostics=off|light|full`), read back only at log steps.
 
-At a log step the monitor (amp_lab/health/monitor.py) hands this observer the window's scales
-and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`)
-also measure fp16 headroom per module, gradient underflow, the gradient norm the optimizer gets
-and the update-to-weight ratio. Module hooks (module_probe.py) run on probe steps, on every step
-in `full` mode, and in `light` mode after a window with a non-finite step until it is attributed.
+Scale events come from the monitor's window rows; probe steps (every `diagnostics.every`) measure
+fp16 headroom, gradient underflow, the applied gradient norm and the update-to-weight ratio.
+Module hooks run on probe steps, every step in `full`, and in `light` after a non-finite window
+until it is attributed.
 """
 
 from __future__ import annotations
@@ -44,9 +43,8 @@ log = logging.getLogger(__name__)
 def low_precision_state(
     named: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer
 ) -> list[str]:
-    """Names of the given weights and of optimizer-state entries that are not fp32 (host
-    metadata only); the bf16 Kahan compensation buffer is bf16 by design, and so is a state
-    dtype chosen with optim.state_dtype."""
+    """Names of the given weights and optimizer-state entries that are not fp32 (host metadata),
+    but the Kahan buffer and a state dtype chosen with optim.state_dtype."""
     names = {id(p): n for n, p in named}
     bad = [f"{n} ({p.dtype})" for n, p in named if _not_fp32(p)]
     for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():
@@ -187,8 +185,7 @@ class Diagnostics(StepObserver):
             self.floors = optimizer_floors(self.view.optimizer, self.view.rounding)
 
     def _check_state(self) -> None:
-        """The weights the optimizer updates and its state must be fp32 (StepView says which
-        weights; the optimizer state is checked in every mode)."""
+        """The weights the optimizer updates (StepView's) and its state must be fp32."""
         bad = low_precision_state(self.view.optimized_weights(), self.view.optimizer)
         if bad:
             evidence = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
@@ -305,8 +302,8 @@ class Diagnostics(StepObserver):
 
     # -- resume: a checkpoint holds what the history so far says ------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The open window's probe results, the scale history, the first non-finite module, and
-        what was already reported (tensors and plain data)."""
+        """The open window's probes, the scale history, the first non-finite module, what was
+        reported."""
         return {
             "armed": self.armed,
             "state_checked": self.state_checked,

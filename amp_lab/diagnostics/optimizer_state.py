@@ -1,9 +1,8 @@
 """Adam's second moment in the dtype it is stored in, and the largest update it allows, at probes.
 
-The second-moment cliff (docs/amp_pitfalls.md §3): a moment below the storage dtype's smallest
-subnormal is stored as 0, and the step becomes lr * m / eps. A probe counts the zero and the
-subnormal entries of every `exp_avg_sq` (torchao's block-scaled states after dequantisation), and
-the update-to-weight ratio of each weight matrix, on the device until a log step reads them.
+A moment below its storage dtype's smallest subnormal is stored as 0, and the step becomes
+lr * m / eps (docs/amp_pitfalls.md §3): a probe counts the zero and subnormal `exp_avg_sq`
+entries and each weight matrix's update-to-weight ratio, on the device.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
 
 
 def _moment_counts(moments: list[torch.Tensor]) -> torch.Tensor:
-    """[zero, subnormal] totals over the second moments: plain tensors in one flat pass per
-    dtype (one by one, each moment would cost ~8 ops), torchao's block-scaled states one by
-    one."""
+    """[zero, subnormal] totals over the second moments: plain tensors in one flat pass per dtype
+    (~8 ops per moment one by one), torchao's block-scaled states one by one."""
     flat: dict[torch.dtype, list[torch.Tensor]] = {}
     rows = []
     for v in moments:

@@ -1,11 +1,8 @@
 """Loss-scale events read from a log window: backoffs, growths, and GradScaler misuse.
 
-The step records the scale after each optimizer step and whether it skipped, on the device;
-at a log step these host lists are turned into events. Two signatures of GradScaler misuse
-(docs/amp_pitfalls.md §2) show up here: a skipped step without a backoff (update() never
-called; the hysteresis scaler holds its scale through `scaler.hysteresis - 1` consecutive
-overflows on purpose) and a scale that moves by more than one factor per optimizer step, or
-grows sooner than growth_interval allows (update() called per micro-batch).
+Two misuse signatures (docs/amp_pitfalls.md §2): a skip without a backoff beyond the scaler's
+allowed holds (update() never called), and a scale that moves by more than one factor per step
+or grows sooner than growth_interval (update() per micro-batch).
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ class ScaleTracker:
     held: int = 0  # consecutive skipped steps that kept the scale
 
     def _check_change(self, step: int, old: float, scale: float) -> None:
-        """update() per micro-batch: the scale grows sooner than growth_interval allows, or
-        moves by more than one factor in one optimizer step."""
+        """The signature of update() per micro-batch in one change of the scale."""
         if scale > old:
             last, self.last_growth = self.last_growth, step
             if last is not None and step - last < self.cfg.growth_interval:
