@@ -45,12 +45,8 @@ class DataSpec:
 
 
 class EpochBatchSampler:
-    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch.
-
-    With several ranks, each global batch (batch_size x world_size samples) is cut into one
-    slice per rank, so the ranks together see exactly what a single process would see with the
-    global batch size.
-    """
+    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch. Each
+    global batch is cut into one slice per rank: together the ranks see what one process would."""
 
     def __init__(
         self, num_samples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
@@ -105,9 +101,8 @@ class DataSource:
             return
         key = id(dataset)
         if key not in self._loaders:  # the sampler is mutated by set_epoch, so one loader serves
-            # Its own generator: each pass over a loader draws a base seed for its workers, and
-            # from the global RNG that draw would shift the training randomness (augmentation,
-            # dropout) by every evaluation, and differently after a resume.
+            # its own generator: a draw of its workers' base seed from the global RNG would shift
+            # the training randomness by every evaluation, and differently after a resume
             self._loaders[key] = DataLoader(
                 dataset,
                 batch_sampler=batch_order,
@@ -276,9 +271,8 @@ def build_data(
     channels_last: bool = False,
 ) -> DataSource:
     """Load the configured data set; a missing local root is a ConfigError saying what to do.
-    Image files go through timm's transforms, normalised as `model_name`'s pretrained config
-    says unless data.mean/std are set. `channels_last`: every batch reaches the device in NHWC,
-    for a channels_last model."""
+    Image files are normalised as `model_name`'s pretrained config says unless data.mean/std are
+    set; `channels_last` batches reach the device in NHWC."""
     if cfg.name == "digits":
         train, val, spec = _digits(cfg, seed)
     elif cfg.name == "synthetic":

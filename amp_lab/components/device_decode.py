@@ -1,10 +1,8 @@
 """`data.decode=device|gpu`: JPEG files decoded and augmented on the training device.
 
-PIL on the host's cores cannot decode and crop thousands of images a second; a GPU can. The
-loader workers only read each file's bytes, the batch is decoded in one
-`torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG on CUDA) and cropped, flipped and
-normalised where it lies, with timm's geometry (`create_transform`): the images the PIL path
-would feed, within the decoders' rounding and the resampling kernels' differences.
+The loader workers only read each file's bytes; the batch is decoded in one `decode_jpeg` call
+(nvJPEG on CUDA) and cropped, flipped and normalised there with timm's geometry: the PIL path's
+images, within the decoders' rounding and the resampling kernels' differences.
 """
 
 from __future__ import annotations
@@ -44,9 +42,8 @@ Encoded = tuple[torch.Tensor, torch.Tensor]  # a batch's files end to end, and t
 
 
 def collate_encoded(samples: list[tuple[torch.Tensor, int]]) -> tuple[Encoded, torch.Tensor]:
-    """The batch's files as one flat uint8 tensor plus their lengths: a worker hands one tensor
-    (one shared-memory block) to the main process, not one per file, which would exhaust the
-    file descriptors that carry them; and the labels as one tensor."""
+    """The batch's files as one flat uint8 tensor plus their lengths (one shared-memory block:
+    one per file would exhaust the file descriptors), and the labels as one tensor."""
     files = [data for data, _ in samples]
     lengths = torch.tensor([len(data) for data in files])
     return (torch.cat(files), lengths), torch.tensor([label for _, label in samples])

@@ -1,7 +1,6 @@
 """Data-parallel training: the world from torchrun's or SLURM's environment, and DDP helpers.
 
-A single process (`strategy=single`, or a world of one) uses the same DistContext, whose
-collectives are then no-ops, so the runner reads the same either way.
+A single process uses the same DistContext, whose collectives are then no-ops.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """FSDP2 for trainer.strategy=fsdp: `fully_shard` under a mixed-precision policy derived from the
 precision mode (docs/fsdp.md has the table).
 
-Each wrap unit (timm's `blocks` or `stages`, or the modules `fsdp.wrap` names) is one
-`fully_shard` call, the root last. The sharded parameters stay fp32: they are the masters the
-optimizer steps. `param_dtype` is what the shards are gathered in for compute, `reduce_dtype`
-what the gradients are reduce-scattered in. Autocast stays on over gathered 16-bit weights, so
-the ops it keeps in fp32 (softmax, norms, the loss) still get fp32.
+The sharded parameters stay fp32, the optimizer's masters; shards are gathered in `param_dtype`
+and gradients reduce-scattered in `reduce_dtype`. Autocast stays on over gathered 16-bit weights,
+so the ops it keeps in fp32 (softmax, norms, the loss) still get fp32.
 """
 
 from __future__ import annotations
@@ -116,8 +114,7 @@ def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Mod
 def shard_model(model: torch.nn.Module, patterns: list[str], plan: FsdpPlan) -> None:
     """fully_shard each unit, innermost first, then the root (in place: the parameters become
     DTensor shards, so this runs before the optimizer is built)."""
-    # innermost first (named_modules lists parents first), the root last
-    for unit in [*reversed(wrap_units(model, patterns)), model]:
+    for unit in [*reversed(wrap_units(model, patterns)), model]:  # named_modules: parents first
         fully_shard(unit, mp_policy=plan.policy(), reshard_after_forward=plan.reshard_after_forward)
 
 

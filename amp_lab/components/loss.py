@@ -1,10 +1,5 @@
-"""The training loss a recipe asks for, from timm, always computed in fp32.
-
-Mixup/CutMix on: soft targets, timm's SoftTargetCrossEntropy (the smoothing is inside the
-targets). Label smoothing alone: timm's LabelSmoothingCrossEntropy on hard labels. Neither: plain
-cross-entropy. `data.z_loss` adds its penalty on the logits to any of them. Evaluation stays
-hard-label cross-entropy (loss_fn).
-"""
+"""The training loss a recipe asks for, from timm, always computed in fp32; evaluation stays
+hard-label cross-entropy (loss_fn)."""
 
 from __future__ import annotations
 
@@ -48,8 +43,8 @@ def with_z_loss(loss: LossFn, z: float) -> LossFn:
 
 
 def build_loss(cfg: DataConfig) -> LossFn:
-    """The recipe's training loss: soft-target, label-smoothing or plain cross-entropy, with
-    the z-loss when `data.z_loss` > 0."""
+    """Soft-target (mixup/cutmix: the smoothing is in the targets), label-smoothing or plain
+    cross-entropy, plus the z-loss when `data.z_loss` > 0."""
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
         loss = fp32_loss(SoftTargetCrossEntropy())
     elif cfg.label_smoothing > 0:

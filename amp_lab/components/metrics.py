@@ -1,7 +1,6 @@
 """Throughput, step time, data-loading share and peak memory, measured honestly.
 
-Device work is asynchronous, so the clock is read after a device synchronisation, and only at the
-boundaries of a log window: steps in between never wait for the device. The first
+The clock is read after a device synchronisation at log-window boundaries only; the first
 `timing_warmup` steps (allocator growth, autotuning, compilation) are left out.
 """
 

@@ -51,10 +51,8 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
 
 
 def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """The model on `device`, its tensors in fresh memory in module order. On a GPU `.to()`
-    copies them so; on a CPU it keeps them where construction left them, among the freed
-    temporaries of timm's initialisation, and test_convnext's CPU step ran about 3% slower
-    there than on a copy of the same model (docs/benchmarks.md)."""
+    """The model on `device`, its tensors in fresh memory in module order: on a CPU a copy, as
+    test_convnext's step ran ~3% slower amid timm's freed temporaries (docs/benchmarks.md)."""
     if device.type != "cpu":
         return model.to(device)
     return copy.deepcopy(model)
