@@ -61,8 +61,7 @@ def resolve_normalisation(
 
 
 def build_transforms(cfg: DataConfig, norm: Normalisation) -> tuple[T.Compose, T.Compose]:
-    """(train, eval) transforms from timm.data.create_transform; a policy timm cannot parse is a
-    one-line ConfigError."""
+    """(train, eval) transforms from timm's create_transform; an unparsed policy: ConfigError."""
     transform = functools.partial(
         create_transform,
         (3, cfg.img_size, cfg.img_size),

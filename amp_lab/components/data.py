@@ -270,9 +270,8 @@ def build_data(
     model_name: str | None = None,
     channels_last: bool = False,
 ) -> DataSource:
-    """Load the configured data set; a missing local root is a ConfigError saying what to do.
-    Image files are normalised as `model_name`'s pretrained config says unless data.mean/std are
-    set; `channels_last` batches reach the device in NHWC."""
+    """The configured data set (a missing local root is a ConfigError saying what to do), image
+    files normalised as `model_name`'s pretrained config says unless data.mean/std are set."""
     if cfg.name == "digits":
         train, val, spec = _digits(cfg, seed)
     elif cfg.name == "synthetic":

@@ -26,8 +26,7 @@ RANDOM_AS = "bilinear"
 
 
 def encoded_folder(root: Path, decode: str) -> datasets.ImageFolder:
-    """An ImageFolder whose samples are (the file's bytes as a uint8 tensor, class index);
-    a file that is not a JPEG is a ConfigError naming it."""
+    """An ImageFolder of (file bytes as a uint8 tensor, class); a non-JPEG file is a ConfigError."""
     folder = datasets.ImageFolder(str(root), loader=read_file)
     others = [path for path, _ in folder.samples if not path.lower().endswith(JPEG_SUFFIXES)]
     if others:

@@ -24,7 +24,6 @@ def build_ema(model: torch.nn.Module, cfg: EmaConfig) -> ModelEmaV3 | None:
 
 
 def update_ema(ema: ModelEmaV3 | None, model: torch.nn.Module, cfg: EmaConfig, step: int) -> None:
-    """After optimizer step `step` (1-based): one EMA update every `cfg.every` steps; device ops
-    only, no host sync."""
+    """After optimizer step `step` (1-based): one EMA update every `cfg.every` steps, no sync."""
     if ema is not None and step % cfg.every == 0:
         ema.update(model)  # the fixed decay: the EMA starts as the initial weights

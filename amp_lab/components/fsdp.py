@@ -85,8 +85,7 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
 
 
 def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Module]:
-    """The modules sharded one by one before the root: the default units, or each module whose
-    name matches a pattern (every pattern must match one)."""
+    """The modules sharded before the root: the default units, or those the patterns match."""
     named = [(n, m) for n, m in model.named_modules() if n]  # the root is sharded last anyway
     if not patterns:
         units = [
@@ -112,8 +111,7 @@ def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Mod
 
 
 def shard_model(model: torch.nn.Module, patterns: list[str], plan: FsdpPlan) -> None:
-    """fully_shard each unit, innermost first, then the root (in place: the parameters become
-    DTensor shards, so this runs before the optimizer is built)."""
+    """fully_shard each unit, innermost first, then the root, in place: before the optimizer."""
     for unit in [*reversed(wrap_units(model, patterns)), model]:  # named_modules: parents first
         fully_shard(unit, mp_policy=plan.policy(), reshard_after_forward=plan.reshard_after_forward)
 

@@ -40,9 +40,8 @@ def feature_kurtosis(x: torch.Tensor) -> torch.Tensor:
 
 
 class BlockSignals(Hooks):
-    """Forward hooks: per attention block a bound on its largest logit (every step, once
-    `watch()`ed; else on probe steps), and on probe steps (`attach()` to `detach()`) its exact
-    largest logit and each block's output kurtosis."""
+    """Forward hooks: per attention block its logit bound (every step once `watch()`ed), and on
+    probe steps (`attach()` to `detach()`) its exact largest logit and each block's kurtosis."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.attention = [
@@ -117,8 +116,7 @@ class BlockSignals(Hooks):
                 values.clear()
 
     def read(self) -> dict[str, Any]:
-        """`diag/` keys (a sync): the largest logit bound, logit and kurtosis since the last read,
-        and their blocks."""
+        """`diag/` keys (a sync): the largest logit bound, logit and kurtosis, and their blocks."""
         attention, blocks = [n for n, _ in self.attention], [n for n, _ in self.blocks]
         record: dict[str, Any] = {}
         for kind, key, names in (
@@ -136,9 +134,8 @@ class BlockSignals(Hooks):
 
 
 def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]] | None:
-    """Per weight matrix with a gradient, RMS of g^2 / max(v-hat, eps^2) after the step, as
-    StableAdamW measures it (device tensor), with the matrices' indices in the param groups.
-    Under FSDP each rank measures its own shards."""
+    """Per weight matrix with a gradient (FSDP: this rank's shards), RMS of g^2 / max(v-hat,
+    eps^2) after the step as StableAdamW measures it, with their indices in the param groups."""
     values, index = [], []
     params = [(group, p) for group in optimizer.param_groups for p in group["params"]]
     for i, (group, p) in enumerate(params):

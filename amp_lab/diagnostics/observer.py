@@ -302,8 +302,7 @@ class Diagnostics(StepObserver):
 
     # -- resume: a checkpoint holds what the history so far says ------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The open window's probes, the scale history, the first non-finite module, what was
-        reported."""
+        """The open window's probes, the scale history, the first non-finite module, reports."""
         return {
             "armed": self.armed,
             "state_checked": self.state_checked,
@@ -325,7 +324,6 @@ class Diagnostics(StepObserver):
         if not state:  # written with diagnostics=off: the history starts at the resumed step
             self.tracker.scale = self.view.host_scale()
             return
-        # a checkpoint written before the monitor also holds window rows: the monitor's now
         self.armed = state["armed"]
         self.state_checked = state["state_checked"]
         self.window = {
@@ -343,8 +341,7 @@ class Diagnostics(StepObserver):
         self.probe.act_names = [tuple(n) for n in state["act_names"]]
 
     def summary(self, first_bad: int | None) -> dict[str, Any]:
-        """The first non-finite step (the monitor's) and module, scale events, signatures and
-        warnings (a sync)."""
+        """The first non-finite step and module, scale events, signatures, warnings (a sync)."""
         phases = {p: self.probe.first[p].read() for p in ("forward", "backward")}
         at_first = [v for v in phases.values() if v and v["step"] == first_bad]
         culprit = at_first[0] if at_first else next((v for v in phases.values() if v), None)
@@ -363,8 +360,7 @@ class Diagnostics(StepObserver):
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
             "fp32_state_ok": PitfallName.half_model not in self.signatures,
-            # the 16-bit weights (pure modes) since this start: the share that never moved, and
-            # their norm's ratio; null in other modes
+            # the pure modes' 16-bit weights since this start; null in other modes
             **since_start(self.probe_model, self.start_weights or []),
             "attn_logit_max": self.attn_logit_peak,  # over the probes of this start
         }
@@ -385,8 +381,7 @@ def build_diagnostics(
     out_dir: Path | None,
     view: StepView,
 ) -> StepObserver:
-    """The observer for `diagnostics.mode`, watching the step whose view it gets (the step
-    calls this once, as it is built: TrainStep.observe)."""
+    """The observer for `diagnostics.mode`, watching the step whose view it gets."""
     if cfg.mode == "off":
         return DiagnosticsOff()
     return Diagnostics(cfg, view, scaler_cfg, dynamic, log_every, out_dir)

@@ -53,9 +53,8 @@ def probe_state(
     delta: Sequence[torch.Tensor],
     group: dist.ProcessGroup | None = None,
 ) -> dict[str, Any]:
-    """Device tensors for one probe step: second-moment counts and per-weight update ratios.
-    `before` and `delta` are this rank's part of `params`; under FSDP (`group`) the counts and
-    the squared norms of the shards are summed over the ranks."""
+    """Device tensors for one probe step: second-moment counts and per-weight update ratios
+    (`before` and `delta` this rank's part of `params`; FSDP's shards summed over `group`)."""
     moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     probe: dict[str, Any] = {}
     if moments:

@@ -126,9 +126,8 @@ class ClipBeforeUnscale(LabStep):
 
 
 class HalfModel(LabStep):
-    """Weights and optimizer state in fp16 (model.half()). GradScaler refuses fp16 gradients, so,
-    like a user who hit that error, this loop drops the scaler: small updates round away
-    against fp16 weights, and inf/nan gradients are written into the weights."""
+    """Weights and optimizer state in fp16 (model.half()), and no scaler (it refuses fp16
+    gradients): small updates round away, and inf/nan gradients reach the weights."""
 
     uses_scaler = False
 

@@ -36,8 +36,7 @@ def _torch_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Promise:
-    """What a run of a mode promises about every step; the audit (amp_lab/audit/) checks each
-    field against the first step the run takes."""
+    """What a run of a mode promises about every step; amp_lab/audit/ checks its first step."""
 
     compute: str  # the GEMMs' dtype outside precision.fp32_modules: fp32 | tf32 | fp16 | bf16 | fp8
     params: str  # the model's weights as stored (BatchNorm's stay fp32 in the pure modes)
@@ -202,8 +201,7 @@ class PrecisionPolicy:
         return info
 
     def promise(self, state_dtype: str, dynamic_scaling: bool) -> Promise:
-        """What this mode promises for a run whose optimizer keeps its moments in `state_dtype`
-        and whose scaler settings resolve to `dynamic_scaling` (scaling.uses_dynamic_scaling)."""
+        """What this mode promises, given the run's state dtype and resolved dynamic scaling."""
         mode = self.mode
         low_weights = mode.param_dtype != torch.float32
         return Promise(

@@ -24,12 +24,8 @@ LOW_BIT = {"int8": "8bit", "int4": "4bit", "fp8": "Fp8"}  # torchao class-name s
 
 
 class LowPrecisionMomentsAdam(torch.optim.Optimizer):
-    """Adam/AdamW with both moments stored in bf16 or fp16; the arithmetic runs in fp32.
-
-    The update reads the moments as stored, so their rounding is what the run sees: in fp16 a
-    second moment at or below ~3e-8 (a steady gradient under ~1.7e-4) is 0, and the step
-    becomes lr * m / eps (docs/amp_pitfalls.md §3).
-    """
+    """Adam/AdamW with both moments stored in bf16 or fp16, read as stored; the arithmetic runs
+    in fp32. In fp16 a second moment at or below ~3e-8 is 0 (docs/amp_pitfalls.md §3)."""
 
     def __init__(
         self,

@@ -45,14 +45,12 @@ def clear_step_state(scaler: GradScaler) -> None:
 
 
 def scale_tensor(scaler: GradScaler) -> torch.Tensor | None:
-    """The scale as the device tensor (reading it is no sync); None while disabled or before the
-    first scale()."""
+    """The scale as a device tensor (no sync); None while disabled or before the first scale()."""
     return scaler._get_scale_async()
 
 
 def scale_and_growth_tracker(scaler: GradScaler) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scale and the count of clean steps since the last change, device tensors to update
-    in place; raises if scale() was never called."""
+    """The scale and the clean-step count, device tensors to update in place (needs a scale())."""
     return scaler._check_scale_growth_tracker("update")
 
 

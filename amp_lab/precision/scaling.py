@@ -47,13 +47,7 @@ class HysteresisGradScaler(GradScaler):
         min_scale: float,
         max_scale: float,
     ) -> None:
-        super().__init__(
-            device,
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-        )
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval)
         self.hysteresis, self.min_scale, self.max_scale = hysteresis, min_scale, max_scale
         # device tensors from the first update() on (the scale's device is known only then);
         # ints before it and after load_state_dict
