@@ -132,6 +132,11 @@ def shard_group(tensors: list[torch.Tensor]) -> dist.ProcessGroup | None:
     return None if sharded is None else sharded.device_mesh.get_group()
 
 
+def square_norms(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Each tensor's squared L2 norm (squares add over shards; norms do not)."""
+    return torch.stack(torch._foreach_norm(tensors)).square()
+
+
 def sum_over_shards(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Per-shard sums (counts, squared norms) made totals, in place; as it is unsharded."""
     if group is not None:

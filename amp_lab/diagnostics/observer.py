@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from amp_lab.choices import PitfallName
-from amp_lab.components.fsdp import full_value, local, shard_group, sum_over_shards
+from amp_lab.components.fsdp import full_value, local, shard_group, square_norms, sum_over_shards
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.diagnostics.early_signals import (
     BlockSignals,
@@ -58,11 +58,6 @@ def low_precision_state(
 
 def _not_fp32(t: object) -> bool:
     return torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32
-
-
-def _square_sum(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """The squared L2 norm of all the tensors together (squares add over shards; norms do not)."""
-    return torch.stack(torch._foreach_norm(tensors)).square().sum()
 
 
 class Diagnostics(StepObserver):
@@ -160,7 +155,7 @@ class Diagnostics(StepObserver):
         if self.probing and "before" in self.window:
             params, before = self.window.pop("params"), self.window.pop("before")
             delta = torch._foreach_sub([local(p).detach() for p in params], before)
-            squares = torch.stack([_square_sum(delta), _square_sum(before)])
+            squares = torch.stack([square_norms(delta).sum(), square_norms(before).sum()])
             delta_sq, before_sq = sum_over_shards(squares, self.group)  # totals over the shards
             self.window["update_ratio"] = delta_sq.sqrt() / before_sq.sqrt().clamp_min(1e-30)
             self.window["state"] = probe_state(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from amp_lab.components.fsdp import local, sum_over_shards
+from amp_lab.components.fsdp import local, square_norms, sum_over_shards
 
 
 def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
@@ -65,12 +65,7 @@ def probe_state(
     # bias, norm or token initialised at 0 or 1e-6 has a ratio that says nothing
     keep = [i for i, w in enumerate(params) if w.dim() >= 2 and w.numel() >= 4096]
     if keep:
-        squares = torch.stack(
-            [
-                torch.stack(torch._foreach_norm([t[i].float() for i in keep])).square()
-                for t in (delta, before)
-            ]
-        )
+        squares = torch.stack([square_norms([t[i].float() for i in keep]) for t in (delta, before)])
         norms, weights = sum_over_shards(squares, group).sqrt()
         probe["ratios"] = norms / weights.clamp_min(1e-30)
         probe["ratio_index"] = keep
