@@ -33,17 +33,10 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
         close = difflib.get_close_matches(cfg.name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
         raise ConfigError(f"model.name={cfg.name!r} is not a timm model{hint}")
-    regularisers = {
-        k: v
-        for k, v in (("drop_path_rate", cfg.drop_path_rate), ("drop_rate", cfg.drop_rate))
-        if v > 0
-    }  # timm's meaning
-    kwargs = {
-        "num_classes": spec.num_classes,
-        "in_chans": spec.channels,
-        **regularisers,
-        **cfg.kwargs,
-    }
+    rates = {"drop_path_rate": cfg.drop_path_rate, "drop_rate": cfg.drop_rate}  # timm's meaning
+    kwargs: dict[str, Any] = {"num_classes": spec.num_classes, "in_chans": spec.channels}
+    kwargs |= {k: v for k, v in rates.items() if v > 0}
+    kwargs |= cfg.kwargs
     model, _ = create_sized(cfg.name, spec.img_size, **kwargs)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
