@@ -225,12 +225,9 @@ class PrecisionPolicy:
             from amp_lab.precision.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
             from amp_lab.precision.fp32_modules import matching_modules
 
-            convert_to_fp8(
-                model,
-                self.options.fp8_recipe,
-                self.options.fp8_emulate,
-                matching_modules(model, self.options.fp32_modules),
-            )
+            opt = self.options
+            kept = matching_modules(model, opt.fp32_modules)
+            convert_to_fp8(model, opt.fp8_recipe, opt.fp8_emulate, kept)
         dtype = self.mode.param_dtype
         if dtype == torch.float32:
             return lambda: None
