@@ -113,8 +113,7 @@ def build_mixup(cfg: DataConfig, num_classes: int, batch_size: int) -> Mixup | N
 def mix_batches(
     mixup: Mixup | None, batches: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each micro-batch blended and given soft fp32 targets; unchanged without mixup. The blend
-    runs in the batch's own dtype (fp32 from the loaders) before autocast sees it."""
+    """Each micro-batch blended before autocast, with soft fp32 targets; as is without mixup."""
     if mixup is None:
         return batches
     return [mixup(images, labels) for images, labels in batches]

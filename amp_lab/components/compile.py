@@ -45,8 +45,7 @@ def optimizer_to_compile(cfg: OptimConfig, mode: str) -> OptimConfig:
 
 
 def compile_optimizer_step(optimizer: torch.optim.Optimizer, backend: str) -> None:
-    """Replace `optimizer.step` with a compiled one; the LR of each group becomes a tensor.
-    Call it after a checkpoint is restored (loading one puts its saved LR back)."""
+    """Replace `optimizer.step` with a compiled one, each LR a tensor (after a checkpoint loads)."""
     kind = type(optimizer)
     if not kind.__module__.startswith("torch.optim"):
         raise ConfigError(

@@ -129,8 +129,7 @@ class DataSource:
         return options
 
     def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> Batch:
-        # non_blocking overlaps the copy with compute when the source is pinned; the one place
-        # batches take the model's memory format (a no-op when they already have it)
+        # non_blocking overlaps the copy with compute when the source is pinned
         memory_format = torch.channels_last if self.channels_last else torch.preserve_format
         return (
             images.to(self.device, non_blocking=True, memory_format=memory_format),
@@ -270,8 +269,7 @@ def build_data(
     model_name: str | None = None,
     channels_last: bool = False,
 ) -> DataSource:
-    """The configured data set (a missing local root is a ConfigError saying what to do), image
-    files normalised as `model_name`'s pretrained config says unless data.mean/std are set."""
+    """The configured data set, files normalised as `model_name`'s pretrained config says."""
     if cfg.name == "digits":
         train, val, spec = _digits(cfg, seed)
     elif cfg.name == "synthetic":

@@ -41,8 +41,8 @@ Encoded = tuple[torch.Tensor, torch.Tensor]  # a batch's files end to end, and t
 
 
 def collate_encoded(samples: list[tuple[torch.Tensor, int]]) -> tuple[Encoded, torch.Tensor]:
-    """The batch's files as one flat uint8 tensor plus their lengths (one shared-memory block:
-    one per file would exhaust the file descriptors), and the labels as one tensor."""
+    """The batch's files as one flat uint8 tensor (one per file would exhaust the file
+    descriptors), their lengths, and the labels as one tensor."""
     files = [data for data, _ in samples]
     lengths = torch.tensor([len(data) for data in files])
     return (torch.cat(files), lengths), torch.tensor([label for _, label in samples])
@@ -69,9 +69,8 @@ class DeviceDecoder:
                 ),
                 v2.RandomHorizontalFlip(cfg.hflip),
             ]
-            if cfg.color_jitter > 0:
-                jitter = cfg.color_jitter
-                steps.append(v2.ColorJitter(jitter, jitter, jitter))  # timm: same for all three
+            if cfg.color_jitter > 0:  # timm: brightness, contrast and saturation alike
+                steps.append(v2.ColorJitter(*[cfg.color_jitter] * 3))
         else:  # timm's evaluation transform: shortest edge to size / crop_pct, then centre crop
             steps = [
                 v2.Resize(

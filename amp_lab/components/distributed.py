@@ -133,8 +133,7 @@ _GROUPS_JOINED = itertools.count()  # by this process: the same count on every r
 
 
 def setup(strategy: str, requested_device: str) -> DistContext:
-    """Join the process group for strategy=ddp or fsdp; a world of one needs no group (and
-    fsdp refuses it: there is nothing to shard over)."""
+    """Join the process group for strategy=ddp or fsdp (a world of one needs none)."""
     if strategy == "single":
         return DistContext()
     world = world_from_environment()

@@ -20,8 +20,7 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def fp32_loss(loss: torch.nn.Module) -> LossFn:
-    """A timm loss fed fp32 logits (and fp32 soft targets): log-softmax over fp16/bf16 logits
-    loses the small probabilities, and a soft target of 0.1/1000 classes is itself tiny."""
+    """A timm loss fed fp32 logits and soft targets (a target of 0.1/1000 classes is tiny)."""
 
     def forward(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if target.is_floating_point():

@@ -20,8 +20,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak: runs of a local sweep share one process, and its all-time peak would
-    carry over from run to run. On Linux, writing 5 to clear_refs resets the peak RSS."""
+    """Start a new peak, as the runs of a local sweep share one process (Linux: clear_refs)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:

@@ -14,8 +14,7 @@ from amp_lab.config import ConfigError, ModelConfig
 
 
 def create_sized(name: str, img_size: int, **kwargs: Any) -> tuple[torch.nn.Module, bool]:
-    """timm.create_model(pretrained=False), given img_size when the model takes it, and whether
-    it did; kwargs the model rejects are a ConfigError."""
+    """timm.create_model(pretrained=False), with img_size if the model takes it; whether it did."""
     try:  # transformers need the image size; CNNs take any size and reject the argument
         return timm.create_model(name, pretrained=False, img_size=img_size, **kwargs), True
     except TypeError as err:
@@ -55,8 +54,7 @@ def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 def check_input_fits(
     model: torch.nn.Module, name: str, spec: DataSpec, device: torch.device
 ) -> None:
-    """One tiny forward pass at start-up, so a size mismatch is an error before training. The
-    images come in the weights' dtype: a model in the wrong dtype is the audit's to name."""
+    """One tiny forward pass in the weights' dtype, so a size mismatch fails before training."""
     model.eval()
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     try:

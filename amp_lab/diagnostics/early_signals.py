@@ -156,8 +156,7 @@ def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]]
 def erased_counts(
     before: Sequence[torch.Tensor], delta: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
 ) -> torch.Tensor | None:
-    """[erased, updated] over the 16-bit weights: elements with a nonzero gradient, and those of
-    them the step left exactly where they were (the update rounded away)."""
+    """[erased, updated]: the 16-bit elements with a nonzero gradient that the step left as is."""
     low = [i for i, w in enumerate(before) if w.dtype in SIXTEEN_BIT]
     if not low:
         return None
@@ -217,8 +216,7 @@ def low_precision_weights(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def since_start(model: torch.nn.Module, start: list[torch.Tensor]) -> dict[str, float | None]:
-    """The 16-bit weights against `start` (a sync): the share of elements still exactly where
-    they were, and the ratio of their L2 norms now and then (what weight decay shrinks)."""
+    """The 16-bit weights against `start` (a sync): the share unmoved and the L2 norms' ratio."""
     now = low_precision_weights(model)
     if not start or len(now) != len(start):
         return {"unmoved_share": None, "weight_norm_ratio": None}

@@ -91,8 +91,7 @@ class Hooks:
 
 
 class ModuleProbe(Hooks):
-    """Hooks on every named module recording `measure(tensor)` (max |x|) per call; with `inputs`,
-    of each forward call's first floating input too. attach() for the steps to watch."""
+    """Hooks on every named module recording `measure` (max |x|) per call, while attached."""
 
     def __init__(
         self,

@@ -43,8 +43,7 @@ log = logging.getLogger(__name__)
 def low_precision_state(
     named: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer
 ) -> list[str]:
-    """Names of the given weights and optimizer-state entries that are not fp32 (host metadata),
-    but the Kahan buffer and a state dtype chosen with optim.state_dtype."""
+    """Names of weights and optimizer state not in fp32 (but Kahan and optim.state_dtype's)."""
     names = {id(p): n for n, p in named}
     bad = [f"{n} ({p.dtype})" for n, p in named if _not_fp32(p)]
     for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():

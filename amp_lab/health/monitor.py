@@ -103,9 +103,8 @@ class Monitor:
         health.window unskipped steps before it, and its step (as Lightning's SpikeDetection)."""
         figures: dict[str, Any] = {}
         h = self.history
-        # below half of chance, ln(classes), a batch's loss varies by factors (a trained run's
-        # 0.03-0.3 on digits: up to 4.4x its 10-step mean), so a loss spike is measured against
-        # no less than that
+        # below half of chance, ln(classes), a batch's loss varies by factors (up to 4.4x its
+        # 10-step mean on digits), so a loss spike is measured against no less than that
         floor = h.chance_loss / 2 if math.isfinite(h.chance_loss) else 0.0
         for name, recent, least in (
             ("loss", h.recent_losses, floor),

@@ -131,8 +131,7 @@ def build_state_optimizer(
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes a tensor holds; a torchao state subclass counts its codes, scales and code map, a
-    DTensor (FSDP) its local shard."""
+    """Bytes a tensor holds: a torchao state's codes, scales and code map; a DTensor's shard."""
     if isinstance(t, DTensor):
         return tensor_bytes(t.to_local())
     if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor:

@@ -24,8 +24,8 @@ RECHECK = (
 
 
 def found_inf(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0: the inf/nan flag that
-    unscale_ left on the device (no sync). Read it between step() and update(), which clears it."""
+    """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0, on the device (no sync);
+    update() clears it."""
     flags = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
     return flags[0] if len(flags) == 1 else sum(flags)
 
@@ -74,8 +74,7 @@ def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
 
 
 def overflow_update(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> None:
-    """The scaler's own update() for a step whose gradients overflowed, without unscaling or
-    stepping them (the finder's retry of a pass that overflowed); needs a scale()."""
+    """The scaler's own update() for an overflowed step, without unscaling or stepping it."""
     scale, _ = scale_and_growth_tracker(scaler)
     state = scaler._per_optimizer_states[id(optimizer)]
     state["found_inf_per_device"] = {scale.device: torch.ones((), device=scale.device)}

@@ -113,8 +113,7 @@ def uses_dynamic_scaling(cfg: ScalerConfig, policy: PrecisionPolicy) -> bool:
 
 
 def allowed_holds(cfg: ScalerConfig) -> int:
-    """Skipped steps in a row that may keep the scale: the hysteresis scaler's hysteresis - 1,
-    else 0 (every other dynamic scaler backs off at each skip)."""
+    """Skipped steps in a row that may keep the scale: hysteresis - 1 for that scaler, else 0."""
     return cfg.hysteresis - 1 if cfg.kind == "hysteresis" else 0
 
 

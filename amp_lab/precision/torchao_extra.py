@@ -11,8 +11,8 @@ from amp_lab.config import ConfigError
 
 
 def import_torchao(module: str, needed_for: str, extra: str) -> ModuleType:
-    """`module` of torchao, or a ConfigError naming the setting and the extra; the pytree
-    deprecation torchao's import logs on every run is kept off (the user can do nothing)."""
+    """`module` of torchao, or a ConfigError naming the setting and the extra to install."""
+    # torchao's import logs a pytree deprecation on every run, which the user cannot act on
     pytree_log = logging.getLogger("torch.utils._pytree")
     level = pytree_log.level
     pytree_log.setLevel(logging.ERROR)
