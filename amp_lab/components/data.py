@@ -145,8 +145,7 @@ def _split(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's 1797 8x8 grey digits (values 0-16) and their labels, as its load_digits."""
-    # Read the file scikit-learn ships without importing scikit-learn: its import (scipy with
-    # it) costs a run ~3 s of CPU, more than this file's parse.
+    # the file scikit-learn ships, without its import (scipy with it: ~3 s of CPU)
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(

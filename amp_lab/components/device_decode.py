@@ -20,8 +20,7 @@ from amp_lab.components.augment import Normalisation
 from amp_lab.config import ConfigError, DataConfig
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
-# timm's `random` interpolation draws bilinear or bicubic per image; the device path resizes
-# with one kernel, and bilinear is timm's fallback
+# timm's `random` interpolation draws bilinear or bicubic per image; one kernel here: bilinear
 RANDOM_AS = "bilinear"
 
 

@@ -1,8 +1,7 @@
 """Signals that come before the loss diverges, as device tensors read at log steps.
 
-- per attention block, every step, a bound on its largest logit: scale x max|q| x max|k|, the
-  largest L2 norms of its queries and keys (Cauchy-Schwarz; read at timm's `q_norm`, `k_norm`),
-  and at probe steps the exact largest logit (Wortsman et al. 2023, arXiv 2309.14322);
+- per attention block, every step, a bound on its largest logit, scale x max|q| x max|k| (read
+  at timm's `q_norm`, `k_norm`), and at probe steps the exact one (Wortsman et al. 2023);
 - the kurtosis of each block's output features (He et al. 2024; FOG, arXiv 2505.20524);
 - per weight matrix, the RMS of Adam's g^2 / v-hat (StableAdamW, arXiv 2304.13013);
 - the share of the 16-bit weights' updates that rounding erased (no masters, nearest rounding);
@@ -168,9 +167,8 @@ def erased_counts(
 
 
 def optimizer_floors(optimizer: torch.optim.Optimizer, rounding: str | None) -> dict[str, Any]:
-    """Config-time facts (host metadata, once the state exists): the smallest eps against its
-    state dtype's smallest positive value; the largest peak lr x wd against the 16-bit weights'
-    spacing where they are rounded to nearest."""
+    """Config-time facts (once the state exists): the smallest eps against its dtype's smallest
+    value; the largest peak lr x wd against the spacing of 16-bit weights rounded to nearest."""
     record: dict[str, Any] = {}
     eps = [
         (float(g["eps"]), s.dtype)

@@ -1,9 +1,8 @@
 """Numerics telemetry (`diagnostics=off|light|full`), read back only at log steps.
 
-Scale events come from the monitor's window rows; probe steps (every `diagnostics.every`) measure
-fp16 headroom, gradient underflow, the applied gradient norm and the update-to-weight ratio.
-Module hooks run on probe steps, every step in `full`, and in `light` after a non-finite window
-until it is attributed.
+Probe steps (every `diagnostics.every`) measure fp16 headroom, gradient underflow, the applied
+gradient norm and the update-to-weight ratio; module hooks run on probe steps, on every step in
+`full`, and in `light` from a non-finite window until it is attributed.
 """
 
 from __future__ import annotations
@@ -83,8 +82,7 @@ class Diagnostics(StepObserver):
             )
         self.probe = ModuleProbe(model, self.device)
         self.probe_model = model
-        # attention logits and kurtosis; the logits' bound on every step of an eager model (a
-        # compiled one ignores the hooks: its probe steps, which run eager, measure it)
+        # the logits' bound on every step of an eager model (a compiled one's probe steps run eager)
         self.blocks = BlockSignals(model)
         if model is view.model:
             self.blocks.watch()
@@ -121,8 +119,7 @@ class Diagnostics(StepObserver):
             self.blocks.attach()
 
     def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        # A compiled model ignores hooks added after it was compiled (dynamo does not guard
-        # on module hooks), so steps with the probe attached run the eager module it wraps.
+        # dynamo does not guard on module hooks: steps with the probe attached run eager
         return getattr(model, "_orig_mod", model) if self.probe.attached else model
 
     def before_optimizer_step(self) -> None:

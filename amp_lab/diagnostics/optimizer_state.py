@@ -61,8 +61,7 @@ def probe_state(
         counts = _moment_counts([local(v) for v in moments])
         probe["v_counts"] = sum_over_shards(counts, group)
         probe["v_size"] = sum(v.numel() for v in moments)  # a DTensor's: the whole tensor's
-    # matrices of 4096+ values (those torchao quantises): the layers that carry the model; a
-    # bias, norm or token initialised at 0 or 1e-6 has a ratio that says nothing
+    # matrices of 4096+ values (as torchao quantises): a bias, norm or token's ratio says nothing
     keep = [i for i, w in enumerate(params) if w.dim() >= 2 and w.numel() >= 4096]
     if keep:
         squares = torch.stack([square_norms([t[i].float() for i in keep]) for t in (delta, before)])

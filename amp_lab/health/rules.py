@@ -249,8 +249,7 @@ def _signal(w: Window, key: str) -> float | None:
 
 
 def _reaches(key: str, threshold: str, words: str, why: str, probed: bool = True) -> Check:
-    """The window rule firing when the figure `key` reached health.<threshold>; a `probed`
-    figure only in a window without a skip (whose probe figures hold inf/nan)."""
+    """The rule that `key` reached health.<threshold>; a `probed` one only in a skip-free window."""
 
     def check(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
         w, limit = h.windows[-1], getattr(cfg, threshold)

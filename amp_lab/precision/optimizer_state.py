@@ -48,8 +48,7 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
         # load_state_dict casts the state to each weight's dtype: put the moments back
         self.register_load_state_dict_post_hook(lambda _: self._moments_to_state_dtype())
 
-    # GradScaler hands over its on-device inf flag (`self.found_inf`) instead of reading it on
-    # the host before every step; a step with inf/nan gradients then leaves everything as it was.
+    # GradScaler hands over its device inf flag (`self.found_inf`) instead of a host read
     _step_supports_amp_scaling = True
 
     def _store(
