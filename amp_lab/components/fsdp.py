@@ -1,9 +1,8 @@
 """FSDP2 for trainer.strategy=fsdp: `fully_shard` under a mixed-precision policy derived from the
 precision mode (docs/fsdp.md has the table).
 
-The sharded parameters stay fp32, the optimizer's masters; shards are gathered in `param_dtype`
-and gradients reduce-scattered in `reduce_dtype`. Autocast stays on over gathered 16-bit weights,
-so the ops it keeps in fp32 (softmax, norms, the loss) still get fp32.
+The sharded parameters stay fp32 (the masters), gathered in `param_dtype`, gradients reduced in
+`reduce_dtype`; autocast stays on, so the ops it keeps in fp32 still get fp32.
 """
 
 from __future__ import annotations

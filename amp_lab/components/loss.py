@@ -42,8 +42,7 @@ def with_z_loss(loss: LossFn, z: float) -> LossFn:
 
 
 def build_loss(cfg: DataConfig) -> LossFn:
-    """Soft-target (mixup/cutmix: the smoothing is in the targets), label-smoothing or plain
-    cross-entropy, plus the z-loss when `data.z_loss` > 0."""
+    """Soft-target (mixup/cutmix), label-smoothing or plain cross-entropy, plus any z-loss."""
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
         loss = fp32_loss(SoftTargetCrossEntropy())
     elif cfg.label_smoothing > 0:

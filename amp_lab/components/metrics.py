@@ -29,8 +29,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size since
-    the last reset (Linux; elsewhere since the process started)."""
+    """CUDA: peak bytes allocated by tensors; CPU: peak RSS since the last reset (Linux)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     with contextlib.suppress(OSError, ValueError, IndexError):

@@ -192,8 +192,7 @@ class Diagnostics(StepObserver):
 
     # -- log steps (the only reads) -----------------------------------------------------------
     def read(self, step: int, rows: Rows, first_bad: int | None) -> dict[str, Any]:
-        """Flat `diag/` and `amp/` keys for the train record from the monitor's window rows and
-        the probes; details go to diagnostics.jsonl."""
+        """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
         events = self.tracker.feed(rows.first_step, rows.scales, rows.skips)
         for name, evidence in self.tracker.signatures.items():
             self._signature(name, evidence)

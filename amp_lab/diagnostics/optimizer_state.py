@@ -33,8 +33,7 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
 
 
 def _moment_counts(moments: list[torch.Tensor]) -> torch.Tensor:
-    """[zero, subnormal] totals over the second moments: plain tensors in one flat pass per dtype
-    (~8 ops per moment one by one), torchao's block-scaled states one by one."""
+    """[zero, subnormal] totals: plain moments in one flat pass per dtype, torchao's one by one."""
     flat: dict[torch.dtype, list[torch.Tensor]] = {}
     rows = []
     for v in moments:

@@ -95,8 +95,7 @@ class LabStep(TrainStep):
 
 
 class NoScalerUpdate(LabStep):
-    """update() forgotten: the scale never backs off, so an overflowing run skips every step
-    (torch's bookkeeping is reset, as it refuses a second step() without update())."""
+    """update() forgotten: the scale never backs off, so an overflowing run skips every step."""
 
     def update_scale(self) -> None:
         scale = scale_tensor(self.scaler)

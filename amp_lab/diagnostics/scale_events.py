@@ -1,8 +1,7 @@
 """Loss-scale events read from a log window: backoffs, growths, and GradScaler misuse.
 
-Two misuse signatures (docs/amp_pitfalls.md §2): a skip without a backoff beyond the scaler's
-allowed holds (update() never called), and a scale that moves by more than one factor per step
-or grows sooner than growth_interval (update() per micro-batch).
+Misuse (docs/amp_pitfalls.md §2): skips without a backoff beyond the allowed holds (no update()),
+a scale moving more than one factor a step or growing too soon (update() per micro-batch).
 """
 
 from __future__ import annotations

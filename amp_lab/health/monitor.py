@@ -51,11 +51,10 @@ class Monitor:
         self.one = torch.ones((), device=device)  # the scale of a step without a scaler
 
     def _allocate_rows(self, count: int, keep: torch.Tensor | None = None) -> None:
-        rows = torch.zeros(count, len(self.COLUMNS), device=self.device, dtype=torch.float64)
+        self.rows = torch.zeros(count, len(self.COLUMNS), device=self.device, dtype=torch.float64)
         if keep is not None:
-            rows[: len(keep)] = keep
-        self.rows = rows
-        self.row_views = [list(row.unbind()) for row in rows]
+            self.rows[: len(keep)] = keep
+        self.row_views = [list(row.unbind()) for row in self.rows]
 
     # -- every step --------------------------------------------------------------------------
     def add(self, result: StepResult) -> None:

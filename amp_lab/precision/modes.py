@@ -219,8 +219,7 @@ class PrecisionPolicy:
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     ) -> Callable[[], None]:
-        """Give the built model and optimizer the mode's weights (fp8's Float8Linear keeps the
-        Parameter objects); returns the before-unscale hook."""
+        """The mode's weights for the built model and optimizer; returns the before-unscale hook."""
         if self.mode.fp8:
             from amp_lab.precision.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
             from amp_lab.precision.fp32_modules import matching_modules

@@ -24,8 +24,7 @@ RECHECK = (
 
 
 def found_inf(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0, on the device (no sync);
-    update() clears it."""
+    """1.0 if `scaler.step(optimizer)` just skipped, else 0.0, on the device; update() clears it."""
     flags = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
     return flags[0] if len(flags) == 1 else sum(flags)
 
@@ -55,8 +54,7 @@ def scale_and_growth_tracker(scaler: GradScaler) -> tuple[torch.Tensor, torch.Te
 
 
 def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
-    """update()'s kernel now on `grads`' inf/nan check, keeping this step's records (the pitfall
-    lab's per-micro-batch update)."""
+    """update()'s kernel now on `grads`' inf/nan check, this step's records kept (pitfalls.py)."""
     scale, growth = scale_and_growth_tracker(scaler)
     flag = torch.zeros((), device=scale.device)
     if grads:  # inv_scale 1: only the check, the gradients keep their values
