@@ -52,7 +52,7 @@ class History:
     # the spikes' running means: the last health.window losses and norms of unskipped steps
     recent_losses: list[float] = field(default_factory=list)
     recent_norms: list[float] = field(default_factory=list)
-    lowest_loss: float = math.inf
+    lowest_loss: float = math.inf  # the lowest mean loss of health.window steps so far
 
     def span(self, windows: list[Window], steps: int) -> list[Window]:
         """The fewest windows from the start of `windows` covering `steps` steps."""
@@ -205,8 +205,8 @@ def _not_training(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str
 
 
 def _trend(h: History, cfg: HealthConfig) -> tuple[float, float, float, bool] | None:
-    """(start, first, end, apart): the mean losses of the first and last health.window steps,
-    whether those spans are apart; None when the run is too short to compare."""
+    """(start, first, end, apart): start no higher than ln(classes), the mean losses of the first
+    and last health.window steps, whether they are apart; None when the run is too short."""
     finite = [w for w in h.windows if w.finite and math.isfinite(w.loss)]
     head, tail = h.span(finite, cfg.window), h.span(finite[::-1], cfg.window)
     if not head or head[0].last_step >= tail[-1].last_step:
