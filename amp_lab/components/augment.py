@@ -61,8 +61,7 @@ def resolve_normalisation(
 
 
 def build_transforms(cfg: DataConfig, norm: Normalisation) -> tuple[T.Compose, T.Compose]:
-    """(train, eval) transforms from timm.data.create_transform; a policy timm cannot parse is a
-    one-line ConfigError."""
+    """(train, eval) transforms from timm's create_transform; an unparsed policy: ConfigError."""
     transform = functools.partial(
         create_transform,
         (3, cfg.img_size, cfg.img_size),
@@ -114,8 +113,7 @@ def build_mixup(cfg: DataConfig, num_classes: int, batch_size: int) -> Mixup | N
 def mix_batches(
     mixup: Mixup | None, batches: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each micro-batch blended and given soft fp32 targets; unchanged without mixup. The blend
-    runs in the batch's own dtype (fp32 from the loaders) before autocast sees it."""
+    """Each micro-batch blended before autocast, with soft fp32 targets; as is without mixup."""
     if mixup is None:
         return batches
     return [mixup(images, labels) for images, labels in batches]

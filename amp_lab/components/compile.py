@@ -1,10 +1,8 @@
 """torch.compile for a run (`trainer.compile`): the model, and in `step` mode the optimizer step.
 
-`step` follows PyTorch's compiled-optimizer recipe: the optimizer is built with its plain
-per-tensor update (no fused kernel, no foreach) for the compiler to fuse, and the LR becomes a
-0-d tensor so the schedule updates a graph input instead of recompiling. GradScaler reads the
-inf/nan flag on the host for an optimizer without a fused kernel and skips its step as it is.
-CUDA graphs are not used: the step's Python (the scaler's decision, probe hooks) runs between them.
+`step` follows PyTorch's compiled-optimizer recipe: the plain per-tensor update for the compiler
+to fuse, the LR a 0-d tensor so the schedule does not recompile. No CUDA graphs: the step's Python
+(the scaler's decision, probe hooks) runs between them.
 """
 
 from __future__ import annotations
@@ -34,9 +32,8 @@ def compile_model(model: torch.nn.Module, backend: str) -> torch.nn.Module:
 
 
 def optimizer_to_compile(cfg: OptimConfig, mode: str) -> OptimConfig:
-    """The optimizer settings to build: in `step` mode its plain per-tensor update, which the
-    compiler fuses itself (a fused kernel inside the graph is functionalised: the compiled step
-    then copies every weight and moment back, which measured slower than the eager kernel)."""
+    """The optimizer settings to build: in `step` mode its plain per-tensor update (a fused kernel
+    in the graph is functionalised, copying every weight back: slower than the eager kernel)."""
     if mode != CompileMode.step:
         return cfg
     if cfg.fused:
@@ -48,8 +45,7 @@ def optimizer_to_compile(cfg: OptimConfig, mode: str) -> OptimConfig:
 
 
 def compile_optimizer_step(optimizer: torch.optim.Optimizer, backend: str) -> None:
-    """Replace `optimizer.step` with a compiled one; the LR of each group becomes a tensor.
-    Call it after a checkpoint is restored (loading one puts its saved LR back)."""
+    """Replace `optimizer.step` with a compiled one, each LR a tensor (after a checkpoint loads)."""
     kind = type(optimizer)
     if not kind.__module__.startswith("torch.optim"):
         raise ConfigError(

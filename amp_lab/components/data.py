@@ -45,12 +45,8 @@ class DataSpec:
 
 
 class EpochBatchSampler:
-    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch.
-
-    With several ranks, each global batch (batch_size x world_size samples) is cut into one
-    slice per rank, so the ranks together see exactly what a single process would see with the
-    global batch size.
-    """
+    """Batches of indices in a permutation fixed by (seed, epoch); can start mid-epoch. Each
+    global batch is cut into one slice per rank: together the ranks see what one process would."""
 
     def __init__(
         self, num_samples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
@@ -105,9 +101,8 @@ class DataSource:
             return
         key = id(dataset)
         if key not in self._loaders:  # the sampler is mutated by set_epoch, so one loader serves
-            # Its own generator: each pass over a loader draws a base seed for its workers, and
-            # from the global RNG that draw would shift the training randomness (augmentation,
-            # dropout) by every evaluation, and differently after a resume.
+            # its own generator: a draw of its workers' base seed from the global RNG would shift
+            # the training randomness by every evaluation, and differently after a resume
             self._loaders[key] = DataLoader(
                 dataset,
                 batch_sampler=batch_order,
@@ -134,8 +129,7 @@ class DataSource:
         return options
 
     def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> Batch:
-        # non_blocking overlaps the copy with compute when the source is pinned; the one place
-        # batches take the model's memory format (a no-op when they already have it)
+        # non_blocking overlaps the copy with compute when the source is pinned
         memory_format = torch.channels_last if self.channels_last else torch.preserve_format
         return (
             images.to(self.device, non_blocking=True, memory_format=memory_format),
@@ -151,8 +145,7 @@ def _split(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's 1797 8x8 grey digits (values 0-16) and their labels, as its load_digits."""
-    # Read the file scikit-learn ships without importing scikit-learn: its import (scipy with
-    # it) costs a run ~3 s of CPU, more than this file's parse.
+    # the file scikit-learn ships, without its import (scipy with it: ~3 s of CPU)
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
@@ -275,10 +268,7 @@ def build_data(
     model_name: str | None = None,
     channels_last: bool = False,
 ) -> DataSource:
-    """Load the configured data set; a missing local root is a ConfigError saying what to do.
-    Image files go through timm's transforms, normalised as `model_name`'s pretrained config
-    says unless data.mean/std are set. `channels_last`: every batch reaches the device in NHWC,
-    for a channels_last model."""
+    """The configured data set, files normalised as `model_name`'s pretrained config says."""
     if cfg.name == "digits":
         train, val, spec = _digits(cfg, seed)
     elif cfg.name == "synthetic":

@@ -1,10 +1,8 @@
 """`data.decode=device|gpu`: JPEG files decoded and augmented on the training device.
 
-PIL on the host's cores cannot decode and crop thousands of images a second; a GPU can. The
-loader workers only read each file's bytes, the batch is decoded in one
-`torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG on CUDA) and cropped, flipped and
-normalised where it lies, with timm's geometry (`create_transform`): the images the PIL path
-would feed, within the decoders' rounding and the resampling kernels' differences.
+The loader workers only read each file's bytes; the batch is decoded in one `decode_jpeg` call
+(nvJPEG on CUDA) and cropped, flipped and normalised there with timm's geometry: the PIL path's
+images, within the decoders' rounding and the resampling kernels' differences.
 """
 
 from __future__ import annotations
@@ -22,14 +20,12 @@ from amp_lab.components.augment import Normalisation
 from amp_lab.config import ConfigError, DataConfig
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
-# timm's `random` interpolation draws bilinear or bicubic per image; the device path resizes
-# with one kernel, and bilinear is timm's fallback
+# timm's `random` interpolation draws bilinear or bicubic per image; one kernel here: bilinear
 RANDOM_AS = "bilinear"
 
 
 def encoded_folder(root: Path, decode: str) -> datasets.ImageFolder:
-    """An ImageFolder whose samples are (the file's bytes as a uint8 tensor, class index);
-    a file that is not a JPEG is a ConfigError naming it."""
+    """An ImageFolder of (file bytes as a uint8 tensor, class); a non-JPEG file is a ConfigError."""
     folder = datasets.ImageFolder(str(root), loader=read_file)
     others = [path for path, _ in folder.samples if not path.lower().endswith(JPEG_SUFFIXES)]
     if others:
@@ -44,9 +40,8 @@ Encoded = tuple[torch.Tensor, torch.Tensor]  # a batch's files end to end, and t
 
 
 def collate_encoded(samples: list[tuple[torch.Tensor, int]]) -> tuple[Encoded, torch.Tensor]:
-    """The batch's files as one flat uint8 tensor plus their lengths: a worker hands one tensor
-    (one shared-memory block) to the main process, not one per file, which would exhaust the
-    file descriptors that carry them; and the labels as one tensor."""
+    """The batch's files as one flat uint8 tensor (one per file would exhaust the file
+    descriptors), their lengths, and the labels as one tensor."""
     files = [data for data, _ in samples]
     lengths = torch.tensor([len(data) for data in files])
     return (torch.cat(files), lengths), torch.tensor([label for _, label in samples])
@@ -73,9 +68,8 @@ class DeviceDecoder:
                 ),
                 v2.RandomHorizontalFlip(cfg.hflip),
             ]
-            if cfg.color_jitter > 0:
-                jitter = cfg.color_jitter
-                steps.append(v2.ColorJitter(jitter, jitter, jitter))  # timm: same for all three
+            if cfg.color_jitter > 0:  # timm: brightness, contrast and saturation alike
+                steps.append(v2.ColorJitter(*[cfg.color_jitter] * 3))
         else:  # timm's evaluation transform: shortest edge to size / crop_pct, then centre crop
             steps = [
                 v2.Resize(

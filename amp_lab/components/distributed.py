@@ -1,7 +1,6 @@
 """Data-parallel training: the world from torchrun's or SLURM's environment, and DDP helpers.
 
-A single process (`strategy=single`, or a world of one) uses the same DistContext, whose
-collectives are then no-ops, so the runner reads the same either way.
+A single process uses the same DistContext, whose collectives are then no-ops.
 """
 
 from __future__ import annotations
@@ -134,8 +133,7 @@ _GROUPS_JOINED = itertools.count()  # by this process: the same count on every r
 
 
 def setup(strategy: str, requested_device: str) -> DistContext:
-    """Join the process group for strategy=ddp or fsdp; a world of one needs no group (and
-    fsdp refuses it: there is nothing to shard over)."""
+    """Join the process group for strategy=ddp or fsdp (a world of one needs none)."""
     if strategy == "single":
         return DistContext()
     world = world_from_environment()

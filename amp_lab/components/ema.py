@@ -1,10 +1,8 @@
 """A model EMA (timm's ModelEmaV3), kept in fp32 whatever the weights' dtype.
 
-Why fp32: each update moves the EMA by (1 - decay) x (weights - ema), 1e-4 of the difference at
-decay 0.9999. bf16 keeps 8 significant bits, so a weight near 1 has an ulp of 2**-7 and any
-change under 2**-8 rounds to nothing: a bf16 EMA (round-to-nearest) of a bf16_pure run stops
-moving after its first copy. fp32 (24 bits) holds the update. `trainer.ema.fp32=false` keeps the
-EMA in the weights' dtype with plain rounding, to show the trap.
+An update moves it by (1 - decay) x (weights - ema), 1e-4 of the difference at decay 0.9999: in
+bf16 a change under 2**-8 of a weight near 1 rounds away, so a bf16 EMA stops moving.
+`trainer.ema.fp32=false` keeps the weights' dtype with plain rounding, to show the trap.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ def build_ema(model: torch.nn.Module, cfg: EmaConfig) -> ModelEmaV3 | None:
 
 
 def update_ema(ema: ModelEmaV3 | None, model: torch.nn.Module, cfg: EmaConfig, step: int) -> None:
-    """After optimizer step `step` (1-based): one EMA update every `cfg.every` steps; device ops
-    only, no host sync."""
+    """After optimizer step `step` (1-based): one EMA update every `cfg.every` steps, no sync."""
     if ema is not None and step % cfg.every == 0:
         ema.update(model)  # the fixed decay: the EMA starts as the initial weights

@@ -1,11 +1,8 @@
 """FSDP2 for trainer.strategy=fsdp: `fully_shard` under a mixed-precision policy derived from the
 precision mode (docs/fsdp.md has the table).
 
-Each wrap unit (timm's `blocks` or `stages`, or the modules `fsdp.wrap` names) is one
-`fully_shard` call, the root last. The sharded parameters stay fp32: they are the masters the
-optimizer steps. `param_dtype` is what the shards are gathered in for compute, `reduce_dtype`
-what the gradients are reduce-scattered in. Autocast stays on over gathered 16-bit weights, so
-the ops it keeps in fp32 (softmax, norms, the loss) still get fp32.
+The sharded parameters stay fp32 (the masters), gathered in `param_dtype`, gradients reduced in
+`reduce_dtype`; autocast stays on, so the ops it keeps in fp32 still get fp32.
 """
 
 from __future__ import annotations
@@ -87,8 +84,7 @@ def resolve_plan(settings: AmpLabConfig) -> FsdpPlan:
 
 
 def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Module]:
-    """The modules sharded one by one before the root: the default units, or each module whose
-    name matches a pattern (every pattern must match one)."""
+    """The modules sharded before the root: the default units, or those the patterns match."""
     named = [(n, m) for n, m in model.named_modules() if n]  # the root is sharded last anyway
     if not patterns:
         units = [
@@ -114,10 +110,8 @@ def wrap_units(model: torch.nn.Module, patterns: list[str]) -> list[torch.nn.Mod
 
 
 def shard_model(model: torch.nn.Module, patterns: list[str], plan: FsdpPlan) -> None:
-    """fully_shard each unit, innermost first, then the root (in place: the parameters become
-    DTensor shards, so this runs before the optimizer is built)."""
-    # innermost first (named_modules lists parents first), the root last
-    for unit in [*reversed(wrap_units(model, patterns)), model]:
+    """fully_shard each unit, innermost first, then the root, in place: before the optimizer."""
+    for unit in [*reversed(wrap_units(model, patterns)), model]:  # named_modules: parents first
         fully_shard(unit, mp_policy=plan.policy(), reshard_after_forward=plan.reshard_after_forward)
 
 
@@ -135,6 +129,11 @@ def shard_group(tensors: list[torch.Tensor]) -> dist.ProcessGroup | None:
     """The process group the tensors are sharded over (FSDP parameters), or None."""
     sharded = next((t for t in tensors if isinstance(t, DTensor)), None)
     return None if sharded is None else sharded.device_mesh.get_group()
+
+
+def square_norms(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Each tensor's squared L2 norm (squares add over shards; norms do not)."""
+    return torch.stack(torch._foreach_norm(tensors)).square()
 
 
 def sum_over_shards(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:

@@ -1,10 +1,5 @@
-"""The training loss a recipe asks for, from timm, always computed in fp32.
-
-Mixup/CutMix on: soft targets, timm's SoftTargetCrossEntropy (the smoothing is inside the
-targets). Label smoothing alone: timm's LabelSmoothingCrossEntropy on hard labels. Neither: plain
-cross-entropy. `data.z_loss` adds its penalty on the logits to any of them. Evaluation stays
-hard-label cross-entropy (loss_fn).
-"""
+"""The training loss a recipe asks for, from timm, always computed in fp32; evaluation stays
+hard-label cross-entropy (loss_fn)."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def fp32_loss(loss: torch.nn.Module) -> LossFn:
-    """A timm loss fed fp32 logits (and fp32 soft targets): log-softmax over fp16/bf16 logits
-    loses the small probabilities, and a soft target of 0.1/1000 classes is itself tiny."""
+    """A timm loss fed fp32 logits and soft targets (a target of 0.1/1000 classes is tiny)."""
 
     def forward(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if target.is_floating_point():
@@ -48,8 +42,7 @@ def with_z_loss(loss: LossFn, z: float) -> LossFn:
 
 
 def build_loss(cfg: DataConfig) -> LossFn:
-    """The recipe's training loss: soft-target, label-smoothing or plain cross-entropy, with
-    the z-loss when `data.z_loss` > 0."""
+    """Soft-target (mixup/cutmix), label-smoothing or plain cross-entropy, plus any z-loss."""
     if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
         loss = fp32_loss(SoftTargetCrossEntropy())
     elif cfg.label_smoothing > 0:

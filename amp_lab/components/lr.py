@@ -1,8 +1,6 @@
 """Learning-rate scaling, warmup and schedules, as pure functions of the optimizer step.
 
-The schedule is a function of the step counter, which advances on every optimizer step whether
-or not the scaler skipped it: a skipped step loses its update but never shifts the schedule, so a
-run always ends its schedule at its last step.
+The step counter advances on skipped steps too, so a run always ends its schedule at its last step.
 """
 
 from __future__ import annotations

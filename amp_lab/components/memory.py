@@ -1,8 +1,5 @@
-"""Per-rank memory accounting: the bytes of the model's parameters, their gradients and the
-optimizer's state that this rank holds, from the tensors' sizes (host metadata only: no device
-sync). Under FSDP each counts the local shard, so the saving over DDP (about 1 / world size for
-all three) reads straight off summary.json's `param_bytes`, `grad_bytes` and
-`optimizer_state_bytes`."""
+"""Per-rank memory accounting from the tensors' sizes (host metadata only): the bytes of the
+parameters, gradients and optimizer state this rank holds (under FSDP its shards)."""
 
 from __future__ import annotations
 

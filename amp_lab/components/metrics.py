@@ -1,7 +1,6 @@
 """Throughput, step time, data-loading share and peak memory, measured honestly.
 
-Device work is asynchronous, so the clock is read after a device synchronisation, and only at the
-boundaries of a log window: steps in between never wait for the device. The first
+The clock is read after a device synchronisation at log-window boundaries only; the first
 `timing_warmup` steps (allocator growth, autotuning, compilation) are left out.
 """
 
@@ -21,8 +20,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak: runs of a local sweep share one process, and its all-time peak would
-    carry over from run to run. On Linux, writing 5 to clear_refs resets the peak RSS."""
+    """Start a new peak, as the runs of a local sweep share one process (Linux: clear_refs)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
@@ -31,8 +29,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size since
-    the last reset (Linux; elsewhere since the process started)."""
+    """CUDA: peak bytes allocated by tensors; CPU: peak RSS since the last reset (Linux)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     with contextlib.suppress(OSError, ValueError, IndexError):

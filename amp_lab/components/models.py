@@ -14,8 +14,7 @@ from amp_lab.config import ConfigError, ModelConfig
 
 
 def create_sized(name: str, img_size: int, **kwargs: Any) -> tuple[torch.nn.Module, bool]:
-    """timm.create_model(pretrained=False), given img_size when the model takes it, and whether
-    it did; kwargs the model rejects are a ConfigError."""
+    """timm.create_model(pretrained=False), with img_size if the model takes it; whether it did."""
     try:  # transformers need the image size; CNNs take any size and reject the argument
         return timm.create_model(name, pretrained=False, img_size=img_size, **kwargs), True
     except TypeError as err:
@@ -33,17 +32,10 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
         close = difflib.get_close_matches(cfg.name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
         raise ConfigError(f"model.name={cfg.name!r} is not a timm model{hint}")
-    regularisers = {
-        k: v
-        for k, v in (("drop_path_rate", cfg.drop_path_rate), ("drop_rate", cfg.drop_rate))
-        if v > 0
-    }  # timm's meaning
-    kwargs = {
-        "num_classes": spec.num_classes,
-        "in_chans": spec.channels,
-        **regularisers,
-        **cfg.kwargs,
-    }
+    rates = {"drop_path_rate": cfg.drop_path_rate, "drop_rate": cfg.drop_rate}  # timm's meaning
+    kwargs: dict[str, Any] = {"num_classes": spec.num_classes, "in_chans": spec.channels}
+    kwargs |= {k: v for k, v in rates.items() if v > 0}
+    kwargs |= cfg.kwargs
     model, _ = create_sized(cfg.name, spec.img_size, **kwargs)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -51,10 +43,8 @@ def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
 
 
 def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """The model on `device`, its tensors in fresh memory in module order. On a GPU `.to()`
-    copies them so; on a CPU it keeps them where construction left them, among the freed
-    temporaries of timm's initialisation, and test_convnext's CPU step ran about 3% slower
-    there than on a copy of the same model (docs/benchmarks.md)."""
+    """The model on `device`, its tensors in fresh memory in module order: on a CPU a copy, as
+    test_convnext's step ran ~3% slower amid timm's freed temporaries (docs/benchmarks.md)."""
     if device.type != "cpu":
         return model.to(device)
     return copy.deepcopy(model)
@@ -64,8 +54,7 @@ def place(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 def check_input_fits(
     model: torch.nn.Module, name: str, spec: DataSpec, device: torch.device
 ) -> None:
-    """One tiny forward pass at start-up, so a size mismatch is an error before training. The
-    images come in the weights' dtype: a model in the wrong dtype is the audit's to name."""
+    """One tiny forward pass in the weights' dtype, so a size mismatch fails before training."""
     model.eval()
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     try:

@@ -1,9 +1,7 @@
 """CPU threads and DataLoader workers sized to the CPUs this process was given.
 
-torch starts one thread per core of the machine; a SLURM job given 2 CPUs of a 64-core node
-would start 64, and on a shared machine threads that fight over cores make a small model several
-times slower. The budget is the CPUs the job may use: `SLURM_CPUS_PER_TASK` when SLURM set it,
-capped by the CPU affinity mask (`os.sched_getaffinity`, which also follows cgroups/taskset).
+torch starts one thread per core of the machine, and threads fighting over a job's few cores make
+a small model several times slower: the budget is the affinity mask, capped by SLURM_CPUS_PER_TASK.
 """
 
 from __future__ import annotations

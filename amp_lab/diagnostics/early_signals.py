@@ -1,17 +1,13 @@
 """Signals that come before the loss diverges, as device tensors read at log steps.
 
-- every step, per attention block, a bound on its largest logit: scale x max|q| x max|k| (the
-  L2 norms of its query and key vectors, over tokens, heads and batch), which no q.k can exceed
-  (Cauchy-Schwarz); timm's Attention calls `q_norm` and `k_norm` even when they are identities,
-  so q and k are read there. At probe steps, the exact largest logit (Wortsman et al. 2023,
-  arXiv 2309.14322);
+- per attention block, every step, a bound on its largest logit, scale x max|q| x max|k| (read
+  at timm's `q_norm`, `k_norm`), and at probe steps the exact one (Wortsman et al. 2023);
 - the kurtosis of each block's output features (He et al. 2024; FOG, arXiv 2505.20524);
-- per weight matrix, the RMS of g^2 / v-hat for Adam-family optimizers (StableAdamW,
-  arXiv 2304.13013);
+- per weight matrix, the RMS of Adam's g^2 / v-hat (StableAdamW, arXiv 2304.13013);
 - the share of the 16-bit weights' updates that rounding erased (no masters, nearest rounding);
-- once, from the optimizer: eps against its state dtype, lr x weight decay against the weights'.
+- once: eps against its state dtype, lr x weight decay against the weights'.
 
-Nothing here judges: the rule table (amp_lab/health/rules.py) compares these with `health.*`.
+The rule table (amp_lab/health/rules.py) judges them against `health.*`.
 """
 
 from __future__ import annotations
@@ -43,9 +39,8 @@ def feature_kurtosis(x: torch.Tensor) -> torch.Tensor:
 
 
 class BlockSignals(Hooks):
-    """Forward hooks: per attention block a bound on its largest logit (every step, once
-    `watch()`ed; else on probe steps), and on probe steps (`attach()` to `detach()`) its exact
-    largest logit and each block's output kurtosis."""
+    """Forward hooks: per attention block its logit bound (every step once `watch()`ed), and on
+    probe steps (`attach()` to `detach()`) its exact largest logit and each block's kurtosis."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.attention = [
@@ -102,10 +97,7 @@ class BlockSignals(Hooks):
                     torch.linalg.vector_norm(t, dim=-1, dtype=torch.float32).amax() for t in (q, k)
                 )
                 self.values["bound"].append(q_max * k_max * scale)
-                if self.probing:
-                    # fp32 product: the logits the softmax sees, before any rounding of their
-                    # own ([batch, heads, tokens, tokens] at a probe step, as an unfused
-                    # attention holds)
+                if self.probing:  # fp32 product: the logits before any rounding of their own
                     logits = (q.float() * scale) @ k.float().transpose(-2, -1)
                     self.values["logit"].append(logits.amax())
 
@@ -123,30 +115,26 @@ class BlockSignals(Hooks):
                 values.clear()
 
     def read(self) -> dict[str, Any]:
-        """`diag/` keys (a sync): the largest attention logit bound, logit and kurtosis since the
-        last read, and their blocks."""
-        attention = [n for n, _ in self.attention]
-        names = {"bound": attention, "logit": attention, "kurtosis": [n for n, _ in self.blocks]}
+        """`diag/` keys (a sync): the largest logit bound, logit and kurtosis, and their blocks."""
+        attention, blocks = [n for n, _ in self.attention], [n for n, _ in self.blocks]
         record: dict[str, Any] = {}
-        kinds = (
-            ("bound", "attn_logit_bound"),
-            ("logit", "attn_logit_max"),
-            ("kurtosis", "kurtosis_max"),
-        )
-        for kind, key in kinds:
+        for kind, key, names in (
+            ("bound", "attn_logit_bound", attention),
+            ("logit", "attn_logit_max", attention),
+            ("kurtosis", "kurtosis_max", blocks),
+        ):
             seen = self.seen.pop(kind, None)
-            if seen is None or len(seen) != len(names[kind]):
+            if seen is None or len(seen) != len(names):
                 continue
             top = int(torch.nan_to_num(seen, nan=torch.inf).argmax())
             record[f"diag/{key}"] = float(seen[top])
-            record[f"diag/{key}_block"] = names[kind][top]
+            record[f"diag/{key}_block"] = names[top]
         return record
 
 
 def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]] | None:
-    """Per weight matrix with a gradient, RMS of g^2 / max(v-hat, eps^2) after the step, as
-    StableAdamW measures it (device tensor), with the matrices' indices in the param groups.
-    Under FSDP each rank measures its own shards."""
+    """Per weight matrix with a gradient (FSDP: this rank's shards), RMS of g^2 / max(v-hat,
+    eps^2) after the step as StableAdamW measures it, with their indices in the param groups."""
     values, index = [], []
     params = [(group, p) for group in optimizer.param_groups for p in group["params"]]
     for i, (group, p) in enumerate(params):
@@ -167,8 +155,7 @@ def adam_rms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, list[int]]
 def erased_counts(
     before: Sequence[torch.Tensor], delta: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
 ) -> torch.Tensor | None:
-    """[erased, updated] over the 16-bit weights: elements with a nonzero gradient, and those of
-    them the step left exactly where they were (the update rounded away)."""
+    """[erased, updated]: the 16-bit elements with a nonzero gradient that the step left as is."""
     low = [i for i, w in enumerate(before) if w.dtype in SIXTEEN_BIT]
     if not low:
         return None
@@ -180,10 +167,8 @@ def erased_counts(
 
 
 def optimizer_floors(optimizer: torch.optim.Optimizer, rounding: str | None) -> dict[str, Any]:
-    """Config-time facts (host metadata, after the first step made the state): the smallest eps
-    against the smallest positive value of the second moment's dtype, and the largest
-    peak lr x weight decay against half the relative spacing of the weights it decays, where
-    the weights are rounded to nearest after each step."""
+    """Config-time facts (once the state exists): the smallest eps against its dtype's smallest
+    value; the largest peak lr x wd against the spacing of 16-bit weights rounded to nearest."""
     record: dict[str, Any] = {}
     eps = [
         (float(g["eps"]), s.dtype)
@@ -229,8 +214,7 @@ def low_precision_weights(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def since_start(model: torch.nn.Module, start: list[torch.Tensor]) -> dict[str, float | None]:
-    """The 16-bit weights against `start` (a sync): the share of elements still exactly where
-    they were, and the ratio of their L2 norms now and then (what weight decay shrinks)."""
+    """The 16-bit weights against `start` (a sync): the share unmoved and the L2 norms' ratio."""
     now = low_precision_weights(model)
     if not start or len(now) != len(start):
         return {"unmoved_share": None, "weight_norm_ratio": None}

@@ -1,10 +1,7 @@
 """How fp16 would hold the gradients: flushed-to-zero and subnormal shares, and a log2|g| histogram.
 
-fp16's smallest subnormal is 2^-24 (about 6e-8) and its smallest normal 2^-14 (about 6.1e-5):
-a gradient at or below half the smallest subnormal (2^-25, about 3e-8) rounds to zero, one below
-the smallest normal keeps only a few mantissa bits (docs/amp_pitfalls.md §1). The shares are
-measured on the unscaled gradients as they are (scale 1) and multiplied by the current loss
-scale, per parameter tensor, all on the device.
+Per parameter tensor, on the device, of the unscaled gradients and of them times the loss scale
+(docs/amp_pitfalls.md §1).
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ def grad_stats(grads: list[torch.Tensor], scale: torch.Tensor) -> tuple[torch.Te
     scaled = flat * scale.float()
 
     def per_tensor(mask: torch.Tensor) -> torch.Tensor:
-        # the running count at each tensor's last element, differenced: ~3x faster than
-        # torch.segment_reduce on a CPU
+        # running counts at each tensor's end, differenced: ~3x faster than segment_reduce (CPU)
         total = mask.cumsum(0)[ends]
         return torch.diff(total, prepend=total.new_zeros(1)).float()
 
@@ -43,9 +39,8 @@ def grad_stats(grads: list[torch.Tensor], scale: torch.Tensor) -> tuple[torch.Te
             per_tensor((scaled > FP16_FLUSH) & (scaled < FP16_TO_NORMAL)),
         ]
     )
-    # bin k counts |g| in [2^(HIST_LOW+k), 2^(HIST_LOW+k+1)): floor(log2|g|) is the exponent
-    # field of an fp32, read from its bits (5x faster than histc over log2 on a CPU). Zero,
-    # fp32 subnormals, inf and nan land in the two bins outside the range, which are dropped.
+    # bin k counts |g| in [2^(HIST_LOW+k), 2^(HIST_LOW+k+1)): the fp32 exponent bits (5x faster
+    # than histc over log2 on a CPU); zero, subnormals, inf and nan land in the dropped end bins
     bins = HIST_HIGH - HIST_LOW
     exponent = (flat.view(torch.int32) >> 23) - (127 + HIST_LOW)
     hist = torch.bincount(exponent.clamp_(-1, bins).add_(1), minlength=bins + 2)[1:-1].float()

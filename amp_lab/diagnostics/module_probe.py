@@ -20,9 +20,8 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _max_abs(t: torch.Tensor) -> torch.Tensor:
-    """max |x| as an fp32 device scalar (exact: a maximum needs no wider accumulator); inf and
-    nan propagate. From one min/max reduction: torch's inf-norm kernel, the obvious call, is an
-    order of magnitude slower on a CPU (docs/benchmarks.md)."""
+    """max |x| as an fp32 device scalar, inf and nan propagating; one aminmax: torch's inf-norm
+    kernel is an order of magnitude slower on a CPU (docs/benchmarks.md)."""
     low, high = torch.aminmax(t.detach())
     return torch.maximum(high, low.neg()).float()
 
@@ -92,11 +91,7 @@ class Hooks:
 
 
 class ModuleProbe(Hooks):
-    """Hooks on every named module; attach() for the steps to watch, detach() after.
-
-    Each call records `measure(tensor)` (default max |x|); with `inputs`, the first floating
-    input of each forward call too, in `self.inputs` (the divergence finder keeps whole copies).
-    """
+    """Hooks on every named module recording `measure` (max |x|) per call, while attached."""
 
     def __init__(
         self,

@@ -1,10 +1,8 @@
 """Numerics telemetry (`diagnostics=off|light|full`), read back only at log steps.
 
-At a log step the monitor (amp_lab/health/monitor.py) hands this observer the window's scales
-and skip flags, from which the scale events are read. Probe steps (every `diagnostics.every`)
-also measure fp16 headroom per module, gradient underflow, the gradient norm the optimizer gets
-and the update-to-weight ratio. Module hooks (module_probe.py) run on probe steps, on every step
-in `full` mode, and in `light` mode after a window with a non-finite step until it is attributed.
+Probe steps (every `diagnostics.every`) measure fp16 headroom, gradient underflow, the applied
+gradient norm and the update-to-weight ratio; module hooks run on probe steps, on every step in
+`full`, and in `light` from a non-finite window until it is attributed.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from typing import Any
 import torch
 
 from amp_lab.choices import PitfallName
-from amp_lab.components.fsdp import full_value, local, shard_group, sum_over_shards
+from amp_lab.components.fsdp import full_value, local, shard_group, square_norms, sum_over_shards
 from amp_lab.config import DiagnosticsConfig, ScalerConfig
 from amp_lab.diagnostics.early_signals import (
     BlockSignals,
@@ -44,9 +42,7 @@ log = logging.getLogger(__name__)
 def low_precision_state(
     named: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer
 ) -> list[str]:
-    """Names of the given weights and of optimizer-state entries that are not fp32 (host
-    metadata only); the bf16 Kahan compensation buffer is bf16 by design, and so is a state
-    dtype chosen with optim.state_dtype."""
+    """Names of weights and optimizer state not in fp32 (but Kahan and optim.state_dtype's)."""
     names = {id(p): n for n, p in named}
     bad = [f"{n} ({p.dtype})" for n, p in named if _not_fp32(p)]
     for param, state in ({} if hasattr(optimizer, CHOSEN_STATE) else optimizer.state).items():
@@ -60,11 +56,6 @@ def low_precision_state(
 
 def _not_fp32(t: object) -> bool:
     return torch.is_tensor(t) and t.is_floating_point() and t.dtype != torch.float32
-
-
-def _square_sum(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """The squared L2 norm of all the tensors together (squares add over shards; norms do not)."""
-    return torch.stack(torch._foreach_norm(tensors)).square().sum()
 
 
 class Diagnostics(StepObserver):
@@ -91,8 +82,7 @@ class Diagnostics(StepObserver):
             )
         self.probe = ModuleProbe(model, self.device)
         self.probe_model = model
-        # attention logits and kurtosis; the logits' bound on every step of an eager model (a
-        # compiled one ignores the hooks: its probe steps, which run eager, measure it)
+        # the logits' bound on every step of an eager model (a compiled one's probe steps run eager)
         self.blocks = BlockSignals(model)
         if model is view.model:
             self.blocks.watch()
@@ -129,8 +119,7 @@ class Diagnostics(StepObserver):
             self.blocks.attach()
 
     def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        # A compiled model ignores hooks added after it was compiled (dynamo does not guard
-        # on module hooks), so steps with the probe attached run the eager module it wraps.
+        # dynamo does not guard on module hooks: steps with the probe attached run eager
         return getattr(model, "_orig_mod", model) if self.probe.attached else model
 
     def before_optimizer_step(self) -> None:
@@ -162,7 +151,7 @@ class Diagnostics(StepObserver):
         if self.probing and "before" in self.window:
             params, before = self.window.pop("params"), self.window.pop("before")
             delta = torch._foreach_sub([local(p).detach() for p in params], before)
-            squares = torch.stack([_square_sum(delta), _square_sum(before)])
+            squares = torch.stack([square_norms(delta).sum(), square_norms(before).sum()])
             delta_sq, before_sq = sum_over_shards(squares, self.group)  # totals over the shards
             self.window["update_ratio"] = delta_sq.sqrt() / before_sq.sqrt().clamp_min(1e-30)
             self.window["state"] = probe_state(
@@ -187,8 +176,7 @@ class Diagnostics(StepObserver):
             self.floors = optimizer_floors(self.view.optimizer, self.view.rounding)
 
     def _check_state(self) -> None:
-        """The weights the optimizer updates and its state must be fp32 (StepView says which
-        weights; the optimizer state is checked in every mode)."""
+        """The weights the optimizer updates (StepView's) and its state must be fp32."""
         bad = low_precision_state(self.view.optimized_weights(), self.view.optimizer)
         if bad:
             evidence = f"{len(bad)} not fp32, e.g. {', '.join(bad[:3])}"
@@ -204,8 +192,7 @@ class Diagnostics(StepObserver):
 
     # -- log steps (the only reads) -----------------------------------------------------------
     def read(self, step: int, rows: Rows, first_bad: int | None) -> dict[str, Any]:
-        """Flat `diag/` and `amp/` keys for the train record from the monitor's window rows and
-        the probes; details go to diagnostics.jsonl."""
+        """Flat `diag/` and `amp/` keys for the train record; details go to diagnostics.jsonl."""
         events = self.tracker.feed(rows.first_step, rows.scales, rows.skips)
         for name, evidence in self.tracker.signatures.items():
             self._signature(name, evidence)
@@ -305,8 +292,7 @@ class Diagnostics(StepObserver):
 
     # -- resume: a checkpoint holds what the history so far says ------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The open window's probe results, the scale history, the first non-finite module, and
-        what was already reported (tensors and plain data)."""
+        """The open window's probes, the scale history, the first non-finite module, reports."""
         return {
             "armed": self.armed,
             "state_checked": self.state_checked,
@@ -328,7 +314,6 @@ class Diagnostics(StepObserver):
         if not state:  # written with diagnostics=off: the history starts at the resumed step
             self.tracker.scale = self.view.host_scale()
             return
-        # a checkpoint written before the monitor also holds window rows: the monitor's now
         self.armed = state["armed"]
         self.state_checked = state["state_checked"]
         self.window = {
@@ -346,8 +331,7 @@ class Diagnostics(StepObserver):
         self.probe.act_names = [tuple(n) for n in state["act_names"]]
 
     def summary(self, first_bad: int | None) -> dict[str, Any]:
-        """The first non-finite step (the monitor's) and module, scale events, signatures and
-        warnings (a sync)."""
+        """The first non-finite step and module, scale events, signatures, warnings (a sync)."""
         phases = {p: self.probe.first[p].read() for p in ("forward", "backward")}
         at_first = [v for v in phases.values() if v and v["step"] == first_bad]
         culprit = at_first[0] if at_first else next((v for v in phases.values() if v), None)
@@ -366,8 +350,7 @@ class Diagnostics(StepObserver):
             "signatures": dict(self.signatures),
             "warnings": list(self.warnings),
             "fp32_state_ok": PitfallName.half_model not in self.signatures,
-            # the 16-bit weights (pure modes) since this start: the share that never moved, and
-            # their norm's ratio; null in other modes
+            # the pure modes' 16-bit weights since this start; null in other modes
             **since_start(self.probe_model, self.start_weights or []),
             "attn_logit_max": self.attn_logit_peak,  # over the probes of this start
         }
@@ -388,8 +371,7 @@ def build_diagnostics(
     out_dir: Path | None,
     view: StepView,
 ) -> StepObserver:
-    """The observer for `diagnostics.mode`, watching the step whose view it gets (the step
-    calls this once, as it is built: TrainStep.observe)."""
+    """The observer for `diagnostics.mode`, watching the step whose view it gets."""
     if cfg.mode == "off":
         return DiagnosticsOff()
     return Diagnostics(cfg, view, scaler_cfg, dynamic, log_every, out_dir)

@@ -1,9 +1,8 @@
 """Adam's second moment in the dtype it is stored in, and the largest update it allows, at probes.
 
-The second-moment cliff (docs/amp_pitfalls.md §3): a moment below the storage dtype's smallest
-subnormal is stored as 0, and the step becomes lr * m / eps. A probe counts the zero and the
-subnormal entries of every `exp_avg_sq` (torchao's block-scaled states after dequantisation), and
-the update-to-weight ratio of each weight matrix, on the device until a log step reads them.
+A moment below its storage dtype's smallest subnormal is stored as 0, and the step becomes
+lr * m / eps (docs/amp_pitfalls.md §3): a probe counts the zero and subnormal `exp_avg_sq`
+entries and each weight matrix's update-to-weight ratio, on the device.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from amp_lab.components.fsdp import local, sum_over_shards
+from amp_lab.components.fsdp import local, square_norms, sum_over_shards
 
 
 def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
@@ -34,9 +33,7 @@ def _zero_and_subnormal(v: torch.Tensor) -> torch.Tensor:
 
 
 def _moment_counts(moments: list[torch.Tensor]) -> torch.Tensor:
-    """[zero, subnormal] totals over the second moments: plain tensors in one flat pass per
-    dtype (one by one, each moment would cost ~8 ops), torchao's block-scaled states one by
-    one."""
+    """[zero, subnormal] totals: plain moments in one flat pass per dtype, torchao's one by one."""
     flat: dict[torch.dtype, list[torch.Tensor]] = {}
     rows = []
     for v in moments:
@@ -55,25 +52,18 @@ def probe_state(
     delta: Sequence[torch.Tensor],
     group: dist.ProcessGroup | None = None,
 ) -> dict[str, Any]:
-    """Device tensors for one probe step: second-moment counts and per-weight update ratios.
-    `before` and `delta` are this rank's part of `params`; under FSDP (`group`) the counts and
-    the squared norms of the shards are summed over the ranks."""
+    """Device tensors for one probe step: second-moment counts and per-weight update ratios
+    (`before` and `delta` this rank's part of `params`; FSDP's shards summed over `group`)."""
     moments = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     probe: dict[str, Any] = {}
     if moments:
         counts = _moment_counts([local(v) for v in moments])
         probe["v_counts"] = sum_over_shards(counts, group)
         probe["v_size"] = sum(v.numel() for v in moments)  # a DTensor's: the whole tensor's
-    # matrices of 4096+ values (those torchao quantises): the layers that carry the model; a
-    # bias, norm or token initialised at 0 or 1e-6 has a ratio that says nothing
+    # matrices of 4096+ values (as torchao quantises): a bias, norm or token's ratio says nothing
     keep = [i for i, w in enumerate(params) if w.dim() >= 2 and w.numel() >= 4096]
     if keep:
-        squares = torch.stack(
-            [
-                torch.stack(torch._foreach_norm([t[i].float() for i in keep])).square()
-                for t in (delta, before)
-            ]
-        )
+        squares = torch.stack([square_norms([t[i].float() for i in keep]) for t in (delta, before)])
         norms, weights = sum_over_shards(squares, group).sqrt()
         probe["ratios"] = norms / weights.clamp_min(1e-30)
         probe["ratio_index"] = keep

@@ -49,10 +49,8 @@ def prepare_model(
 
 
 def _check_half_model(policy: PrecisionPolicy) -> None:
-    """model.half() beside bf16 shows no mistake: a bf16 mode casts the weights back, and on the
-    CPU the fp16 weights meet bf16 autocast activations, which timm's ViT token concat and
-    ConvNeXt's layer norm refuse with a dtype error (tests/diagnostics/test_pitfall_claims.py);
-    a module kept in fp32 feeds fp32 inputs to its fp16 weights, which they refuse too."""
+    """model.half() beside bf16 (or precision.fp32_modules) shows no mistake, only a cast back
+    or a dtype error in timm's layers (tests/diagnostics/test_pitfall_claims.py)."""
     if kept := policy.options.fp32_modules:
         raise ConfigError(
             f"precision.fp32_modules=[{','.join(kept)}] cannot run in fp32 over model.half()'s "
@@ -97,11 +95,7 @@ class LabStep(TrainStep):
 
 
 class NoScalerUpdate(LabStep):
-    """update() forgotten: the scale never backs off, so an overflowing run skips every step.
-
-    torch's GradScaler refuses a second step() without update(); this variant resets that
-    bookkeeping but never adapts the scale, which is what a loop with a fixed scale does.
-    """
+    """update() forgotten: the scale never backs off, so an overflowing run skips every step."""
 
     def update_scale(self) -> None:
         scale = scale_tensor(self.scaler)
@@ -120,10 +114,8 @@ class UpdateEveryMicrobatch(LabStep):
 
 
 class ClipBeforeUnscale(LabStep):
-    """The clip threshold is applied to scaled gradients, then they are unscaled: the gradient
-    is about 1/scale of the intended one. Under SGD the update shrinks with it and training
-    crawls; Adam normalises the gradient's size away, so under AdamW the loss falls about as
-    fast (tests/diagnostics/test_pitfall_claims.py measures both)."""
+    """The clip acts on scaled gradients, then they are unscaled: about 1/scale of the intended
+    gradient, which crawls under SGD; AdamW normalises it away (test_pitfall_claims.py)."""
 
     def unscale_and_clip(self) -> torch.Tensor:
         self.before_unscale()
@@ -133,9 +125,8 @@ class ClipBeforeUnscale(LabStep):
 
 
 class HalfModel(LabStep):
-    """Weights and optimizer state in fp16 (model.half()). GradScaler refuses fp16 gradients, so,
-    like a user who hit that error, this loop drops the scaler: small updates round away
-    against fp16 weights, and inf/nan gradients are written into the weights."""
+    """Weights and optimizer state in fp16 (model.half()), and no scaler (it refuses fp16
+    gradients): small updates round away, and inf/nan gradients reach the weights."""
 
     uses_scaler = False
 
@@ -178,8 +169,7 @@ VARIANTS: dict[PitfallName, type[LabStep]] = {
 
 
 def step_class(pitfall: str, fault: FaultConfig) -> Callable[..., TrainStep]:
-    """What builds the run's step: the correct TrainStep itself, or the pitfall's variant (with
-    the faults), chosen before the step is built, so it is built once."""
+    """What builds the run's step: the correct TrainStep, or the pitfall's variant with faults."""
     if pitfall == PitfallName.none and fault == FaultConfig():
         return TrainStep
     return functools.partial(VARIANTS[PitfallName(pitfall)], fault=fault)

@@ -1,11 +1,7 @@
 """Loss-scale events read from a log window: backoffs, growths, and GradScaler misuse.
 
-The step records the scale after each optimizer step and whether it skipped, on the device;
-at a log step these host lists are turned into events. Two signatures of GradScaler misuse
-(docs/amp_pitfalls.md §2) show up here: a skipped step without a backoff (update() never
-called; the hysteresis scaler holds its scale through `scaler.hysteresis - 1` consecutive
-overflows on purpose) and a scale that moves by more than one factor per optimizer step, or
-grows sooner than growth_interval allows (update() called per micro-batch).
+Misuse (docs/amp_pitfalls.md §2): skips without a backoff beyond the allowed holds (no update()),
+a scale moving more than one factor a step or growing too soon (update() per micro-batch).
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ class ScaleTracker:
     held: int = 0  # consecutive skipped steps that kept the scale
 
     def _check_change(self, step: int, old: float, scale: float) -> None:
-        """update() per micro-batch: the scale grows sooner than growth_interval allows, or
-        moves by more than one factor in one optimizer step."""
+        """The signature of update() per micro-batch in one change of the scale."""
         if scale > old:
             last, self.last_growth = self.last_growth, step
             if last is not None and step - last < self.cfg.growth_interval:

@@ -1,7 +1,5 @@
 """What a difference between runs is worth: a paired interval over the seeds, against a threshold.
 
-The report asks here of each cell against its reference (the doctor's one-seed probes are judged
-against fp32 in doctor/verdict.py).
 A difference is a finding only when the `health.confidence` t-interval of the paired differences
 (run minus the reference run of the same seed) excludes zero and its mean passes the threshold;
 it matches when the whole interval lies within the threshold; anything else, and any comparison

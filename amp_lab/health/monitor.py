@@ -1,10 +1,7 @@
 """The monitor: one device buffer fed by every step, read at log steps, judged by the rule table.
 
-Each optimizer step writes its loss, correct count, skip flag, loss scale and gradient norm into
-one row of a device buffer: one op, no host sync. At a log step the rows come to the host in one
-copy; each step's loss and gradient norm is set against the mean of the steps before it (the
-window's spikes), the window goes to the rule table (rules.py), and the monitor alone decides
-whether the run must stop (`stop_reason`).
+Each step writes one row (loss, correct, skip, scale, gradient norm) in one op, no host sync; a
+log step copies the rows to the host once, and the monitor alone decides whether the run stops.
 """
 
 from __future__ import annotations
@@ -54,11 +51,10 @@ class Monitor:
         self.one = torch.ones((), device=device)  # the scale of a step without a scaler
 
     def _allocate_rows(self, count: int, keep: torch.Tensor | None = None) -> None:
-        rows = torch.zeros(count, len(self.COLUMNS), device=self.device, dtype=torch.float64)
+        self.rows = torch.zeros(count, len(self.COLUMNS), device=self.device, dtype=torch.float64)
         if keep is not None:
-            rows[: len(keep)] = keep
-        self.rows = rows
-        self.row_views = [list(row.unbind()) for row in rows]
+            self.rows[: len(keep)] = keep
+        self.row_views = [list(row.unbind()) for row in self.rows]
 
     # -- every step --------------------------------------------------------------------------
     def add(self, result: StepResult) -> None:
@@ -102,15 +98,12 @@ class Monitor:
         return Rows(first, list(losses), list(skips), list(scales))
 
     def _spikes(self, first: int, values: list[list[float]]) -> dict[str, Any]:
-        """Per figure (the loss, the gradient norm), the window's largest ratio of a step's value
-        to the mean of the last health.window steps before it, and its step (as Lightning's
-        SpikeDetection, which flags loss - mean >= rtol x mean). Skipped steps are left out:
-        their gradients held inf/nan, and their update did not happen."""
+        """The window's largest ratio of a step's loss (gradient norm) to the mean of the last
+        health.window unskipped steps before it, and its step (as Lightning's SpikeDetection)."""
         figures: dict[str, Any] = {}
         h = self.history
-        # below half of chance, ln(classes), a batch's loss varies by factors (a trained run's
-        # 0.03-0.3 on digits: up to 4.4x its 10-step mean), so a loss spike is measured against
-        # no less than that
+        # below half of chance, ln(classes), a batch's loss varies by factors (up to 4.4x its
+        # 10-step mean on digits), so a loss spike is measured against no less than that
         floor = h.chance_loss / 2 if math.isfinite(h.chance_loss) else 0.0
         for name, recent, least in (
             ("loss", h.recent_losses, floor),
@@ -145,8 +138,7 @@ class Monitor:
     def judge(
         self, rows: Rows, totals: dict[str, float], world: int, probes: dict[str, Any]
     ) -> list[str]:
-        """The window rules on this log window and its record's `diag/` probe figures; returns
-        the warning lines of new findings."""
+        """The window rules on this log window and its `diag/` figures: new findings' lines."""
         h = self.history
         clean_before = rows.first_step - 1 > sum(w.skipped for w in h.windows)
         figures = {**self.figures, **probes}
@@ -198,8 +190,7 @@ class Monitor:
     optional_in_checkpoint = True
 
     def state_dict(self) -> dict[str, Any]:
-        """The open window (its rows as they are, so the resumed run reads it whole), the
-        history and the findings (tensors and plain data)."""
+        """The open window's rows, the history and the findings (tensors and plain data)."""
         return {
             "rows": self.rows[: self.pending].cpu(),
             "samples": self.samples,

@@ -1,10 +1,7 @@
 """The rule table: each fact a run states about itself is one entry of RULES, decided here once.
 
-A rule reads a run's History (fed by monitor.py) and the `health.*` thresholds. When it fires it
-makes a Finding: `words` are what every surface shows (summary.json, console, report, doctor),
-`evidence` the sentence with its threshold, `step` the step it names (a window rule's last
-judged step; for `diverged`, the step the run diverged at). A rule fires once per run: window
-rules at every log window, end rules at the end, `diverged` at both (it stops the run).
+A rule reads a run's History (fed by monitor.py) and the `health.*` thresholds, and fires at most
+once per run: window rules at each log window, end rules at the end, `diverged` at both.
 """
 
 from __future__ import annotations
@@ -29,9 +26,7 @@ class Window:
     scale: float  # loss scale after the window
     clean_before: bool = True  # a step before this window updated the weights
     zero_grad_share: float | None = None  # a probe step's share of exactly-zero gradients
-    # the early-warning figures of the window (keys of SIGNALS): the monitor's spikes, the
-    # attention bound and the probe's figures (diagnostics/early_signals.py)
-    signals: dict[str, Any] = field(default_factory=dict)
+    signals: dict[str, Any] = field(default_factory=dict)  # the early-warning figures (SIGNALS)
 
     @property
     def steps(self) -> int:
@@ -54,11 +49,10 @@ class History:
     worst_streak: int = 0  # the most consecutive skipped steps
     first_bad: int | None = None  # the first step that skipped or had a non-finite loss
     floor: str | None = None  # the scaler's own reason it cannot go on (hysteresis floor)
-    # the last health.window losses and gradient norms of steps that did not skip (the spikes'
-    # running means), and the lowest mean loss of health.window steps so far
+    # the spikes' running means: the last health.window losses and norms of unskipped steps
     recent_losses: list[float] = field(default_factory=list)
     recent_norms: list[float] = field(default_factory=list)
-    lowest_loss: float = math.inf
+    lowest_loss: float = math.inf  # the lowest mean loss of health.window steps so far
 
     def span(self, windows: list[Window], steps: int) -> list[Window]:
         """The fewest windows from the start of `windows` covering `steps` steps."""
@@ -76,7 +70,7 @@ class History:
         return _mean(self.span(finite[::-1], steps)) if finite else math.inf
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)  # its windows as dicts too
+        return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -91,7 +85,7 @@ class Finding:
     evidence: str  # the sentence with its threshold
 
 
-# (words, evidence), or (words, evidence, the step named) where it is not the last judged one
+# (history, thresholds, at_end) -> (words, evidence[, the step named, if not the last judged])
 Check = Callable[[History, HealthConfig, bool], "tuple[str, str] | tuple[str, str, int] | None"]
 
 
@@ -100,22 +94,19 @@ class Rule:
     name: str
     label: str  # the finding in a few words, without figures: merged across seeds by the report
     when: str  # window | end | any
-    check: Check  # (history, thresholds, at_end) -> (words, evidence) or None
+    check: Check
 
 
 def _final(h: History, cfg: HealthConfig) -> tuple[list[Window], int, int, int]:
-    """The last health.window steps (whole log windows, the latest first) and their (steps,
-    finite, skipped)."""
+    """The last health.window steps' windows (latest first), their steps, finite and skipped."""
     tail = h.span(h.windows[::-1], cfg.window)
     steps = sum(w.steps for w in tail)
     return tail, steps, sum(w.finite for w in tail), sum(w.skipped for w in tail)
 
 
 def _blown_up(h: History, cfg: HealthConfig) -> str | None:
-    """Why the loss learned and then blew up and stayed up, or None: a mean of health.window
-    steps fell more than health.rise below the start, and the mean of the last health.window
-    steps gave back health.give_back of that fall. The start is the lower of the first window's
-    mean and ln(classes): a run that blew up before it learned is `loss_rises`, not this."""
+    """Why the loss learned (fell health.rise below the start), then gave back health.give_back
+    of that fall, or None; a run that blew up before it learned is `loss_rises`."""
     finite = [w for w in h.windows if w.finite and math.isfinite(w.loss)]
     if not finite:
         return None
@@ -214,9 +205,8 @@ def _not_training(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str
 
 
 def _trend(h: History, cfg: HealthConfig) -> tuple[float, float, float, bool] | None:
-    """(start, first, end, apart), or None when the run is too short to compare. first and end
-    are the mean losses of the first and the last health.window steps (whole log windows),
-    start the lower of the first window's and ln(classes); apart: the two spans do not overlap."""
+    """(start, first, end, apart): start no higher than ln(classes), the mean losses of the first
+    and last health.window steps, whether they are apart; None when the run is too short."""
     finite = [w for w in h.windows if w.finite and math.isfinite(w.loss)]
     head, tail = h.span(finite, cfg.window), h.span(finite[::-1], cfg.window)
     if not head or head[0].last_step >= tail[-1].last_step:
@@ -259,10 +249,7 @@ def _signal(w: Window, key: str) -> float | None:
 
 
 def _reaches(key: str, threshold: str, words: str, why: str, probed: bool = True) -> Check:
-    """The window rule on the figure `key` (a SIGNALS key): it fires when the last window reached
-    health.<threshold>; a `probed` figure only in a window without a skipped step (a skip's
-    probe figures hold inf/nan; the per-step figures leave skipped steps out). `words` formats
-    the figure as {value} and the window's other figures by their names."""
+    """The rule that `key` reached health.<threshold>; a `probed` one only in a skip-free window."""
 
     def check(h: History, cfg: HealthConfig, at_end: bool) -> tuple[str, str] | None:
         w, limit = h.windows[-1], getattr(cfg, threshold)
@@ -356,8 +343,7 @@ def _mean(windows: list[Window]) -> float:
 
 
 DIVERGED = "diverged"
-# the figures a Window keeps for the early-warning rules: every step's (the monitor's spikes,
-# the attention bound), then the probe steps'
+# the figures a Window keeps for the early-warning rules: every step's, then the probe steps'
 SIGNALS = (
     "train/loss_spike",
     "train/loss_spike_step",
@@ -407,8 +393,7 @@ RULES: dict[str, Rule] = {
 
 
 def judge(h: History, cfg: HealthConfig, at_end: bool, already: set[str]) -> list[Finding]:
-    """The rules due now (window rules, or end rules at the end) that fire and had not fired.
-    Once the run has diverged no other rule is judged: it would describe the aftermath."""
+    """The rules due now that fire and had not fired; none once the run has diverged."""
     if not h.windows or DIVERGED in already:
         return []
     found: list[Finding] = []
@@ -431,6 +416,5 @@ def rule_names(summary: dict[str, Any]) -> set[str]:
 
 
 def words_of(summary: dict[str, Any]) -> list[str]:
-    """What a run's summary.json says is wrong with it, in the judge's words (a rule's name for
-    a summary written before findings had words)."""
+    """What a run's summary.json says is wrong with it (a rule's name where it has no words)."""
     return [e.get("words") or e["rule"] for e in summary.get("health") or []]

@@ -1,8 +1,7 @@
 """`precision.fp32_modules`: run chosen modules in fp32 inside an autocast forward.
 
-Each module whose qualified name matches one of the fnmatch patterns (`*norm*`, `head`,
-`*.attn`) gets a forward wrapper: floating inputs are cast to fp32 and the module runs with
-autocast disabled, so its ops (and their gradients) stay in fp32 (docs/amp_pitfalls.md §4).
+A module matching a pattern (`*norm*`, `head`) gets fp32 inputs and autocast disabled, so its ops
+and their gradients stay in fp32 (docs/amp_pitfalls.md §4).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """float8 training of Linear layers with torchao (an optional extra: `pip install amp-lab[fp8]`).
 
-Eligible `nn.Linear` layers become torchao's `Float8Linear` (their three matmuls in float8 with
-dynamic scales), everything else runs in bf16 autocast; weights and optimizer stay fp32. Hardware
-float8 needs SM 8.9+; torchao's emulation runs anywhere, slowly: a correctness check only.
+Eligible `nn.Linear` layers become torchao's `Float8Linear`, the rest runs in bf16 autocast, the
+weights and optimizer stay fp32. Emulation (no SM 8.9+) is a slow correctness check only.
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ def convert_to_fp8(
     head = classifier(model)
 
     def keep(module: torch.nn.Module, fqn: str) -> bool:
-        """Convert a Linear unless fp8_skip_reason names a reason to leave it in bf16."""
         return (
             isinstance(module, torch.nn.Linear)
             and fp8_skip_reason(module, fqn, head, fp32_modules) is None

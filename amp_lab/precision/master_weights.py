@@ -1,12 +1,8 @@
 """Low-precision model weights: an fp32 master copy in the optimizer, or rounded fp32 updates.
 
-`bf16_pure` and `fp16_pure` keep the weights in 16 bits but for BatchNorm's, which stay fp32 as
-in apex O2: a running variance averaged in 16 bits drifts. Two ways to update the 16-bit ones:
-- `MasterWeights` (apex O2): the optimizer steps fp32 copies, which take the 16-bit gradients
-  before the scaler unscales and are copied back (round to nearest) after each step.
-- `RoundedUpdates` (bf16 without masters): each step runs on a transient fp32 up-cast and is
-  written back by round-to-nearest, stochastic rounding, or with a bf16 Kahan compensation buffer
-  (Zamirai et al. 2020, "Revisiting BFloat16 Training").
+BatchNorm's weights stay fp32, as in apex O2: a running variance averaged in 16 bits drifts.
+`MasterWeights` (apex O2) steps fp32 copies; `RoundedUpdates` (bf16 without masters) steps an fp32
+up-cast rounded back to nearest, stochastically, or with a bf16 Kahan buffer (Zamirai et al. 2020).
 """
 
 from __future__ import annotations
@@ -100,7 +96,6 @@ class RoundedUpdates:
     ) -> None:
         self.optimizer, self.dtype, self.rounding = optimizer, dtype, rounding
         to_low_precision(model, dtype)  # the optimizer's Parameter objects are the model's
-        # not BatchNorm's, which stay fp32
         self.low = [p for g in optimizer.param_groups for p in g["params"] if p.dtype == dtype]
         optimizer.register_step_pre_hook(lambda *_: self._to_fp32())
         optimizer.register_step_post_hook(lambda *_: self._round_back())

@@ -1,9 +1,7 @@
 """One table of precision modes and the policy object the training step uses.
 
-The loop never branches on dtype: it asks the policy for an autocast context and gets a loss
-scaler from scaling.py. Everything a mode means lives in the PRECISION_MODES table, and what a
-run of it promises (`PrecisionPolicy.promise()`) is read from that row and the run's settings;
-amp_lab/audit/ checks each promise against the first step the run really takes.
+The loop never branches on dtype: everything a mode means is its PRECISION_MODES row, and what a
+run of it promises (`PrecisionPolicy.promise()`, checked by amp_lab/audit/) is read from there.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def _torch_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Promise:
-    """What a run of a mode promises about every step; the audit (amp_lab/audit/) checks each
-    field against the first step the run takes."""
+    """What a run of a mode promises about every step; amp_lab/audit/ checks its first step."""
 
     compute: str  # the GEMMs' dtype outside precision.fp32_modules: fp32 | tf32 | fp16 | bf16 | fp8
     params: str  # the model's weights as stored (BatchNorm's stay fp32 in the pure modes)
@@ -204,8 +201,7 @@ class PrecisionPolicy:
         return info
 
     def promise(self, state_dtype: str, dynamic_scaling: bool) -> Promise:
-        """What this mode promises for a run whose optimizer keeps its moments in `state_dtype`
-        and whose scaler settings resolve to `dynamic_scaling` (scaling.uses_dynamic_scaling)."""
+        """What this mode promises, given the run's state dtype and resolved dynamic scaling."""
         mode = self.mode
         low_weights = mode.param_dtype != torch.float32
         return Promise(
@@ -223,21 +219,14 @@ class PrecisionPolicy:
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     ) -> Callable[[], None]:
-        """Give the built model and optimizer the mode's weights; returns the before-unscale hook.
-
-        fp8 swaps Linear layers for torchao's Float8Linear (same Parameter objects, so the
-        optimizer is unaffected); the pure modes move the weights to 16 bits (master_weights.py).
-        """
+        """The mode's weights for the built model and optimizer; returns the before-unscale hook."""
         if self.mode.fp8:
             from amp_lab.precision.fp8 import convert_to_fp8  # lazy: torchao is an optional extra
             from amp_lab.precision.fp32_modules import matching_modules
 
-            convert_to_fp8(
-                model,
-                self.options.fp8_recipe,
-                self.options.fp8_emulate,
-                matching_modules(model, self.options.fp32_modules),
-            )
+            opt = self.options
+            kept = matching_modules(model, opt.fp32_modules)
+            convert_to_fp8(model, opt.fp8_recipe, opt.fp8_emulate, kept)
         dtype = self.mode.param_dtype
         if dtype == torch.float32:
             return lambda: None

@@ -24,12 +24,8 @@ LOW_BIT = {"int8": "8bit", "int4": "4bit", "fp8": "Fp8"}  # torchao class-name s
 
 
 class LowPrecisionMomentsAdam(torch.optim.Optimizer):
-    """Adam/AdamW with both moments stored in bf16 or fp16; the arithmetic runs in fp32.
-
-    The update reads the moments as stored, so their rounding is what the run sees: in fp16 a
-    second moment at or below ~3e-8 (a steady gradient under ~1.7e-4) is 0, and the step
-    becomes lr * m / eps (docs/amp_pitfalls.md §3).
-    """
+    """Adam/AdamW with both moments stored in bf16 or fp16, read as stored; the arithmetic runs
+    in fp32. In fp16 a second moment at or below ~3e-8 is 0 (docs/amp_pitfalls.md §3)."""
 
     def __init__(
         self,
@@ -52,14 +48,14 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
         # load_state_dict casts the state to each weight's dtype: put the moments back
         self.register_load_state_dict_post_hook(lambda _: self._moments_to_state_dtype())
 
-    # GradScaler hands over its on-device inf flag (`self.found_inf`) instead of reading it on
-    # the host before every step; a step with inf/nan gradients then leaves everything as it was.
+    # GradScaler hands over its device inf flag (`self.found_inf`) instead of a host read
     _step_supports_amp_scaling = True
 
     def _store(
-        self, stored: torch.Tensor, exact: torch.Tensor, skip: torch.Tensor | None
+        self, stored: torch.Tensor, target: torch.Tensor, weight: float, skip: torch.Tensor | None
     ) -> torch.Tensor:
-        """Round the fp32 value into the stored moment; return what is stored, as fp32."""
+        """The moment moved towards `target` in fp32, rounded into storage; returned as fp32."""
+        exact = stored.float().lerp_(target, weight)
         new = stochastic_round_to_bf16(exact) if self.stochastic else exact.to(stored.dtype)
         stored.copy_(new if skip is None else torch.where(skip, stored, new))
         return stored.float()
@@ -92,14 +88,8 @@ class LowPrecisionMomentsAdam(torch.optim.Optimizer):
                     weight.mul_(1 - lr * decay)
                 else:
                     grad = grad.add(weight, alpha=decay)
-                m = self._store(
-                    state["exp_avg"], state["exp_avg"].float().lerp_(grad, 1 - beta1), skip
-                )
-                v = self._store(
-                    state["exp_avg_sq"],
-                    state["exp_avg_sq"].float().lerp_(grad.square(), 1 - beta2),
-                    skip,
-                )
+                m = self._store(state["exp_avg"], grad, 1 - beta1, skip)
+                v = self._store(state["exp_avg_sq"], grad.square(), 1 - beta2, skip)
                 # clamp: a first step skipped leaves step at 0, whose bias correction is 0
                 denom = (v / (1 - beta2**step).clamp_min(1e-30)).sqrt_().add_(group["eps"])
                 weight.addcdiv_(m / (1 - beta1**step).clamp_min(1e-30), denom, value=-lr)
@@ -140,8 +130,7 @@ def build_state_optimizer(
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes a tensor holds; a torchao state subclass counts its codes, scales and code map, a
-    DTensor (FSDP) its local shard."""
+    """Bytes a tensor holds: a torchao state's codes, scales and code map; a DTensor's shard."""
     if isinstance(t, DTensor):
         return tensor_bytes(t.to_local())
     if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor:

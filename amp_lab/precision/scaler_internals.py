@@ -1,9 +1,8 @@
 """Every use of torch GradScaler's private state, in one place.
 
-torch's public API has no device-side view of the inf/nan flag `unscale_` leaves, of the scale
-tensor, or of a scale update outside `update()`; the step, the diagnostics, the hysteresis scaler
-and the pitfall lab need them without a host sync. tests/precision/test_scaler_internals.py fails
-on a torch major.minor not in CHECKED_TORCH until these are re-checked.
+torch's public API has no device-side view of the inf/nan flag, of the scale tensor, or of a scale
+update outside `update()`; tests/precision/test_scaler_internals.py fails on a torch major.minor
+not in CHECKED_TORCH until these are re-checked.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ RECHECK = (
 
 
 def found_inf(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """1.0 if `scaler.step(optimizer)` just skipped the update, else 0.0: the inf/nan flag that
-    unscale_ left on the device (no sync). Read it between step() and update(), which clears it."""
+    """1.0 if `scaler.step(optimizer)` just skipped, else 0.0, on the device; update() clears it."""
     flags = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
     return flags[0] if len(flags) == 1 else sum(flags)
 
@@ -46,21 +44,17 @@ def clear_step_state(scaler: GradScaler) -> None:
 
 
 def scale_tensor(scaler: GradScaler) -> torch.Tensor | None:
-    """The scale as the device tensor (reading it is no sync); None while disabled or before the
-    first scale()."""
+    """The scale as a device tensor (no sync); None while disabled or before the first scale()."""
     return scaler._get_scale_async()
 
 
 def scale_and_growth_tracker(scaler: GradScaler) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scale and the count of clean steps since the last change, device tensors to update
-    in place; raises if scale() was never called."""
+    """The scale and the clean-step count, device tensors to update in place (needs a scale())."""
     return scaler._check_scale_growth_tracker("update")
 
 
 def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
-    """Back off or grow the scale now from `grads` (checked for inf/nan as they are), with
-    update()'s own kernel, but keep this step's records: the pitfall lab's per-micro-batch
-    update."""
+    """update()'s kernel now on `grads`' inf/nan check, this step's records kept (pitfalls.py)."""
     scale, growth = scale_and_growth_tracker(scaler)
     flag = torch.zeros((), device=scale.device)
     if grads:  # inv_scale 1: only the check, the gradients keep their values
@@ -78,10 +72,7 @@ def update_scale_now(scaler: GradScaler, grads: list[torch.Tensor]) -> None:
 
 
 def overflow_update(scaler: GradScaler, optimizer: torch.optim.Optimizer) -> None:
-    """The scaler's own update() for a step whose gradients overflowed, without unscaling or
-    stepping them (16-bit gradients cannot be unscaled): the scale moves by the scaler's own rule
-    (torch's backoff, a hysteresis scaler's holds, a static scaler's fixed scale). Needs a
-    scale(); the finder's retry of a pass that overflowed."""
+    """The scaler's own update() for an overflowed step, without unscaling or stepping it."""
     scale, _ = scale_and_growth_tracker(scaler)
     state = scaler._per_optimizer_states[id(optimizer)]
     state["found_inf_per_device"] = {scale.device: torch.ones((), device=scale.device)}

@@ -1,9 +1,7 @@
 """Loss scalers, all torch's GradScaler with only update() differing.
 
-Every mode runs through a GradScaler, so the step reads the same for all of them and a
-non-finite step is skipped and counted rather than written into the weights. Modes without
-dynamic scaling get a StaticGradScaler pinned at 1.0; `scaler.kind=static` is the same class at a
-chosen scale, `scaler.kind=hysteresis` the DeepSpeed-style HysteresisGradScaler.
+Every mode runs through one, so a non-finite step is skipped and counted in every mode; modes
+without dynamic scaling get a StaticGradScaler at 1.0.
 """
 
 from __future__ import annotations
@@ -34,17 +32,9 @@ class StaticGradScaler(GradScaler):
 
 
 class HysteresisGradScaler(GradScaler):
-    """GradScaler with DeepSpeed's hysteresis semantics; state_dict carries them all.
-
-    - hysteresis: the scale backs off only on the N-th consecutive overflow (and on each further
-      one); a clean step resets the count (DeepSpeed's `consecutive_hysteresis=True`), so one stray
-      inf no longer halves the scale.
-    - max_scale bounds growth; min_scale bounds backoff, and a backoff due at min_scale means loss
-      scaling cannot help: the Trainer stops the run as diverged at its next log step.
-    At hysteresis=1, with the bounds out of reach, it is torch's GradScaler bit for bit: the scale
-    times the factor in double, cast to fp32 once; growth when the clean count reaches
-    growth_interval exactly; no growth to inf. All state is device tensors: no host sync per step.
-    """
+    """GradScaler with DeepSpeed's hysteresis (`consecutive_hysteresis=True`): the scale backs off
+    only from the N-th consecutive overflow on; max_scale and min_scale bound it, and a backoff due
+    at min_scale stops the run. At hysteresis=1 within the bounds it is torch's, bit for bit."""
 
     def __init__(
         self,
@@ -57,13 +47,7 @@ class HysteresisGradScaler(GradScaler):
         min_scale: float,
         max_scale: float,
     ) -> None:
-        super().__init__(
-            device,
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-        )
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval)
         self.hysteresis, self.min_scale, self.max_scale = hysteresis, min_scale, max_scale
         # device tensors from the first update() on (the scale's device is known only then);
         # ints before it and after load_state_dict
@@ -112,8 +96,7 @@ class HysteresisGradScaler(GradScaler):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Also loads torch's GradScaler state: its own settings kept, the count of overflows
-        left full, the floor not hit."""
+        """Also a plain GradScaler's state: own settings kept, overflows left full, no floor hit."""
         super().load_state_dict(state_dict)  # GradScaler reads its keys only, not the ones below
         self.hysteresis = state_dict.get("hysteresis", self.hysteresis)
         self.min_scale = state_dict.get("min_scale", self.min_scale)
@@ -130,8 +113,7 @@ def uses_dynamic_scaling(cfg: ScalerConfig, policy: PrecisionPolicy) -> bool:
 
 
 def allowed_holds(cfg: ScalerConfig) -> int:
-    """Skipped steps in a row that may keep the scale: the hysteresis scaler's hysteresis - 1,
-    else 0 (every other dynamic scaler backs off at each skip)."""
+    """Skipped steps in a row that may keep the scale: hysteresis - 1 for that scaler, else 0."""
     return cfg.hysteresis - 1 if cfg.kind == "hysteresis" else 0
 
 
@@ -142,24 +124,11 @@ def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
         return StaticGradScaler(device, scale=cfg.init_scale if cfg.enabled is not False else 1.0)
     if not uses_dynamic_scaling(cfg, policy):
         return StaticGradScaler(device, scale=1.0)
+    # GradScaler's own order: init_scale, growth_factor, backoff_factor, growth_interval
+    growth = (cfg.init_scale, cfg.growth_factor, cfg.backoff_factor, cfg.growth_interval)
     if cfg.kind == "hysteresis":
-        return HysteresisGradScaler(
-            device,
-            cfg.init_scale,
-            cfg.growth_factor,
-            cfg.backoff_factor,
-            cfg.growth_interval,
-            cfg.hysteresis,
-            cfg.min_scale,
-            cfg.max_scale,
-        )
-    return GradScaler(
-        device,
-        init_scale=cfg.init_scale,
-        growth_factor=cfg.growth_factor,
-        backoff_factor=cfg.backoff_factor,
-        growth_interval=cfg.growth_interval,
-    )
+        return HysteresisGradScaler(device, *growth, cfg.hysteresis, cfg.min_scale, cfg.max_scale)
+    return GradScaler(device, *growth)
 
 
 def scaler_stop_reason(scaler: GradScaler) -> str | None:

@@ -11,9 +11,8 @@ from amp_lab.config import ConfigError
 
 
 def import_torchao(module: str, needed_for: str, extra: str) -> ModuleType:
-    """`module` of torchao, or a ConfigError naming the setting that needs it and the extra to
-    install. torchao registers its KernelPreference Enum with torch's pytree on import, which this
-    torch logs as a deprecation on every run: a line the user can do nothing about, kept off."""
+    """`module` of torchao, or a ConfigError naming the setting and the extra to install."""
+    # torchao's import logs a pytree deprecation on every run, which the user cannot act on
     pytree_log = logging.getLogger("torch.utils._pytree")
     level = pytree_log.level
     pytree_log.setLevel(logging.ERROR)
