@@ -1,9 +1,5 @@
-"""numerics.png: the divergence finder's error against depth, with the expected band.
-
-Two panels: module outputs in forward order, weight gradients in backward order. One line per
-mode (log scale), its band dashed in the same colour, each mode's first flagged module marked
-and named; the legend sits inside the figure.
-"""
+"""numerics.png: the divergence finder's error against depth (module outputs forward, weight
+gradients backward), each mode's band dashed and its first flagged module named."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Where the precisions part ways: one batch through the same weights in two builds, compared.
-
-`find(overrides, vs)` builds the run the overrides describe in the mode under test and in its
-reference (`vs="fp32"`: the same run in fp32, no pitfall; `vs="compiled"`: the same mode eager,
-and the reference fp32 both are measured against), takes one forward and backward pass in each
-(capture.py) and compares them module by module (compare.py). The doctor calls the same code.
-"""
+"""Where the precisions part ways: the builds of `--vs fp32` and `--vs compiled`, each one
+batch through the same weights (capture.py), compared module by module (compare.py)."""
 
 from __future__ import annotations
 
@@ -107,12 +102,9 @@ def compiled_flags(eager: dict[str, Any], compiled: dict[str, Any]) -> list[dict
         (e["module"], e["nonfinite"], c["nonfinite"])
         for e, c in zip(eager["params"], compiled["params"])
     ]
-    flags = []
-    for side, only in (
-        ("eager", [w for w, e, c in pairs if e and not c]),
-        ("compiled", [w for w, e, c in pairs if c and not e]),
-    ):
-        if only:
+    flags: list[dict[str, Any]] = []
+    for side, mine, other in (("eager", 1, 2), ("compiled", 2, 1)):  # non-finite in one only
+        if only := [p[0] for p in pairs if p[mine] and not p[other]]:
             flags.append(
                 {"kind": f"non-finite in {side} only", "where": only[0], "count": len(only)}
             )

@@ -1,17 +1,8 @@
 """`amp_lab numerics --steps N`: the mode under test and fp32 train N steps from the same weights
-and data order; where their weights part ways faster than rounding alone explains.
+and data order; where their weights part ways faster than rounding alone explains, a random
+walk from step 1's difference per unit of update (docs/diagnostics.md, "`--steps N`"):
 
-Rounding alone: step 1 measures what one update computed from rounded gradients moves the
-weights apart, per unit of update: b = d_1 / (||Δw_1|| / ||w_1||) (Adam's normalisation makes this
-far more than u: a gradient below the rounding noise flips its element's whole update). Repeated
-independently each step, the differences add like a random walk:
-
-    envelope_k = b · sqrt(sum_{j<=k} (||Δw_j|| / ||w_j||)^2)
-
-per module (its parameters together) and over the model. The weights' relative difference
-d_k = ||w_test - w_ref|| / ||w_ref|| past FLAG_FACTOR x envelope means the training dynamics
-amplify the difference (compounding, not adding); the report names the first step it does and
-the modules it does so in first.
+    envelope_k = b · sqrt(sum_{j<=k} (||Δw_j|| / ||w_j||)^2),  b = d_1 / (||Δw_1|| / ||w_1||)
 """
 
 from __future__ import annotations
