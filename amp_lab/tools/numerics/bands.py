@@ -14,21 +14,8 @@ import math
 
 import torch
 
-# Unit roundoff 2^-(mantissa bits + 1): half the gap between 1 and the next number
-UNIT_ROUNDOFF = {
-    "fp32": 2.0**-24,
-    "fp16": 2.0**-11,
-    "bf16": 2.0**-8,
-    "fp8_e4m3": 2.0**-4,
-    "fp8_e5m2": 2.0**-3,
-}
-TORCH_NAMES = {
-    "torch.float32": "fp32",
-    "torch.float16": "fp16",
-    "torch.bfloat16": "bf16",
-    "torch.float8_e4m3fn": "fp8_e4m3",
-    "torch.float8_e5m2": "fp8_e5m2",
-}
+# the dtypes with a band of their own, as str(tensor.dtype) spells them; any other counts as fp32
+LOW = ("torch.float16", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2")
 # Measured on test_vit and test_convnext (docs/diagnostics.md): a healthy module's norm-wise
 # error sits at 0.6-1.4 u, so SPREAD = 1 makes the band an envelope, not a derivation.
 SPREAD = 1.0
@@ -43,9 +30,9 @@ HEADROOM = 0.25
 GRAD_TERMS = 64
 
 
-def dtype_key(dtype: str) -> str:
-    """The band table's name of a torch dtype as str(tensor.dtype) spells it."""
-    return TORCH_NAMES.get(dtype, "fp32")
+def unit_roundoff(dtype: str) -> float:
+    """2^-(mantissa bits + 1), half the gap between 1 and the next number (fp32's beside LOW)."""
+    return _finfo(dtype if dtype in LOW else "float32").eps / 2
 
 
 def band(u: float, depth: int) -> float:
@@ -71,7 +58,7 @@ def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]
 def subnormal(max_abs: float, dtype: str, scale: float) -> bool:
     """A 16-bit tensor (at its loss scale) whose largest value is within 2^10 of its dtype's
     smallest normal: its typical elements are subnormal."""
-    return dtype_key(dtype) != "fp32" and max_abs * scale < _finfo(dtype).tiny * 2.0**10
+    return dtype in LOW and max_abs * scale < _finfo(dtype).tiny * 2.0**10
 
 
 def _finfo(dtype: str) -> torch.finfo:

@@ -14,7 +14,7 @@ from amp_lab.precision.scaler_internals import overflow_update
 from amp_lab.precision.scaling import allowed_holds
 from amp_lab.run import Run
 from amp_lab.tools import probe
-from amp_lab.tools.numerics.bands import UNIT_ROUNDOFF, dtype_key
+from amp_lab.tools.numerics.bands import unit_roundoff
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Entry = tuple[str, str, torch.Tensor]  # (module, dtype as torch spells it, fp32 copy)
@@ -54,8 +54,8 @@ def _rounding(module: torch.nn.Module, entry: Entry, given: torch.Tensor | None)
     if given is not None and given.shape == output.shape and torch.equal(given, output):
         return 0.0
     if type(module).__name__ == "Float8Linear":
-        return UNIT_ROUNDOFF["fp8_e4m3"]
-    return UNIT_ROUNDOFF[dtype_key(dtype)]
+        return unit_roundoff("torch.float8_e4m3fn")
+    return unit_roundoff(dtype)
 
 
 def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) -> dict[str, int]:
