@@ -1,11 +1,5 @@
-"""The doctor's recommendations: ranked by evidence, each one override to run.
-
-Built from the probes' verdicts (amp_lab/tools/doctor/verdict.py) and what their diagnostics saw
-(pitfall signatures, the first non-finite event, gradient underflow, loss-scale events). Order of
-reasoning (docs/amp_pitfalls.md §5): a baseline that does not train is not a precision problem,
-and then no precision advice is given; a misused scaler (a signature) comes before anything the
-scale says; a forward overflow, which no loss scale can fix, outranks an underflow that a scaler
-fixes; a recommendation the user's config already follows is never made.
+"""The doctor's recommendations from the probes' verdicts and diagnostics, ranked by evidence,
+each one override to run (docs/diagnostics.md, "Baseline first" and "Recommendations").
 """
 
 from __future__ import annotations
@@ -22,8 +16,7 @@ from amp_lab.tools.doctor.verdict import HEALTHY, TRAINS, Probe, verdict
 
 @dataclass
 class Advice:
-    """What the recommendations adjust: the user's settings (their `health` thresholds judge),
-    and how the probes ran them."""
+    """The user's settings (their `health` thresholds judge) and how the probes ran them."""
 
     settings: AmpLabConfig
     steps: int  # optimizer steps per probe
@@ -114,9 +107,8 @@ def _rec(cause: str, evidence: str, override: str | None = None, **given: Any) -
 
 
 def baseline_fixes(advice: Advice, lr_scale: float | None = None) -> list[str]:
-    """What to try when fp32 does not train, gentlest first: a longer warmup, then a lower LR
-    with it, then clipping too, then a much lower LR (each is checked with an fp32 probe);
-    from `lr_scale`, default the user's."""
+    """What to try when fp32 does not train, gentlest first, from `lr_scale` (default the
+    user's)."""
     s = advice.settings
     lr = s.lr.scale if lr_scale is None else lr_scale
     warm = max(s.lr.warmup_steps * 2, advice.steps // 3, 1)  # a third of the probe
@@ -201,9 +193,8 @@ def _signatures(probes: dict[str, Probe], low: list[Probe]) -> dict[str, str]:
 def _forward_rec(
     low: list[Probe], advice: Advice, fp32_set: list[str] | None
 ) -> dict[str, Any] | None:
-    """The first forward overflow (the event the table shows as a probe's first non-finite
-    value): keep its module in fp32, or the one amp_lab numerics ranks first. None beside
-    pitfall=half_model: its fp16 weights cannot run a module in fp32; its own fix comes first."""
+    """Keep the module of the first forward overflow in fp32, or the one amp_lab numerics ranks
+    first. None beside pitfall=half_model: its fp16 weights cannot run a module in fp32."""
     if advice.settings.pitfall.name == PitfallName.half_model:
         return None
     for probe in low:

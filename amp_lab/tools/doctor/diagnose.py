@@ -1,8 +1,5 @@
-"""One diagnosis of the user's config (docs/amp_pitfalls.md §5): the probes (probes.py), their
-verdicts against the fp32 baseline (verdict.py), the ranked recommendations (advice.py), the top
-ones verified by running them (fixes.py); the verdict table on the terminal and doctor.json.
-`--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite values.
-"""
+"""One diagnosis of the user's config: the probes, their verdicts, the ranked and verified
+recommendations (docs/diagnostics.md); the verdict table on the terminal and doctor.json."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ MEASURES = (
 
 
 def verdict_table(probes: dict[str, Probe], health: HealthConfig, width: int) -> Table:
-    """One column per probe: its verdict against the fp32 baseline, its health findings (the
-    judge's words, as in its summary.json) and the numerics behind it; `width` columns wide."""
+    """One column per probe: its verdict, health findings and numerics; `width` columns wide."""
     columns = {name: _measures(p, probes["fp32"], health) for name, p in probes.items()}
     names, texts = ["probe", *columns], [MEASURES, *columns.values()]
     natural = [max(len(name), *map(cell_len, col)) for name, col in zip(names, texts)]

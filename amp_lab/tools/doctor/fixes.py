@@ -1,10 +1,5 @@
-"""Verified fixes: the doctor runs what it recommends before it says so.
-
-The top recommendation (and the next ones within `--budget` seconds) runs as a probe of the
-user's config plus its override; it is verified when that probe is healthy, nothing goes
-non-finite in the forward pass and its loss tracks fp32 within `health.deviation`. A baseline
-that does not train gets fp32 probes of the LR/warmup/clipping fixes.
-"""
+"""Verified fixes: the doctor runs what it recommends before it says so (docs/diagnostics.md,
+"Verified fixes")."""
 
 from __future__ import annotations
 
@@ -50,11 +45,8 @@ def verify(
     advice: Advice,
     budget_s: float,
 ) -> str | None:
-    """Run the top recommendation's override, following a moved overflow, and the next ones
-    while the budget lasts: one budget for the whole verdict, counted from here, and no probe
-    after the first starts past it. Marks each `verified` true/false with a sentence in
-    `verification`, or null when it was not run; returns None when a fix is verified, else the
-    one line saying what to run next and why it was not run."""
+    """Run the top recommendation's override and the next ones while the budget (counted from
+    here) lasts; each marked `verified` with its `verification`. The next step's line, if any."""
     deadline = time.monotonic() + budget_s
     runnable = [r for r in recs if r["override"]]
     for i, rec in enumerate(runnable, 1):
@@ -101,8 +93,7 @@ def verify_fix(
     deadline: float = math.inf,
 ) -> None:
     """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not.
-    A kept-in-fp32 set after which the overflow moves grows by the fp32 search until a probe
-    runs clean or `deadline` passes."""
+    A kept-in-fp32 set after which the overflow moves grows until clean or past `deadline`."""
     new = rec["override"].split()
     fix = doctor.run_probe(f"fix_{i}", [*doctor.own, *new])
     base = probes["fp32"]
@@ -151,9 +142,8 @@ def _outcome(
 
 
 def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: float) -> Probe:
-    """The overflow moved (or remains): grow the kept set with the fp32 search on the user's
-    own precision, from the set `fix` ran; the recommendation takes the grown set when a probe
-    of it ran clean. Returns the probe of the set the recommendation ends with."""
+    """Grow the kept set `fix` ran with the fp32 search on the user's own precision; the probe of
+    the set the recommendation ends with (the grown one when a probe of it ran clean)."""
     start = rec["override"].split("=", 1)[1].strip("[]").split(",")
     search = doctor.search_fp32(
         start, fix, base=doctor.own, name=f"fix_{i}_grow", deadline=deadline

@@ -1,11 +1,6 @@
 """The active scaler probe: the user's step with an overflow injected at a known step and a short
-growth interval, so a misused GradScaler shows itself in a few steps instead of waiting for
-symptoms (a never-updated scaler, an update per micro-batch, clipping before unscaling).
-
-The judge is the run's own diagnostics (amp_lab/diagnostics/scale_events.py, the clip check in
-amp_lab/diagnostics/observer.py): their signatures name the mistake. This module chooses the
-conditions that make them fire and says what the scaler did at the injected step.
-"""
+growth interval, so the run's own signatures (amp_lab/diagnostics/scale_events.py) name a misused
+GradScaler in a few steps."""
 
 from __future__ import annotations
 

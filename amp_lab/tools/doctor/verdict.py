@@ -1,8 +1,5 @@
-"""What the doctor concludes from one probe: its verdict against the fp32 baseline.
-
-A probe's health is what it judged of itself (summary.json `health`, health/rules.py); then its
-loss curve is compared with the fp32 baseline's, against the user's `health.*` thresholds.
-"""
+"""What the doctor concludes from one probe: its own health findings, then its loss against the
+fp32 baseline's under the user's `health.*` thresholds."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ class Probe:
 
     @property
     def first_event(self) -> dict[str, Any] | None:
-        """The first non-finite event: its step and the first module (and phase) that went
-        inf/nan there. The table, the advice and the fixes all read this one event."""
+        """The first non-finite event: its step and the first module (and phase) inf/nan there."""
         nf = self.diag.get("nonfinite") or {}
         if not nf.get("first_step"):
             return None
