@@ -56,8 +56,7 @@ def _audit(args: argparse.Namespace) -> int:
     except BrokenPromise as err:
         return error(f"{err} ({out / AUDIT_FILE})")
     print(result["headline"])
-    promise = result["promise"]
-    print("promise: " + ", ".join(f"{key} {value}" for key, value in promise.items()))
+    print("promise: " + ", ".join(f"{key} {value}" for key, value in result["promise"].items()))
     for breach in result["breaches"]:  # audit=warn: reported, not fatal
         print(f"broken: {breach['line']}")
     print(f"details: {out / AUDIT_FILE}")

@@ -68,13 +68,11 @@ def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
 
 def _measures(p: Probe, base: Probe, health: HealthConfig) -> list[str]:
     """A probe's cell for each of MEASURES."""
-    if p.unavailable or p.crashed:
-        why = p.unavailable or p.crashed or ""
+    if why := p.unavailable or p.crashed:
         return [verdict(p, base, health), why, *[""] * (len(MEASURES) - 2)]
     event = p.first_event  # the same event the advice reads
     where = "-"
-    if event:  # no module: the weight gradients overflowed, or the scale did, while no
-        # activation or input gradient was non-finite
+    if event:  # no module: only the weight gradients (or the scale) were non-finite
         named = f"{event['module']} ({event['phase']})" if event["module"] else None
         where = f"step {event['step']}: {named or 'skipped, no module named'}"
     ratio = p.mean("diag/update_ratio")
@@ -138,8 +136,7 @@ def run_probes(doctor: Doctor, steps: int, console: Console) -> dict[str, Probe]
     """Each probe of the doctor's plan, in order, told on the console as it starts."""
     probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
-        # the scaler check of a step that overflows in the forward pass cannot change the
-        # ranking: every step skips whatever the scaler does
+        # a step that overflows forward skips whatever the scaler does: no check to make
         if name == mechanism.NAME and (event := probes["autocast+scaler"].forward):
             why = f"the forward pass overflows ({event['module']}), every step skips"
             console.print(escape(f"probe {name}: skipped: {why}"))
@@ -185,12 +182,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     candidates = tuple(numerics["fp32_candidates"]) if numerics else ()
     advice = Advice(s, args.steps, doctor.low, doctor.user_scaled, candidates)
-    recs = recommend(
-        probes,
-        advice,
-        search["fp32_modules"] if search and search["found"] else None,
-        applied_by(args.overrides, s),
-    )
+    fp32_set = search["fp32_modules"] if search and search["found"] else None
+    recs = recommend(probes, advice, fp32_set, applied_by(args.overrides, s))
     next_line = verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
@@ -214,9 +207,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "scaler_check": scaler_check,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "doctor.json").write_text(
-        # nan/inf (a diverged loss) as null
-        json.dumps(strict_json(report, lambda _: None), indent=2, default=str, allow_nan=False)
-    )
+    strict = strict_json(report, lambda _: None)  # nan/inf (a diverged loss) as null
+    (out / "doctor.json").write_text(json.dumps(strict, indent=2, default=str, allow_nan=False))
     console.print(f"wrote {out / 'doctor.json'}")
     return report

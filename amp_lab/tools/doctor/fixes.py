@@ -45,8 +45,7 @@ def verify(
     advice: Advice,
     budget_s: float,
 ) -> str | None:
-    """Run the top recommendation's override and the next ones while the budget (counted from
-    here) lasts; each marked `verified` with its `verification`. The next step's line, if any."""
+    """Verify the top recommendations while the budget lasts; the next step's line, if any."""
     deadline = time.monotonic() + budget_s
     runnable = [r for r in recs if r["override"]]
     for i, rec in enumerate(runnable, 1):
@@ -63,8 +62,7 @@ def verify(
 def next_step(
     doctor: Doctor, runnable: list[dict[str, Any]], budget_s: float, advice: Advice
 ) -> str | None:
-    """None when a fix is verified (or none was needed); else what to run next, and why the
-    doctor did not."""
+    """None when a fix is verified (or none was needed), else what to run next and why not run."""
     if not runnable or any(r.get("verified") for r in runnable):
         return None
     over = f"not run: over --budget={budget_s:g} s"
@@ -92,13 +90,11 @@ def verify_fix(
     i: int,
     deadline: float = math.inf,
 ) -> None:
-    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not.
-    A kept-in-fp32 set after which the overflow moves grows until clean or past `deadline`."""
+    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not."""
     new = rec["override"].split()
     fix = doctor.run_probe(f"fix_{i}", [*doctor.own, *new])
     base = probes["fp32"]
-    # a fix that changes what fp32 runs too (the LR, the model, the optimizer, the loss) is
-    # compared with fp32 under the same change
+    # a fix that changes what fp32 runs too (LR, model, optimizer, loss) is compared under it
     if any(key(o).startswith(("lr.", "model.", "optim.", "data.")) for o in new):
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
     if rec["cause"] == "forward_overflow" and fix.overflow:
@@ -178,21 +174,12 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
         said = verdict(probe, probe, doctor.health)  # a crashed probe's is "crashed"
         tried.append({"override": candidate, "verdict": said, "losses": probe.losses})
         if said == "ok":
-            rec.update(
-                override=candidate,
-                verified=True,
-                tried=tried,
-                verification=(
-                    f"verified: fp32 with {candidate} trains (loss {probe.curve()}, no health "
-                    "finding); then run the doctor again for the precision"
-                ),
+            why = (
+                f"verified: fp32 with {candidate} trains (loss {probe.curve()}, no health "
+                "finding); then run the doctor again for the precision"
             )
+            rec.update(override=candidate, verified=True, tried=tried, verification=why)
             return
-    rec.update(
-        verified=False,
-        tried=tried,
-        verification=(
-            "not verified: fp32 still does not train with "
-            + "; ".join(t["override"] for t in tried)
-        ),
-    )
+    candidates = "; ".join(t["override"] for t in tried)
+    why = f"not verified: fp32 still does not train with {candidates}"
+    rec.update(verified=False, tried=tried, verification=why)

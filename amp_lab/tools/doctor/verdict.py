@@ -125,7 +125,6 @@ def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
         return "unavailable"
     if probe.crashed:
         return "crashed"
-    fired = probe.findings
     drop = probe.drop()
     if probe.summary.get("diverged"):  # the health judge's finding, as every surface reads it
         return "diverged"
@@ -135,9 +134,8 @@ def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
     elif probe is not base and probe.deviation(base) > cfg.deviation:
         loss = "deviates"
     for found, name in HEALTH_VERDICTS:
-        if fired & found:
-            # every gradient zero: nothing trains, its loss tracks fp32's only while fp32's
-            # has not moved yet (a short probe), so it is no evidence of an unhurt loss
+        if probe.findings & found:
+            # every gradient zero: its loss tracks fp32's only while fp32's has not moved yet
             unhurt = (
                 probe is not base
                 and not loss
