@@ -41,8 +41,7 @@ def build_run(settings: AmpLabConfig, out: Path) -> Run:
 
 @contextmanager
 def built(settings: AmpLabConfig, out: Path) -> Iterator[Run]:
-    """The run of `settings`, its process group closed after use (for a run that is not
-    trained: the loop closes its own)."""
+    """The run of `settings`, its process group closed after use (for a run not trained)."""
     run = build_run(settings, out)
     try:
         yield run
@@ -63,8 +62,7 @@ def fit(settings: AmpLabConfig, out: Path, sinks: Sequence[Sink] = ()) -> dict[s
 
 
 def first_micro_batches(run: Run, mixed: bool = True) -> list[Batch]:
-    """The micro-batches of the run's first optimizer step, in its batch order (with mixup
-    applied, as the step gets them, unless `mixed` is false)."""
+    """The micro-batches of the run's first optimizer step, mixed up unless `mixed` is false."""
     from amp_lab.components.augment import mix_batches
     from amp_lab.step import take
 

@@ -12,10 +12,9 @@ from amp_lab.tools.doctor.verdict import Probe
 NAME = "scaler_check"
 # step 2: the scale has been used once before the overflow, and the step after it is clean
 INJECT_STEP = 2
-# 3 clean steps per growth: a correct scaler grows at INJECT_STEP + 3 and + 6. Updated per
-# micro-batch, the growth counter advances grad_accum >= 2 times a step, so two growths come
-# less than 3 steps apart (with 2, accumulation over 3 grew every 2 steps, like a correct
-# scaler); never updated, the scale neither backs off nor grows
+# 3 clean steps per growth: a correct scaler grows at INJECT_STEP + 3 and + 6; updated per
+# micro-batch (grad_accum >= 2 times a step), two growths come less than 3 steps apart (with 2,
+# accumulation over 3 grew every 2 steps, like a correct scaler); never updated, it never moves
 GROWTH_INTERVAL = 3
 # the injected step, two growth intervals after it and one more step: the verdict is settled
 STEPS = INJECT_STEP + 2 * GROWTH_INTERVAL + 1
@@ -32,8 +31,7 @@ def overrides(own: list[str]) -> list[str]:
 
 
 def observed(probe: Probe) -> dict[str, Any]:
-    """What the scaler did around the injected overflow: was the step skipped, the scale before
-    and after it, and the steps at which it grew afterwards (from the probe's per-step records)."""
+    """What the scaler did around the injected overflow, from the probe's per-step records."""
     rows = {r["step"]: r for r in probe.records}
     before = rows.get(INJECT_STEP - 1, {}).get("amp/loss_scale")
     at = rows.get(INJECT_STEP)

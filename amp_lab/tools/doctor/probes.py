@@ -144,10 +144,9 @@ class Doctor:
         name: str = "search",
         deadline: float = math.inf,
     ) -> dict[str, Any]:
-        """Greedy: add the module named by the forward attribution until a probe runs clean.
-        `scaled` is the run of `base` (default: autocast+scaler) with the `start` set; a set
-        already run is not run again (the probes are deterministic for a seed). No new probe
-        starts after `deadline` (time.monotonic()); the result then says `stopped`."""
+        """Greedy: add the module the forward attribution names until a probe runs clean. `scaled`
+        is the run of `base` (default: autocast+scaler) with `start`; a set already run is not
+        rerun; no probe starts past `deadline` (time.monotonic()), the result says `stopped`."""
         extra = tuple(base or self.scaled)
         self.fp32_runs.setdefault((extra, tuple(start)), scaled)
         chosen = list(start)

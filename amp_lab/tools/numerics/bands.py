@@ -46,8 +46,7 @@ def weight_grad_band(u: float, depth: int, terms: int) -> float:
 
 
 def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]:
-    """The band after each rounding in turn (its unit roundoff, 0: none), going on from `depth`
-    roundings whose coarsest was `u`."""
+    """The band after each rounding in turn (unit roundoff, 0: none), from `depth` of coarsest u."""
     out = []
     for step in roundings:
         depth, u = depth + (step > 0), max(u, step)
@@ -56,8 +55,7 @@ def bands(roundings: list[float], depth: int = 0, u: float = 0.0) -> list[float]
 
 
 def subnormal(max_abs: float, dtype: str, scale: float) -> bool:
-    """A 16-bit tensor (at its loss scale) whose largest value is within 2^10 of its dtype's
-    smallest normal: its typical elements are subnormal."""
+    """A 16-bit tensor whose max (at its loss scale) is within 2^10 of its dtype's least normal."""
     return dtype in LOW and max_abs * scale < _finfo(dtype).tiny * 2.0**10
 
 

@@ -75,8 +75,7 @@ def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) 
 def _pass(
     run: Run, batch: Batch, scaled: bool, probe: ModuleProbe | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward (the loss scaled if `scaled`), the seed reset: the same dropout
-    masks in every build."""
+    """Forward and backward (the loss scaled if `scaled`), the seed reset for the same dropout."""
     step = run.train_step
     step.step_number = 1  # the run's first step (fault.* injections count from 1)
     torch.manual_seed(run.settings.trainer.seed)

@@ -119,8 +119,7 @@ def backward_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
 
 
 def param_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
-    """One row per module owning parameters (its gradients concatenated), in backward order,
-    with its gradient's reduction length (`terms`)."""
+    """One row per module owning parameters, in backward order, with its gradient's `terms`."""
     # a weight's gradient comes after every forward rounding and about as many backward ones
     depth, coarsest = sum(u > 0 for u in test.roundings), max(test.roundings, default=0.0)
     owners: dict[str, list[str]] = {}

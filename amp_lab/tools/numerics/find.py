@@ -57,8 +57,7 @@ def comparison(test: Capture, ref: Capture) -> dict[str, Any]:
 
 
 def vs_fp32(overrides: list[str], modes: list[str], work: Path, steps: int) -> dict[str, Any]:
-    """Each mode against fp32 on the same batch and weights; with `steps`, over that many
-    training steps too (weight_drift.py)."""
+    """Each mode against fp32 on the same batch and weights (and over `steps` training steps)."""
     ref_run, ref = _capture([*overrides, *REFERENCE], work / "fp32", None, None, True)
     batch = first_batch(ref_run)
     found: dict[str, Any] = {}
@@ -155,10 +154,9 @@ def find(
 
 
 def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:
-    """Modules worth keeping in fp32, best first: where values first turned non-finite, then the
-    out-of-band modules by how far out, then the strongest amplifiers; none when no module left
-    its band (the finder saw nothing to rank by). A 'near overflow' module is left out: the GEMM
-    reading its output casts it down, and that GEMM turns non-finite."""
+    """Modules worth keeping in fp32, best first: the first non-finite, the out-of-band ones by how
+    far out, the strongest amplifiers; none when no module left its band. A 'near overflow' one
+    is left out: the GEMM reading its output casts it down, and that GEMM turns non-finite."""
     forward = found["forward"]
     if not any(r["flag"] in ("non-finite", "out of band") for r in forward):
         return []
@@ -169,8 +167,7 @@ def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:
 
 
 def for_doctor(overrides: list[str], mode: str) -> dict[str, Any]:
-    """What the doctor keeps of a comparison of `mode` (scaled as its probe) against fp32: the
-    first flagged modules, the output and its ranked fp32_modules candidates."""
+    """What the doctor keeps of `mode` (scaled) against fp32: first flagged, output, candidates."""
     found = find([*overrides, f"precision={mode}", "scaler.enabled=true"], "fp32", [])
     mine = found["modes"][mode]
     first = {

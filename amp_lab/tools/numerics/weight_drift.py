@@ -80,8 +80,7 @@ def _past(entry: dict[str, float]) -> float:
 
 
 def _first_faster(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first step whose weights, over the model, part ways faster than rounding; and the
-    modules furthest past their own envelopes at that step."""
+    """The first step the model's weights part ways faster than rounding; its furthest modules."""
     for row in rows:
         if _past(row) > FLAG_FACTOR:
             past = {m: _past(e) for m, e in row["modules"].items()}
