@@ -64,10 +64,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     _panel(bwd, modes, "params", "backward", "weight gradients (backward order)")
     bwd.set_xlabel("module (backward order)")
     reference = "fp32" if result["vs"] == "fp32" else "fp32 (eager and compiled each)"
-    factor = result["bands"]["flag_factor"]
     fig.suptitle(
         f"amp_lab numerics: {', '.join(modes)} against {reference}; "
-        f"a module is flagged above {factor:g}x its band",
+        f"a module is flagged above {result['bands']['flag_factor']:g}x its band",
         fontsize=10,
     )
     fig.tight_layout()

@@ -168,8 +168,7 @@ def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:
 
 def for_doctor(overrides: list[str], mode: str) -> dict[str, Any]:
     """What the doctor keeps of `mode` (scaled) against fp32: first flagged, output, candidates."""
-    found = find([*overrides, f"precision={mode}", "scaler.enabled=true"], "fp32", [])
-    mine = found["modes"][mode]
+    mine = find([*overrides, f"precision={mode}", "scaler.enabled=true"], "fp32", [])["modes"][mode]
     first = {
         phase: row and {k: row[k] for k in ("module", "flag", "norm", "ratio", "nonfinite")}
         for phase, row in mine["first_out_of_band"].items()

@@ -29,11 +29,6 @@ def _flat(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().float().flatten() for p in params])
 
 
-def _step(run: Run, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> None:
-    torch.manual_seed(run.settings.trainer.seed + step)  # the same dropout masks in both
-    run.train_step([batch], step=step)
-
-
 def drift(ref: Run, test: Run, steps: int) -> dict[str, Any]:
     """Train both runs `steps` steps on the reference's batches; per step the weights' relative
     difference and its rounding envelope, overall and per module."""
@@ -46,8 +41,9 @@ def drift(ref: Run, test: Run, steps: int) -> dict[str, Any]:
     for k in range(1, steps + 1):
         batch = next(batches)
         before = {m: _flat(ps) for m, ps in owners_r.items()}
-        _step(ref, batch, k)
-        _step(test, batch, k)
+        for run in (ref, test):
+            torch.manual_seed(run.settings.trainer.seed + k)  # the same dropout masks in both
+            run.train_step([batch], step=k)
         row: dict[str, Any] = {"step": k, "modules": {}}
         totals = [0.0, 0.0, 0.0]  # over the model, squared: moved, weights, difference
         for m, ps in owners_r.items():
