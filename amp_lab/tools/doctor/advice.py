@@ -1,6 +1,5 @@
 """The doctor's recommendations from the probes' verdicts and diagnostics, ranked by evidence,
-each one override to run (docs/diagnostics.md, "Baseline first" and "Recommendations").
-"""
+each one override (docs/diagnostics.md, "Baseline first" and "Recommendations")."""
 
 from __future__ import annotations
 

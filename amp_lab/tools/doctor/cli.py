@@ -1,6 +1,5 @@
-"""`python -m amp_lab doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`: a
-diagnosis of the user's config (diagnose.py). Bad input is one line and exit code 2.
-"""
+"""`python -m amp_lab doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`
+(diagnose.py). Bad input is one line and exit code 2."""
 
 from __future__ import annotations
 

@@ -54,9 +54,8 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig, width: int) ->
 
 
 def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
-    """Column widths summing to at most `room`: the widest narrowed first, none below its
-    `least`. rich's own fitting stops when the widest columns tie, then crops the table's right
-    side off."""
+    """Column widths summing to at most `room`, the widest narrowed first, none below `least`
+    (rich's own fitting stops when the widest columns tie, then crops the table's right side)."""
     widths = list(natural)
     while sum(widths) > room:
         narrower = [i for i, w in enumerate(widths) if w > least[i]]

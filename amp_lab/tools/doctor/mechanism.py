@@ -1,6 +1,5 @@
-"""The active scaler probe: the user's step with an overflow injected at a known step and a short
-growth interval, so the run's own signatures (amp_lab/diagnostics/scale_events.py) name a misused
-GradScaler in a few steps."""
+"""The active scaler probe: the user's step with an overflow injected and a short growth interval,
+so the run's own signatures (diagnostics/scale_events.py) name a misused scaler in a few steps."""
 
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ def observed(probe: Probe) -> dict[str, Any]:
 
 
 def signatures(probe: Probe) -> dict[str, str]:
-    """The check's scaler signatures. A skip that kept the scale means update() never runs only
-    if the scale never grew either: updated per micro-batch, a step's growths can cancel its
-    backoff, and the growth sooner than the interval names that mistake."""
+    """The check's scaler signatures. A skip that kept the scale means update() never runs only if
+    the scale never grew either: per micro-batch updates' growths can cancel a step's backoff."""
     found = dict(probe.diag.get("signatures", {}))
     if NO_UPDATE in found and (MULTI_UPDATE in found or observed(probe).get("grew_at")):
         del found[NO_UPDATE]

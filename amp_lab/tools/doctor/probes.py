@@ -144,9 +144,8 @@ class Doctor:
         name: str = "search",
         deadline: float = math.inf,
     ) -> dict[str, Any]:
-        """Greedy: add the module the forward attribution names until a probe runs clean. `scaled`
-        is the run of `base` (default: autocast+scaler) with `start`; a set already run is not
-        rerun; no probe starts past `deadline` (time.monotonic()), the result says `stopped`."""
+        """Greedy: add the module the forward attribution names until a probe runs clean (`scaled`:
+        `base`'s run with `start`); no set runs twice, none past `deadline` (then `stopped`)."""
         extra = tuple(base or self.scaled)
         self.fp32_runs.setdefault((extra, tuple(start)), scaled)
         chosen = list(start)

@@ -117,10 +117,8 @@ HEALTHY = ("ok", UNHURT)
 
 
 def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
-    """ok | diverged | underflow | underflow, loss unhurt | rises | skips | stalls | deviates |
-    unavailable | crashed: the probe's own health findings first, then its loss against fp32's
-    (`health.*`). Underflow whose loss stays within `health.loss_rel` of fp32's says so, unless
-    every gradient is zero: the label never contradicts the curve beside it."""
+    """The probe's own health findings first, then its loss against fp32's (`health.*`); underflow
+    within `health.loss_rel` of fp32's loss is 'unhurt' unless every gradient is zero."""
     if probe.unavailable:
         return "unavailable"
     if probe.crashed:

@@ -1,6 +1,5 @@
 """The error a precision is expected to add, module by module (docs/diagnostics.md, "The
-expected band"): with u a dtype's unit roundoff and n the rounding leaf modules run so far
-(forward, then backward),
+expected band"): with u a dtype's unit roundoff, n the rounding leaves so far (forward, backward),
 
     band = SPREAD * max(u_i, i <= n) * sqrt(1 + log2(n))
 

@@ -1,7 +1,6 @@
 """One forward and backward pass of a built run on one batch, every module's tensors kept as
-fp32 copies (docs/diagnostics.md, "`amp_lab numerics`"). A compiled step runs without hooks (a
-hook's copy would change what the compiler fuses): it keeps logits, loss and parameter gradients.
-"""
+fp32 copies. A compiled step runs without hooks (a hook's copy would change what the compiler
+fuses): it keeps logits, loss and parameter gradients."""
 
 from __future__ import annotations
 
