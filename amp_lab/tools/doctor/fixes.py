@@ -138,8 +138,7 @@ def _outcome(
 
 
 def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: float) -> Probe:
-    """Grow the kept set `fix` ran with the fp32 search on the user's own precision; the probe of
-    the set the recommendation ends with (the grown one when a probe of it ran clean)."""
+    """Grow the set `fix` kept in fp32 by the fp32 search; the probe of the set recommended last."""
     start = rec["override"].split("=", 1)[1].strip("[]").split(",")
     search = doctor.search_fp32(
         start, fix, base=doctor.own, name=f"fix_{i}_grow", deadline=deadline

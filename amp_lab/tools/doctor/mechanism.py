@@ -36,16 +36,14 @@ def observed(probe: Probe) -> dict[str, Any]:
     at = rows.get(INJECT_STEP)
     if before is None or at is None:
         return {"injected_step": INJECT_STEP, "ran": False}
-    skipped = at["amp/skipped_steps"] > rows[INJECT_STEP - 1]["amp/skipped_steps"]
     scales = [(s, rows[s]["amp/loss_scale"]) for s in sorted(rows) if s >= INJECT_STEP]
-    grew = [s for (s, new), (_, old) in zip(scales[1:], scales) if new > old]
     return {
         "injected_step": INJECT_STEP,
         "ran": True,
-        "skipped": skipped,
+        "skipped": at["amp/skipped_steps"] > rows[INJECT_STEP - 1]["amp/skipped_steps"],
         "scale_before": before,
         "scale_after": at["amp/loss_scale"],
-        "grew_at": grew,
+        "grew_at": [s for (s, new), (_, old) in zip(scales[1:], scales) if new > old],
         "growth_interval": GROWTH_INTERVAL,
     }
 

@@ -157,11 +157,10 @@ def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 def outputs(test: Capture, ref: Capture) -> dict[str, float]:
     """At the output: the logits' KL(ref || test), top-1 agreement and the loss difference."""
-    agree = (test.logits.argmax(-1) == ref.logits.argmax(-1)).double().mean()
     logits = errors(test.logits, ref.logits)
     return {
         "logit_kl": kl(ref.logits, test.logits),
-        "top1_agreement": float(agree),
+        "top1_agreement": float((test.logits.argmax(-1) == ref.logits.argmax(-1)).double().mean()),
         "loss_diff": test.loss - ref.loss,
         "logits_norm": logits["norm"],
         "logits_nonfinite": logits["nonfinite"],
