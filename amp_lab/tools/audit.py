@@ -1,7 +1,6 @@
-"""`amp_lab audit <overrides> [--out DIR]`: the precision audit of one training step of the run
-the overrides describe, without training it: which dtype each GEMM, weight, gradient, optimizer
-state and the loss really had, against the mode's promise. Exit code 0 when every promise held,
-2 when one broke (or on bad input), with one line saying which.
+"""`amp_lab audit <overrides> [--out DIR]`: the precision audit of one step of the run, untrained:
+the dtype each GEMM, weight, gradient, optimizer state and the loss had, against the mode's
+promise. Exit code 0 when every promise held, 2 when one broke (or on bad input), said in a line.
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ def audit_one_step(overrides: list[str], out: Path) -> dict:
     settings = probe.settings(overrides, "trainer.max_steps=1")
     if settings.audit.mode == AuditMode.off:  # asked for an audit: it runs
         settings = replace(settings, audit=replace(settings.audit, mode=AuditMode.stop))
-    with probe.built(settings, out) as run:
-        with run.audit.around(1):
-            run.train_step(probe.first_micro_batches(run), step=1)
+    with probe.built(settings, out) as run, run.audit.around(1):
+        run.train_step(probe.first_micro_batches(run), step=1)
     assert run.audit.result is not None
     return run.audit.result
 
@@ -56,8 +54,7 @@ def _audit(args: argparse.Namespace) -> int:
     except BrokenPromise as err:
         return error(f"{err} ({out / AUDIT_FILE})")
     print(result["headline"])
-    promise = result["promise"]
-    print("promise: " + ", ".join(f"{key} {value}" for key, value in promise.items()))
+    print("promise: " + ", ".join(f"{key} {value}" for key, value in result["promise"].items()))
     for breach in result["breaches"]:  # audit=warn: reported, not fatal
         print(f"broken: {breach['line']}")
     print(f"details: {out / AUDIT_FILE}")

@@ -1,10 +1,5 @@
-"""The one way a tool makes a run of its own: settings from the user's overrides and the tool's,
-the run built, trained, or read at its first step.
-
-Every tool's probe run is quiet (QUIET: nothing to W&B, no checkpoint, no progress bar, started
-afresh); the tool's own overrides come last, so they win over the user's. Only this module among
-the tools calls the build or the trainer (tests/test_layers.py).
-"""
+"""The one way a tool makes a run of its own (the only tool module that builds or trains, as
+tests/test_layers.py checks): settings, the run built, trained, or read at its first step."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ QUIET = [
 
 def settings(overrides: Sequence[str], *own: str, quiet: bool = True) -> AmpLabConfig:
     """The validated settings of a tool's run: the user's overrides, QUIET (unless the tool
-    measures a user's run as it is, as the bench does), then the tool's own (ConfigError when
-    bad)."""
+    measures a user's run as it is), then the tool's own, which win (ConfigError when bad)."""
     return compose_settings([*overrides, *(QUIET if quiet else []), *own])
 
 
@@ -47,8 +41,7 @@ def build_run(settings: AmpLabConfig, out: Path) -> Run:
 
 @contextmanager
 def built(settings: AmpLabConfig, out: Path) -> Iterator[Run]:
-    """The run of `settings`, its process group closed after use (for a run that is not
-    trained: the loop closes its own)."""
+    """The run of `settings`, its process group closed after use (for a run not trained)."""
     run = build_run(settings, out)
     try:
         yield run
@@ -69,8 +62,7 @@ def fit(settings: AmpLabConfig, out: Path, sinks: Sequence[Sink] = ()) -> dict[s
 
 
 def first_micro_batches(run: Run, mixed: bool = True) -> list[Batch]:
-    """The micro-batches of the run's first optimizer step, in its batch order (with mixup
-    applied, as the step gets them, unless `mixed` is false)."""
+    """The micro-batches of the run's first optimizer step, mixed up unless `mixed` is false."""
     from amp_lab.components.augment import mix_batches
     from amp_lab.step import take
 

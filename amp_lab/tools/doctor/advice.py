@@ -1,12 +1,5 @@
-"""The doctor's recommendations: ranked by evidence, each one override to run.
-
-Built from the probes' verdicts (amp_lab/tools/doctor/verdict.py) and what their diagnostics saw
-(pitfall signatures, the first non-finite event, gradient underflow, loss-scale events). Order of
-reasoning (docs/amp_pitfalls.md §5): a baseline that does not train is not a precision problem,
-and then no precision advice is given; a misused scaler (a signature) comes before anything the
-scale says; a forward overflow, which no loss scale can fix, outranks an underflow that a scaler
-fixes; a recommendation the user's config already follows is never made.
-"""
+"""The doctor's recommendations from the probes' verdicts and diagnostics, ranked by evidence,
+each one override (docs/diagnostics.md, "Baseline first" and "Recommendations")."""
 
 from __future__ import annotations
 
@@ -22,8 +15,7 @@ from amp_lab.tools.doctor.verdict import HEALTHY, TRAINS, Probe, verdict
 
 @dataclass
 class Advice:
-    """What the recommendations adjust: the user's settings (their `health` thresholds judge),
-    and how the probes ran them."""
+    """The user's settings (their `health` thresholds judge) and how the probes ran them."""
 
     settings: AmpLabConfig
     steps: int  # optimizer steps per probe
@@ -60,10 +52,9 @@ SIGNATURE_FIXES = {  # pitfall signature -> (score, problem, fix)
         "compute the loss in fp32: loss_fn(logits.float(), labels)",
     ),
 }
-# early warning (health/rules.py EARLY) -> (score, problem, the override that removes its cause),
-# most urgent first: qk-layernorm bounds the attention logits (Wortsman et al. 2023), stochastic
-# rounding carries small updates, fp32 masters the decay, fp32 state holds eps; None: a lower LR
-# (with a longer warmup) calms the rest
+# early warning (health/rules.py EARLY) -> (score, problem, the override removing its cause), most
+# urgent first: qk-layernorm bounds attention logits (Wortsman et al. 2023), stochastic rounding
+# carries small updates, fp32 masters the decay, fp32 state eps; None: a lower LR calms the rest
 WARNINGS: dict[str, tuple[int, str, str | None]] = {
     "eps_lost": (82, "Adam's eps is 0 in its state dtype", "optim.state_dtype=fp32"),
     "attn_logits": (
@@ -114,9 +105,7 @@ def _rec(cause: str, evidence: str, override: str | None = None, **given: Any) -
 
 
 def baseline_fixes(advice: Advice, lr_scale: float | None = None) -> list[str]:
-    """What to try when fp32 does not train, gentlest first: a longer warmup, then a lower LR
-    with it, then clipping too, then a much lower LR (each is checked with an fp32 probe);
-    from `lr_scale`, default the user's."""
+    """What to try when fp32 does not train, gentlest first (from `lr_scale`, or the user's)."""
     s = advice.settings
     lr = s.lr.scale if lr_scale is None else lr_scale
     warm = max(s.lr.warmup_steps * 2, advice.steps // 3, 1)  # a third of the probe
@@ -131,8 +120,7 @@ def baseline_fixes(advice: Advice, lr_scale: float | None = None) -> list[str]:
 
 
 def _warning_recs(probes: dict[str, Probe], advice: Advice) -> list[dict[str, Any]]:
-    """One recommendation per early warning a probe raised (its first probe's evidence); a
-    fix another warning already recommends is made once."""
+    """One recommendation per early warning a probe raised (its first probe's evidence)."""
     lr = advice.settings.lr
     warm = max(lr.warmup_steps * 2, advice.steps // 5, 1)
     calmer = f"lr.scale={lr.scale * 0.5:g} lr.warmup_steps={warm}"
@@ -158,8 +146,7 @@ def recommend(
     fp32_set: list[str] | None = None,
     applied: Callable[[str], bool] = lambda override: False,
 ) -> list[dict[str, Any]]:
-    """Ranked recommendations, most urgent first; `applied(override)` is true for what the
-    user's config already does (those are left out)."""
+    """Ranked recommendations, most urgent first, none the config already does (`applied`)."""
     base = probes["fp32"]
     said = {name: verdict(p, base, advice.settings.health) for name, p in probes.items()}
     rerun = "see the traceback: python -m amp_lab <your overrides>"
@@ -201,9 +188,8 @@ def _signatures(probes: dict[str, Probe], low: list[Probe]) -> dict[str, str]:
 def _forward_rec(
     low: list[Probe], advice: Advice, fp32_set: list[str] | None
 ) -> dict[str, Any] | None:
-    """The first forward overflow (the event the table shows as a probe's first non-finite
-    value): keep its module in fp32, or the one amp_lab numerics ranks first. None beside
-    pitfall=half_model: its fp16 weights cannot run a module in fp32; its own fix comes first."""
+    """Keep the module of the first forward overflow in fp32, or the one amp_lab numerics ranks
+    first. None beside pitfall=half_model: its fp16 weights cannot run a module in fp32."""
     if advice.settings.pitfall.name == PitfallName.half_model:
         return None
     for probe in low:
@@ -235,8 +221,7 @@ def _precision_recs(
     for name, evidence in seen.items():
         score, problem, fix = SIGNATURE_FIXES[name]
         recs.append(_rec(name, evidence, "pitfall=none", score=score, problem=problem, fix=fix))
-    forward = _forward_rec(low, advice, fp32_set)
-    recs.append(forward)
+    recs.append(forward := _forward_rec(low, advice, fp32_set))
     if said["autocast"] in ("underflow", "stalls", "deviates") and said[scaled.name] in HEALTHY:
         evidence = (
             f"{noscale.name}: {_pct(noscale.flushed)} of gradient elements are zero (fp32: "
@@ -259,9 +244,8 @@ def _scaler_rec(scaled: Probe, base: Probe, said: str, advice: Advice) -> dict[s
     """What the loss scale's course says of the scaler's settings (or None)."""
     lr, scaler = advice.settings.lr, advice.settings.scaler
     final = scaled.summary.get("final_loss_scale") or scaler.init_scale
-    # skipped steps from step 1 on (the probes log every step) and none after them, or a scale
-    # still above 2**16 after every step skipped: the scale started too high, the gradients
-    # are fine. Counted in skips, not backoffs: a hysteresis scaler holds its first overflows.
+    # skips from step 1 on and none after, or a scale still above 2**16 after every step skipped:
+    # it started too high. Counted in skips, not backoffs: hysteresis holds the first overflows.
     cumulative = [r.get("amp/skipped_steps", 0) for r in scaled.records]
     leading = next((i for i, n in enumerate(cumulative) if n != i + 1), len(cumulative))
     skipped = scaled.summary.get("skipped_steps", 0)

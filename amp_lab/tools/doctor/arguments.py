@@ -28,9 +28,5 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=60.0,
         help="seconds for verifying fixes after the first (60)",
     )
-    cli.add_argument(
-        "--out",
-        type=Path,
-        help="output folder (default outputs/doctor/DATE/TIME)",
-    )
+    cli.add_argument("--out", type=Path, help="output folder (default outputs/doctor/DATE/TIME)")
     return cli.parse_args(argv)

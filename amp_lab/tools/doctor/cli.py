@@ -1,6 +1,5 @@
-"""`python -m amp_lab doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`: a
-diagnosis of the user's config (diagnose.py). Bad input is one line and exit code 2.
-"""
+"""`python -m amp_lab doctor <overrides> [--steps N] [--search-fp32] [--budget S] [--out DIR]`
+(diagnose.py). Bad input is one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -20,19 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_tool(parse_args, _doctor, argv)
 
 
-# their warnings about each probe go to doctor.json, not the terminal
-QUIET = (
-    "amp_lab.build",
-    "amp_lab.trainer",
-    "amp_lab.diagnostics.observer",
-    "amp_lab.audit.audit",  # each probe's precision_audit.json keeps its audit
-)
+# their warnings about each probe go to doctor.json (the audit's to its precision_audit.json)
+QUIET = ("amp_lab.build", "amp_lab.trainer", "amp_lab.diagnostics.observer", "amp_lab.audit.audit")
 
 
 @contextlib.contextmanager
 def quiet_probes() -> Iterator[Console]:
-    """The console the doctor prints to, while the probes' own loggers are quiet; their levels as
-    they were after (`amp_lab doctor` may run inside a longer-lived process)."""
+    """The doctor's console, the probes' loggers quiet meanwhile (their levels restored after)."""
     levels = {name: logging.getLogger(name).level for name in QUIET}
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -1,8 +1,5 @@
-"""One diagnosis of the user's config (docs/amp_pitfalls.md §5): the probes (probes.py), their
-verdicts against the fp32 baseline (verdict.py), the ranked recommendations (advice.py), the top
-ones verified by running them (fixes.py); the verdict table on the terminal and doctor.json.
-`--search-fp32` greedily finds modules to keep in fp32 that remove the non-finite values.
-"""
+"""One diagnosis of the user's config: the probes, their verdicts, the ranked and verified
+recommendations (docs/diagnostics.md); the verdict table on the terminal and doctor.json."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ MEASURES = (
 
 
 def verdict_table(probes: dict[str, Probe], health: HealthConfig, width: int) -> Table:
-    """One column per probe: its verdict against the fp32 baseline, its health findings (the
-    judge's words, as in its summary.json) and the numerics behind it; `width` columns wide."""
+    """One column per probe: its verdict, health findings and numerics; `width` columns wide."""
     columns = {name: _measures(p, probes["fp32"], health) for name, p in probes.items()}
     names, texts = ["probe", *columns], [MEASURES, *columns.values()]
     natural = [max(len(name), *map(cell_len, col)) for name, col in zip(names, texts)]
@@ -58,9 +54,8 @@ def verdict_table(probes: dict[str, Probe], health: HealthConfig, width: int) ->
 
 
 def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
-    """Column widths summing to at most `room`: the widest narrowed first, none below its
-    `least`. rich's own fitting stops when the widest columns tie, then crops the table's right
-    side off."""
+    """Column widths summing to at most `room`, the widest narrowed first, none below `least`
+    (rich's own fitting stops when the widest columns tie, then crops the table's right side)."""
     widths = list(natural)
     while sum(widths) > room:
         narrower = [i for i, w in enumerate(widths) if w > least[i]]
@@ -72,13 +67,11 @@ def _fit(natural: list[int], least: list[int], room: int) -> list[int]:
 
 def _measures(p: Probe, base: Probe, health: HealthConfig) -> list[str]:
     """A probe's cell for each of MEASURES."""
-    if p.unavailable or p.crashed:
-        why = p.unavailable or p.crashed or ""
+    if why := p.unavailable or p.crashed:
         return [verdict(p, base, health), why, *[""] * (len(MEASURES) - 2)]
     event = p.first_event  # the same event the advice reads
     where = "-"
-    if event:  # no module: the weight gradients overflowed, or the scale did, while no
-        # activation or input gradient was non-finite
+    if event:  # no module: only the weight gradients (or the scale) were non-finite
         named = f"{event['module']} ({event['phase']})" if event["module"] else None
         where = f"step {event['step']}: {named or 'skipped, no module named'}"
     ratio = p.mean("diag/update_ratio")
@@ -142,8 +135,7 @@ def run_probes(doctor: Doctor, steps: int, console: Console) -> dict[str, Probe]
     """Each probe of the doctor's plan, in order, told on the console as it starts."""
     probes: dict[str, Probe] = {}
     for name, extra in doctor.plan():
-        # the scaler check of a step that overflows in the forward pass cannot change the
-        # ranking: every step skips whatever the scaler does
+        # a step that overflows forward skips whatever the scaler does: no check to make
         if name == mechanism.NAME and (event := probes["autocast+scaler"].forward):
             why = f"the forward pass overflows ({event['module']}), every step skips"
             console.print(escape(f"probe {name}: skipped: {why}"))
@@ -189,12 +181,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         search = doctor.search_fp32(list(s.precision.fp32_modules), probes["autocast+scaler"])
     candidates = tuple(numerics["fp32_candidates"]) if numerics else ()
     advice = Advice(s, args.steps, doctor.low, doctor.user_scaled, candidates)
-    recs = recommend(
-        probes,
-        advice,
-        search["fp32_modules"] if search and search["found"] else None,
-        applied_by(args.overrides, s),
-    )
+    fp32_set = search["fp32_modules"] if search and search["found"] else None
+    recs = recommend(probes, advice, fp32_set, applied_by(args.overrides, s))
     next_line = verify(doctor, recs, probes, advice, args.budget)
     for rec in recs:
         rec["command"] = command(args.overrides, rec["override"]) if rec["override"] else None
@@ -218,9 +206,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "scaler_check": scaler_check,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "doctor.json").write_text(
-        # nan/inf (a diverged loss) as null
-        json.dumps(strict_json(report, lambda _: None), indent=2, default=str, allow_nan=False)
-    )
+    strict = strict_json(report, lambda _: None)  # nan/inf (a diverged loss) as null
+    (out / "doctor.json").write_text(json.dumps(strict, indent=2, default=str, allow_nan=False))
     console.print(f"wrote {out / 'doctor.json'}")
     return report

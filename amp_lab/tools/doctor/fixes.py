@@ -1,10 +1,5 @@
-"""Verified fixes: the doctor runs what it recommends before it says so.
-
-The top recommendation (and the next ones within `--budget` seconds) runs as a probe of the
-user's config plus its override; it is verified when that probe is healthy, nothing goes
-non-finite in the forward pass and its loss tracks fp32 within `health.deviation`. A baseline
-that does not train gets fp32 probes of the LR/warmup/clipping fixes.
-"""
+"""Verified fixes: the doctor runs what it recommends before it says so (docs/diagnostics.md,
+"Verified fixes")."""
 
 from __future__ import annotations
 
@@ -50,11 +45,7 @@ def verify(
     advice: Advice,
     budget_s: float,
 ) -> str | None:
-    """Run the top recommendation's override, following a moved overflow, and the next ones
-    while the budget lasts: one budget for the whole verdict, counted from here, and no probe
-    after the first starts past it. Marks each `verified` true/false with a sentence in
-    `verification`, or null when it was not run; returns None when a fix is verified, else the
-    one line saying what to run next and why it was not run."""
+    """Verify the top recommendations while the budget lasts; the next step's line, if any."""
     deadline = time.monotonic() + budget_s
     runnable = [r for r in recs if r["override"]]
     for i, rec in enumerate(runnable, 1):
@@ -71,8 +62,7 @@ def verify(
 def next_step(
     doctor: Doctor, runnable: list[dict[str, Any]], budget_s: float, advice: Advice
 ) -> str | None:
-    """None when a fix is verified (or none was needed); else what to run next, and why the
-    doctor did not."""
+    """None when a fix is verified (or none was needed), else what to run next and why not run."""
     if not runnable or any(r.get("verified") for r in runnable):
         return None
     over = f"not run: over --budget={budget_s:g} s"
@@ -100,14 +90,11 @@ def verify_fix(
     i: int,
     deadline: float = math.inf,
 ) -> None:
-    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not.
-    A kept-in-fp32 set after which the overflow moves grows by the fp32 search until a probe
-    runs clean or `deadline` passes."""
+    """Run one recommendation as probe fix_<i> of the user's config; mark it verified or not."""
     new = rec["override"].split()
     fix = doctor.run_probe(f"fix_{i}", [*doctor.own, *new])
     base = probes["fp32"]
-    # a fix that changes what fp32 runs too (the LR, the model, the optimizer, the loss) is
-    # compared with fp32 under the same change
+    # a fix that changes what fp32 runs too (LR, model, optimizer, loss) is compared under it
     if any(key(o).startswith(("lr.", "model.", "optim.", "data.")) for o in new):
         base = doctor.run_probe(f"fix_{i}_fp32", [*FP32, *new])
     if rec["cause"] == "forward_overflow" and fix.overflow:
@@ -151,9 +138,7 @@ def _outcome(
 
 
 def _grow(doctor: Doctor, rec: dict[str, Any], fix: Probe, i: int, deadline: float) -> Probe:
-    """The overflow moved (or remains): grow the kept set with the fp32 search on the user's
-    own precision, from the set `fix` ran; the recommendation takes the grown set when a probe
-    of it ran clean. Returns the probe of the set the recommendation ends with."""
+    """Grow the set `fix` kept in fp32 by the fp32 search; the probe of the set recommended last."""
     start = rec["override"].split("=", 1)[1].strip("[]").split(",")
     search = doctor.search_fp32(
         start, fix, base=doctor.own, name=f"fix_{i}_grow", deadline=deadline
@@ -188,21 +173,12 @@ def _verify_baseline(doctor: Doctor, rec: dict[str, Any], advice: Advice) -> Non
         said = verdict(probe, probe, doctor.health)  # a crashed probe's is "crashed"
         tried.append({"override": candidate, "verdict": said, "losses": probe.losses})
         if said == "ok":
-            rec.update(
-                override=candidate,
-                verified=True,
-                tried=tried,
-                verification=(
-                    f"verified: fp32 with {candidate} trains (loss {probe.curve()}, no health "
-                    "finding); then run the doctor again for the precision"
-                ),
+            why = (
+                f"verified: fp32 with {candidate} trains (loss {probe.curve()}, no health "
+                "finding); then run the doctor again for the precision"
             )
+            rec.update(override=candidate, verified=True, tried=tried, verification=why)
             return
-    rec.update(
-        verified=False,
-        tried=tried,
-        verification=(
-            "not verified: fp32 still does not train with "
-            + "; ".join(t["override"] for t in tried)
-        ),
-    )
+    candidates = "; ".join(t["override"] for t in tried)
+    why = f"not verified: fp32 still does not train with {candidates}"
+    rec.update(verified=False, tried=tried, verification=why)

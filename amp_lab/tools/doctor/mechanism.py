@@ -1,11 +1,5 @@
-"""The active scaler probe: the user's step with an overflow injected at a known step and a short
-growth interval, so a misused GradScaler shows itself in a few steps instead of waiting for
-symptoms (a never-updated scaler, an update per micro-batch, clipping before unscaling).
-
-The judge is the run's own diagnostics (amp_lab/diagnostics/scale_events.py, the clip check in
-amp_lab/diagnostics/observer.py): their signatures name the mistake. This module chooses the
-conditions that make them fire and says what the scaler did at the injected step.
-"""
+"""The active scaler probe: the user's step with an overflow injected and a short growth interval,
+so the run's own signatures (diagnostics/scale_events.py) name a misused scaler in a few steps."""
 
 from __future__ import annotations
 
@@ -17,10 +11,9 @@ from amp_lab.tools.doctor.verdict import Probe
 NAME = "scaler_check"
 # step 2: the scale has been used once before the overflow, and the step after it is clean
 INJECT_STEP = 2
-# 3 clean steps per growth: a correct scaler grows at INJECT_STEP + 3 and + 6. Updated per
-# micro-batch, the growth counter advances grad_accum >= 2 times a step, so two growths come
-# less than 3 steps apart (with 2, accumulation over 3 grew every 2 steps, like a correct
-# scaler); never updated, the scale neither backs off nor grows
+# 3 clean steps per growth: a correct scaler grows at INJECT_STEP + 3 and + 6; updated per
+# micro-batch (grad_accum >= 2 times a step), two growths come less than 3 steps apart (with 2,
+# accumulation over 3 grew every 2 steps, like a correct scaler); never updated, it never moves
 GROWTH_INTERVAL = 3
 # the injected step, two growth intervals after it and one more step: the verdict is settled
 STEPS = INJECT_STEP + 2 * GROWTH_INTERVAL + 1
@@ -37,31 +30,27 @@ def overrides(own: list[str]) -> list[str]:
 
 
 def observed(probe: Probe) -> dict[str, Any]:
-    """What the scaler did around the injected overflow: was the step skipped, the scale before
-    and after it, and the steps at which it grew afterwards (from the probe's per-step records)."""
+    """What the scaler did around the injected overflow, from the probe's per-step records."""
     rows = {r["step"]: r for r in probe.records}
     before = rows.get(INJECT_STEP - 1, {}).get("amp/loss_scale")
     at = rows.get(INJECT_STEP)
     if before is None or at is None:
         return {"injected_step": INJECT_STEP, "ran": False}
-    skipped = at["amp/skipped_steps"] > rows[INJECT_STEP - 1]["amp/skipped_steps"]
     scales = [(s, rows[s]["amp/loss_scale"]) for s in sorted(rows) if s >= INJECT_STEP]
-    grew = [s for (s, new), (_, old) in zip(scales[1:], scales) if new > old]
     return {
         "injected_step": INJECT_STEP,
         "ran": True,
-        "skipped": skipped,
+        "skipped": at["amp/skipped_steps"] > rows[INJECT_STEP - 1]["amp/skipped_steps"],
         "scale_before": before,
         "scale_after": at["amp/loss_scale"],
-        "grew_at": grew,
+        "grew_at": [s for (s, new), (_, old) in zip(scales[1:], scales) if new > old],
         "growth_interval": GROWTH_INTERVAL,
     }
 
 
 def signatures(probe: Probe) -> dict[str, str]:
-    """The check's scaler signatures. A skip that kept the scale means update() never runs only
-    if the scale never grew either: updated per micro-batch, a step's growths can cancel its
-    backoff, and the growth sooner than the interval names that mistake."""
+    """The check's scaler signatures. A skip that kept the scale means update() never runs only if
+    the scale never grew either: per micro-batch updates' growths can cancel a step's backoff."""
     found = dict(probe.diag.get("signatures", {}))
     if NO_UPDATE in found and (MULTI_UPDATE in found or observed(probe).get("grew_at")):
         del found[NO_UPDATE]

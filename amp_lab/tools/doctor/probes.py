@@ -1,7 +1,5 @@
-"""The doctor's probes: short in-process runs of the user's config in fp32, autocast without and
-with the loss scaler, and bf16, with the same seed and data order; and the greedy search for
-modules to keep in fp32. What they saw is judged in verdict.py and advice.py.
-"""
+"""The doctor's probes, short in-process runs of the user's config with the same seed and data
+order, and the greedy search for modules to keep in fp32."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def key(override: str) -> str:
 
 
 FP32 = ["precision=fp32", "pitfall=none", "scaler.enabled=false"]  # the baseline probe's
-# what every probe sets besides its length, quiet as every tool's run (probe.py's QUIET): it
-# starts afresh (an earlier doctor's files in --out are set aside), nothing goes to W&B
+# what every probe sets besides its length (quiet and afresh as every tool's run: probe.py)
 PROBE_SETTINGS = [
     "trainer.log_every=1",
     "trainer.eval_every=0",
@@ -47,8 +44,7 @@ PROBE_KEYS = {
 }
 log = logging.getLogger("amp_lab.tools.doctor")
 SEARCH_ROUNDS = 6  # the fp32 search adds at most this many modules
-# the fp32 baseline probe per composed config (its JSON): deterministic for its seed, so a
-# process that diagnoses several configs (the suite) runs each baseline once
+# the fp32 baseline per composed config (its JSON): deterministic, so run once per process
 BASELINES: dict[str, Probe] = {}
 
 
@@ -70,8 +66,7 @@ class Doctor:
 
             resolve_plan(self.settings)
             log.info("trainer.strategy=fsdp: the doctor's probes run on one process, unsharded")
-        # the user's own config is valid on this machine: it builds (in a folder it never
-        # writes to, so an --out that holds a run is left alone)
+        # the user's config builds on this machine (in a folder no run of theirs writes to)
         single = replace(self.settings.trainer, strategy=Strategy.single)
         config_check = replace(self.settings, trainer=single)
         with launch.built(config_check, out / "probes" / "config_check") as checked:
@@ -81,16 +76,14 @@ class Doctor:
         mode = policy.mode
         self.low = "bf16" if mode.autocast_dtype == torch.bfloat16 else "fp16"
         self.scaled = [f"precision={self.low}", "scaler.enabled=true"]  # autocast+scaler's
-        # what the user runs (a fix is verified on it): their precision and scaler, or, for
-        # an fp32 config, the autocast+scaler probe's
+        # what the user runs, a fix is verified on (for an fp32 config: autocast+scaler's)
         own = [o for o in overrides if key(o) in ("precision", "scaler.enabled")]
         self.own = own if mode.autocast_dtype is not None else self.scaled
         scaled = uses_dynamic_scaling(self.settings.scaler, policy)
         self.user_scaled = mode.autocast_dtype is None or scaled
         # every probe of the fp32 search, per (base overrides, module set): deterministic
         self.fp32_runs: dict[tuple[tuple[str, ...], tuple[str, ...]], Probe] = {}
-        # the user's own step runs a dynamic scaler (pitfall=half_model's drops it): its
-        # mechanism is probed actively
+        # the user's step runs a dynamic scaler (pitfall=half_model's drops it): probed actively
         self.checks_scaler = mode.autocast_dtype is not None and self.user_scaled and uses_scaler
 
     def plan(self) -> list[tuple[str, list[str]]]:
@@ -110,7 +103,6 @@ class Doctor:
         replaced = {key(e) for e in extra}
         probe = Probe(name, [*(o for o in self.common if key(o) not in replaced), *extra])
         settings = launch.settings(probe.overrides)
-        # the fp32 baseline, once per config in this process (the suite's cases share it)
         config = json.dumps(asdict(settings), sort_keys=True, default=str) if name == "fp32" else ""
         if config in BASELINES:
             log.info("probe fp32: the baseline of this config, already run in this process")
@@ -152,10 +144,8 @@ class Doctor:
         name: str = "search",
         deadline: float = math.inf,
     ) -> dict[str, Any]:
-        """Greedy: add the module named by the forward attribution until a probe runs clean.
-        `scaled` is the run of `base` (default: autocast+scaler) with the `start` set; a set
-        already run is not run again (the probes are deterministic for a seed). No new probe
-        starts after `deadline` (time.monotonic()); the result then says `stopped`."""
+        """Greedy: add the module the forward attribution names until a probe runs clean (`scaled`:
+        `base`'s run with `start`); no set runs twice, none past `deadline` (then `stopped`)."""
         extra = tuple(base or self.scaled)
         self.fp32_runs.setdefault((extra, tuple(start)), scaled)
         chosen = list(start)

@@ -1,8 +1,5 @@
-"""What the doctor concludes from one probe: its verdict against the fp32 baseline.
-
-A probe's health is what it judged of itself (summary.json `health`, health/rules.py); then its
-loss curve is compared with the fp32 baseline's, against the user's `health.*` thresholds.
-"""
+"""What the doctor concludes from one probe: its own health findings, then its loss against the
+fp32 baseline's under the user's `health.*` thresholds."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ class Probe:
 
     @property
     def first_event(self) -> dict[str, Any] | None:
-        """The first non-finite event: its step and the first module (and phase) that went
-        inf/nan there. The table, the advice and the fixes all read this one event."""
+        """The first non-finite event: its step and the first module (and phase) inf/nan there."""
         nf = self.diag.get("nonfinite") or {}
         if not nf.get("first_step"):
             return None
@@ -121,15 +117,12 @@ HEALTHY = ("ok", UNHURT)
 
 
 def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
-    """ok | diverged | underflow | underflow, loss unhurt | rises | skips | stalls | deviates |
-    unavailable | crashed: the probe's own health findings first, then its loss against fp32's
-    (`health.*`). Underflow whose loss stays within `health.loss_rel` of fp32's says so, unless
-    every gradient is zero: the label never contradicts the curve beside it."""
+    """The probe's own health findings first, then its loss against fp32's (`health.*`); underflow
+    within `health.loss_rel` of fp32's loss is 'unhurt' unless every gradient is zero."""
     if probe.unavailable:
         return "unavailable"
     if probe.crashed:
         return "crashed"
-    fired = probe.findings
     drop = probe.drop()
     if probe.summary.get("diverged"):  # the health judge's finding, as every surface reads it
         return "diverged"
@@ -139,9 +132,8 @@ def verdict(probe: Probe, base: Probe, cfg: HealthConfig) -> str:
     elif probe is not base and probe.deviation(base) > cfg.deviation:
         loss = "deviates"
     for found, name in HEALTH_VERDICTS:
-        if fired & found:
-            # every gradient zero: nothing trains, its loss tracks fp32's only while fp32's
-            # has not moved yet (a short probe), so it is no evidence of an unhurt loss
+        if probe.findings & found:
+            # every gradient zero: its loss tracks fp32's only while fp32's has not moved yet
             unhurt = (
                 probe is not base
                 and not loss

@@ -1,13 +1,6 @@
-"""One forward and backward pass of a built run on one batch, with every module's tensors kept.
-
-The divergence finder runs the same batch through the same weights in two builds and compares
-what this module keeps: each module's forward output and input (ModuleProbe's hooks, whole fp32
-copies instead of max |x|), each input gradient in backward order, every parameter's gradient,
-the logits and the loss. Gradients are unscaled; a loss scale that overflows them moves by the
-run's own scaler's update rule and the pass reruns. A compiled step is run without hooks (a
-hook's copy would become a graph output and change what the compiler fuses): it keeps its
-logits, loss and parameter gradients only.
-"""
+"""One forward and backward pass of a built run on one batch, every module's tensors kept as
+fp32 copies. A compiled step runs without hooks (a hook's copy would change what the compiler
+fuses): it keeps logits, loss and parameter gradients."""
 
 from __future__ import annotations
 
@@ -20,7 +13,7 @@ from amp_lab.precision.scaler_internals import overflow_update
 from amp_lab.precision.scaling import allowed_holds
 from amp_lab.run import Run
 from amp_lab.tools import probe
-from amp_lab.tools.numerics.bands import UNIT_ROUNDOFF, dtype_key
+from amp_lab.tools.numerics.bands import unit_roundoff
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Entry = tuple[str, str, torch.Tensor]  # (module, dtype as torch spells it, fp32 copy)
@@ -52,26 +45,21 @@ def first_batch(run: Run) -> Batch:
 
 
 def _rounding(module: torch.nn.Module, entry: Entry, given: torch.Tensor | None) -> float:
-    """The unit roundoff a module's own computation adds: that of its output dtype for a leaf
-    (torchao's float8 Linear: float8 e4m3); none for a container (its children round) or a
-    leaf that passed its input on unchanged (Identity, dropout at p=0)."""
+    """The unit roundoff a module's own computation adds: its output dtype's for a leaf that
+    changed its input (torchao's float8 Linear: e4m3's), none for a container."""
     _, dtype, output = entry
     if next(module.children(), None) is not None:
         return 0.0
     if given is not None and given.shape == output.shape and torch.equal(given, output):
         return 0.0
     if type(module).__name__ == "Float8Linear":
-        return UNIT_ROUNDOFF["fp8_e4m3"]
-    return UNIT_ROUNDOFF[dtype_key(dtype)]
+        return unit_roundoff("torch.float8_e4m3fn")
+    return unit_roundoff(dtype)
 
 
 def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) -> dict[str, int]:
-    """Per parameter, the terms summed into each element of its gradient: one per use of that
-    element in the forward pass. A parameter leads with its module's output features (a Linear's
-    or conv's out channels, a norm's or layer scale's channels), so each of its elements is used
-    once per output element of that feature: the outputs' size / the leading dimension (batch x
-    tokens, batch x output positions). A parameter of the model itself (ViT's class token and
-    position embedding, added to every sample) is used once per sample."""
+    """Per parameter, the terms summed into each element of its gradient: its module's outputs'
+    size over its leading dimension (output features); the batch for the model's own."""
     outputs: dict[str, int] = {}
     for name, _, tensor in forward:
         outputs[name] = outputs.get(name, 0) + tensor.numel()
@@ -86,8 +74,7 @@ def reduction_lengths(model: torch.nn.Module, forward: list[Entry], batch: int) 
 def _pass(
     run: Run, batch: Batch, scaled: bool, probe: ModuleProbe | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward (the loss scaled by the run's scaler if `scaled`); the logits and
-    the loss. Dropout and drop-path draw the same masks in every build (the seed is reset)."""
+    """Forward and backward (the loss scaled if `scaled`), the seed reset for the same dropout."""
     step = run.train_step
     step.step_number = 1  # the run's first step (fault.* injections count from 1)
     torch.manual_seed(run.settings.trainer.seed)
@@ -106,8 +93,7 @@ def _pass(
 
 
 def _grads_finite(model: torch.nn.Module) -> bool:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return all(bool(torch.isfinite(g).all()) for g in grads)
+    return all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
 
 
 def capture(run: Run, batch: Batch, hooks: bool = True) -> Capture:
@@ -120,10 +106,8 @@ def capture(run: Run, batch: Batch, hooks: bool = True) -> Capture:
     while True:
         scale = float(run.scaler.get_scale()) if scaled else 1.0
         logits, loss = _pass(run, batch, scaled, probe)
-        # a finite loss with overflowing gradients: the scale moves by the scaler's own update
-        # rule and the pass reruns, as the run's next step would; below 1 a scale no longer
-        # lifts anything, and a scaler that holds past its hysteresis (a static one) never
-        # backs off: the gradients stay as they are
+        # overflowing gradients of a finite loss: the scale moves by the scaler's own rule and
+        # the pass reruns; below 1 a scale lifts nothing, and a static scaler never backs off
         if not (scale > 1.0 and bool(torch.isfinite(loss)) and not _grads_finite(run.model)):
             break
         overflow_update(run.scaler, step.optimizer)

@@ -1,9 +1,6 @@
-"""`amp_lab numerics <overrides> --vs fp32|compiled [--also MODE ...] [--steps N] [--out DIR]`:
-where the precision under test parts ways with its reference, module by module, on one batch
-(and with --steps, where their weights part ways over N training steps).
-
-Prints a table, writes numerics.json and numerics.png to --out. Exit code 0 when every module
-stays in its band, 1 when one leaves it (a finding, not an error), 2 on bad input.
+"""`amp_lab numerics <overrides> --vs fp32|compiled [--also MODE ...] [--steps N] [--out DIR]`
+(docs/diagnostics.md). Exit code 0 when every module stays in its band, 1 when one leaves it (a
+finding, not an error), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ def _ratio(row: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    """The console report: per mode the output, the first flagged modules, the amplifiers, the
-    flagged rows."""
+    """The console report: per mode the output, first flagged modules, amplifiers, flagged rows."""
     lines = []
     for mode, found in result["modes"].items():
         out = found["output"]
@@ -84,14 +80,12 @@ def table(result: dict[str, Any]) -> list[str]:
 
             lines += drift_lines(found["drift"])
         for phase in ("forward", "backward", "params"):
-            flagged = [r for r in found[phase] if r["flag"]]
-            if not flagged:
-                continue
-            lines.append(f"  {phase}: {len(flagged)} of {len(found[phase])} rows flagged")
-            lines += [  # each in a line of an 80-column terminal; numerics.json has the rest
-                f"    {r['module'] or '(model)'} ({r['dtype']}): {r['flag']}, {_ratio(r)}"
-                for r in flagged[:SHOWN]
-            ]
+            if rows := [r for r in found[phase] if r["flag"]]:
+                lines.append(f"  {phase}: {len(rows)} of {len(found[phase])} rows flagged")
+                lines += [  # each in a line of an 80-column terminal; numerics.json has the rest
+                    f"    {r['module'] or '(model)'} ({r['dtype']}): {r['flag']}, {_ratio(r)}"
+                    for r in rows[:SHOWN]
+                ]
     for flag in result.get("compiled_flags", []):
         lines.append(f"compiled: {flag['kind']} ({flag['where']})")
     return lines

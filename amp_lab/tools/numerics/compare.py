@@ -1,12 +1,5 @@
-"""Two captures of the same batch and weights, compared module by module against the bands.
-
-Per tensor: the norm-wise relative error ||test - ref|| / ||ref||, the max element-wise error
-relative to the reference's largest value max|test - ref| / max|ref| (an element-wise ratio would
-be ruled by elements near zero), both over the elements finite in both, and the share of
-non-finite elements. Each error is set against its band (bands.py); a row is flagged when the
-test turned non-finite where the reference did not, when a 16-bit output nears its dtype's
-largest value, or when the error exceeds FLAG_FACTOR x its band.
-"""
+"""Two captures of the same batch and weights, compared module by module against the bands:
+the errors and flags of docs/diagnostics.md, "`amp_lab numerics`"."""
 
 from __future__ import annotations
 
@@ -99,7 +92,7 @@ def _aligned(test: list[Entry], ref: list[Entry], phase: str) -> None:
 
 
 def forward_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
-    """One row per forward call, with its input error and amplification (output/input error)."""
+    """One row per forward call, with its input's error."""
     _aligned(test.forward, ref.forward, "forward")
     rows = []
     for i, (entry, band) in enumerate(zip(test.forward, bands(test.roundings))):
@@ -126,8 +119,7 @@ def backward_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
 
 
 def param_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
-    """One row per module owning parameters (its gradients concatenated), in backward order,
-    each with the reduction length of its gradient (`terms`) and the band that follows."""
+    """One row per module owning parameters, in backward order, with its gradient's `terms`."""
     # a weight's gradient comes after every forward rounding and about as many backward ones
     depth, coarsest = sum(u > 0 for u in test.roundings), max(test.roundings, default=0.0)
     owners: dict[str, list[str]] = {}
@@ -146,8 +138,7 @@ def param_rows(test: Capture, ref: Capture) -> list[dict[str, Any]]:
 
 def amplifiers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The forward calls that grow the error they are given the most (output / input error > 1),
-    among those given an error of at least a tenth of their band (a module given none only adds
-    its own rounding)."""
+    among those given at least a tenth of their band (one given none only adds its rounding)."""
     grown = [
         {"module": r["module"], "index": r["index"], "gain": r["norm"] / r["input_norm"]}
         for r in rows
@@ -166,11 +157,10 @@ def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 def outputs(test: Capture, ref: Capture) -> dict[str, float]:
     """At the output: the logits' KL(ref || test), top-1 agreement and the loss difference."""
-    agree = (test.logits.argmax(-1) == ref.logits.argmax(-1)).double().mean()
     logits = errors(test.logits, ref.logits)
     return {
         "logit_kl": kl(ref.logits, test.logits),
-        "top1_agreement": float(agree),
+        "top1_agreement": float((test.logits.argmax(-1) == ref.logits.argmax(-1)).double().mean()),
         "loss_diff": test.loss - ref.loss,
         "logits_norm": logits["norm"],
         "logits_nonfinite": logits["nonfinite"],

@@ -1,9 +1,5 @@
-"""numerics.png: the divergence finder's error against depth, with the expected band.
-
-Two panels: module outputs in forward order, weight gradients in backward order. One line per
-mode (log scale), its band dashed in the same colour, each mode's first flagged module marked
-and named; the legend sits inside the figure.
-"""
+"""numerics.png: the divergence finder's error against depth (module outputs forward, weight
+gradients backward), each mode's band dashed and its first flagged module named."""
 
 from __future__ import annotations
 
@@ -68,10 +64,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     _panel(bwd, modes, "params", "backward", "weight gradients (backward order)")
     bwd.set_xlabel("module (backward order)")
     reference = "fp32" if result["vs"] == "fp32" else "fp32 (eager and compiled each)"
-    factor = result["bands"]["flag_factor"]
     fig.suptitle(
         f"amp_lab numerics: {', '.join(modes)} against {reference}; "
-        f"a module is flagged above {factor:g}x its band",
+        f"a module is flagged above {result['bands']['flag_factor']:g}x its band",
         fontsize=10,
     )
     fig.tight_layout()

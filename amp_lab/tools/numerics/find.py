@@ -1,10 +1,5 @@
-"""Where the precisions part ways: one batch through the same weights in two builds, compared.
-
-`find(overrides, vs)` builds the run the overrides describe in the mode under test and in its
-reference (`vs="fp32"`: the same run in fp32, no pitfall; `vs="compiled"`: the same mode eager,
-and the reference fp32 both are measured against), takes one forward and backward pass in each
-(capture.py) and compares them module by module (compare.py). The doctor calls the same code.
-"""
+"""Where the precisions part ways: the builds of `--vs fp32` and `--vs compiled`, each one
+batch through the same weights (capture.py), compared module by module (compare.py)."""
 
 from __future__ import annotations
 
@@ -62,8 +57,7 @@ def comparison(test: Capture, ref: Capture) -> dict[str, Any]:
 
 
 def vs_fp32(overrides: list[str], modes: list[str], work: Path, steps: int) -> dict[str, Any]:
-    """Each mode against fp32 on the same batch and weights; with `steps`, over that many
-    training steps too (weight_drift.py)."""
+    """Each mode against fp32 on the same batch and weights (and over `steps` training steps)."""
     ref_run, ref = _capture([*overrides, *REFERENCE], work / "fp32", None, None, True)
     batch = first_batch(ref_run)
     found: dict[str, Any] = {}
@@ -107,12 +101,9 @@ def compiled_flags(eager: dict[str, Any], compiled: dict[str, Any]) -> list[dict
         (e["module"], e["nonfinite"], c["nonfinite"])
         for e, c in zip(eager["params"], compiled["params"])
     ]
-    flags = []
-    for side, only in (
-        ("eager", [w for w, e, c in pairs if e and not c]),
-        ("compiled", [w for w, e, c in pairs if c and not e]),
-    ):
-        if only:
+    flags: list[dict[str, Any]] = []
+    for side, mine, other in (("eager", 1, 2), ("compiled", 2, 1)):  # non-finite in one only
+        if only := [p[0] for p in pairs if p[mine] and not p[other]]:
             flags.append(
                 {"kind": f"non-finite in {side} only", "where": only[0], "count": len(only)}
             )
@@ -163,10 +154,9 @@ def find(
 
 
 def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:
-    """Modules worth keeping in fp32, best first: where values first turned non-finite, then the
-    out-of-band modules by how far out, then the strongest amplifiers; none when no module left
-    its band (the finder saw nothing to rank by). A 'near overflow' module is left out: the GEMM
-    reading its output casts it down, and that GEMM turns non-finite."""
+    """Modules worth keeping in fp32, best first: the first non-finite, the out-of-band ones by how
+    far out, the strongest amplifiers; none when no module left its band. A 'near overflow' one
+    is left out: the GEMM reading its output casts it down, and that GEMM turns non-finite."""
     forward = found["forward"]
     if not any(r["flag"] in ("non-finite", "out of band") for r in forward):
         return []
@@ -177,10 +167,8 @@ def fp32_candidates(found: dict[str, Any], limit: int = 5) -> list[str]:
 
 
 def for_doctor(overrides: list[str], mode: str) -> dict[str, Any]:
-    """What the doctor keeps of a comparison of `mode` (scaled as its probe) against fp32: the
-    first flagged modules, the output and its ranked fp32_modules candidates."""
-    found = find([*overrides, f"precision={mode}", "scaler.enabled=true"], "fp32", [])
-    mine = found["modes"][mode]
+    """What the doctor keeps of `mode` (scaled) against fp32: first flagged, output, candidates."""
+    mine = find([*overrides, f"precision={mode}", "scaler.enabled=true"], "fp32", [])["modes"][mode]
     first = {
         phase: row and {k: row[k] for k in ("module", "flag", "norm", "ratio", "nonfinite")}
         for phase, row in mine["first_out_of_band"].items()

@@ -1,17 +1,8 @@
 """`amp_lab numerics --steps N`: the mode under test and fp32 train N steps from the same weights
-and data order; where their weights part ways faster than rounding alone explains.
+and data order; where their weights part ways faster than rounding alone explains, a random
+walk from step 1's difference per unit of update (docs/diagnostics.md, "`--steps N`"):
 
-Rounding alone: step 1 measures what one update computed from rounded gradients moves the
-weights apart, per unit of update: b = d_1 / (||Δw_1|| / ||w_1||) (Adam's normalisation makes this
-far more than u: a gradient below the rounding noise flips its element's whole update). Repeated
-independently each step, the differences add like a random walk:
-
-    envelope_k = b · sqrt(sum_{j<=k} (||Δw_j|| / ||w_j||)^2)
-
-per module (its parameters together) and over the model. The weights' relative difference
-d_k = ||w_test - w_ref|| / ||w_ref|| past FLAG_FACTOR x envelope means the training dynamics
-amplify the difference (compounding, not adding); the report names the first step it does and
-the modules it does so in first.
+    envelope_k = b · sqrt(sum_{j<=k} (||Δw_j|| / ||w_j||)^2),  b = d_1 / (||Δw_1|| / ||w_1||)
 """
 
 from __future__ import annotations
@@ -38,11 +29,6 @@ def _flat(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().float().flatten() for p in params])
 
 
-def _step(run: Run, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> None:
-    torch.manual_seed(run.settings.trainer.seed + step)  # the same dropout masks in both
-    run.train_step([batch], step=step)
-
-
 def drift(ref: Run, test: Run, steps: int) -> dict[str, Any]:
     """Train both runs `steps` steps on the reference's batches; per step the weights' relative
     difference and its rounding envelope, overall and per module."""
@@ -55,8 +41,9 @@ def drift(ref: Run, test: Run, steps: int) -> dict[str, Any]:
     for k in range(1, steps + 1):
         batch = next(batches)
         before = {m: _flat(ps) for m, ps in owners_r.items()}
-        _step(ref, batch, k)
-        _step(test, batch, k)
+        for run in (ref, test):
+            torch.manual_seed(run.settings.trainer.seed + k)  # the same dropout masks in both
+            run.train_step([batch], step=k)
         row: dict[str, Any] = {"step": k, "modules": {}}
         totals = [0.0, 0.0, 0.0]  # over the model, squared: moved, weights, difference
         for m, ps in owners_r.items():
@@ -89,8 +76,7 @@ def _past(entry: dict[str, float]) -> float:
 
 
 def _first_faster(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first step whose weights, over the model, part ways faster than rounding; and the
-    modules furthest past their own envelopes at that step."""
+    """The first step the model's weights part ways faster than rounding; its furthest modules."""
     for row in rows:
         if _past(row) > FLAG_FACTOR:
             past = {m: _past(e) for m, e in row["modules"].items()}
