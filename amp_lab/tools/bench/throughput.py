@@ -134,8 +134,7 @@ def measure_throughput(
         images, labels = next(stream)[0]
         flops = train_step_flops(run.model, images, labels, run.policy.autocast())
         flops *= run.settings.trainer.grad_accum
-    s = run.settings
-    mode = run.policy.mode
+    s, mode = run.settings, run.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
     peak = peak_flops(run.device, mode.matmul_dtype) if mode.reports_mfu else None
     return ThroughputRow(
@@ -212,14 +211,8 @@ def section(results: dict[str, list[Any]]) -> list[str]:
     rows: list[ThroughputRow] = results.get("throughput", [])
     errors: list[dict[str, Any]] = results.get("throughput_errors", [])
     cells = [
-        [
-            r.model,
-            r.precision,
-            record.fmt(r.compile),
-            record.fmt(r.channels_last),
-            str(r.batch_size),
-        ]
-        + [record.fmt(r.first_step_s), f"{r.samples_per_s:.1f}"]
+        [r.model, r.precision, record.fmt(r.compile), record.fmt(r.channels_last)]
+        + [str(r.batch_size), record.fmt(r.first_step_s), f"{r.samples_per_s:.1f}"]
         + [f"{ms:.2f}" for ms in (r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms)]
         + [f"{r.peak_memory_mb:.0f}", r.state_dtype, f"{r.state_mb:.2f}"]
         + [record.fmt(r.achieved_tflops), f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"]
