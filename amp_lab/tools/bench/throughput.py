@@ -1,9 +1,6 @@
-"""`--parts throughput`: per configuration, samples/s, the step split into phases, memory, MFU.
-
-Measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
-timing boundaries of real `TrainStep` calls. The forward / backward / optimizer split comes from
-extra steps synchronised as those stages return (`TrainStep.watching_stages`).
-"""
+"""`--parts throughput`: per configuration, samples/s, the step split into phases, memory, MFU,
+measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
+timing boundaries of real `TrainStep` calls (for the split, of extra steps as stages return)."""
 
 from __future__ import annotations
 
@@ -73,8 +70,7 @@ PHASE_END = {"forward_and_loss": 0, "backward": 1}
 
 
 def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[float]:
-    """Mean seconds of forward, backward and optimizer phases over `steps` real steps, with the
-    device synchronised as the forward and the backward stages of each micro-batch return."""
+    """Mean seconds of the forward, backward and optimizer phases over `steps` real steps."""
     device = run.device
     totals = [0.0, 0.0, 0.0]
     mark = 0.0
@@ -99,8 +95,7 @@ def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[flo
 
 
 def timed_steps(run: Run, stream: Iterator[list[Batch]], steps: int) -> float:
-    """Seconds of `steps` real steps, the device synchronised only before and after them, as
-    the loop runs steps between log steps."""
+    """Seconds of `steps` real steps, the device synchronised only before and after them."""
     synchronize(run.device)
     start = time.perf_counter()
     for _ in range(steps):
