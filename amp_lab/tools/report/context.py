@@ -47,12 +47,11 @@ def commands(runs: list[RunData]) -> list[str]:
             hydra = yaml.safe_load(hydra_file.read_text())["hydra"]
             # the sweeper's settings too (a search's n_trials, sampler, ...), so that the command
             # sweeps what it swept; hydra.sweep.dir not: a new folder, or it would resume
-            typed = hydra["overrides"]["task"] + [
-                o
-                for o in hydra["overrides"].get("hydra") or []
-                if o.lstrip("+~").startswith(SWEEPER)
+            overrides = hydra["overrides"]
+            sweeper = [
+                o for o in overrides.get("hydra") or [] if o.lstrip("+~").startswith(SWEEPER)
             ]
-            task = " ".join(shlex.quote(str(o)) for o in typed)
+            task = " ".join(shlex.quote(str(o)) for o in overrides["task"] + sweeper)
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             continue
         flag = "-m " if sweep.exists() else ""

@@ -122,8 +122,7 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
     """The group's sentence: every cell against the reference, or why there is none."""
     ref = group.reference
     if ref is None:
-        problems = {c.value: merged_health(c.runs) for c in group.cells}
-        named = [f"{value}: {', '.join(words)}" for value, words in problems.items() if words]
+        named = [f"{c.value}: {', '.join(w)}" for c in group.cells if (w := merged_health(c.runs))]
         note = group.reference_note
         return "; ".join([note[:1].upper() + note[1:], *named]) + "."
     clauses = [cell_verdict(c, ref, comps[c.value], speed_ok) for c in group.cells if c is not ref]
