@@ -55,11 +55,10 @@ class BareLoop:
             raise ConfigError("the overhead bench needs an optimizer over the model's own weights")
         compiled = t.compile != CompileMode.off  # compiled as the runner's model and step are
         self.forward = compile_model(self.model, t.compile_backend) if compiled else self.model
-        fused = bool(run.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
         self.optimizer = torch.optim.AdamW(
             groups,
             lr=run.peak_lr,
-            fused=fused or None,
+            fused=run.optimizer.defaults.get("fused") or None,  # as fused as the runner's AdamW
             foreach=False if t.compile == CompileMode.step else None,  # as the runner's is built
         )
         if t.compile == CompileMode.step:
@@ -156,8 +155,7 @@ class OverheadResult:
 def measure_overhead(
     settings: AmpLabConfig, run_dirs: list[Path], steps: int, variant: str
 ) -> OverheadResult:
-    """One row: a run freshly built (model and bare copy) in each of `run_dirs`, its trainer
-    with an AlternatingSink of `steps`-step rounds; all runs' timed rounds pooled."""
+    """One row: a run and its bare copy built afresh in each of `run_dirs`, rounds pooled."""
     result = OverheadResult(settings.model.name, variant, str(settings.precision.name), steps)
     for run_dir in run_dirs:
         run = probe.build_run(settings, run_dir)
