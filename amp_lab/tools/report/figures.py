@@ -127,8 +127,7 @@ class Comparison:
 def compare(cell: Cell, ref: Cell | None, cfg: HealthConfig) -> Comparison:
     """The cell's deltas, ratios and verdicts against `ref`."""
     if ref is None:
-        none = Stat(None, None, 0)
-        return Comparison(none, none, None, None, None)
+        return Comparison(Stat(None, None, 0), Stat(None, None, 0), None, None, None)
     refs = [run for run in ref.runs if run.ok]
     runs = refs if cell is ref else cell.runs  # the reference against its own completed runs
     loss = _delta(runs, refs, "final_val_loss")

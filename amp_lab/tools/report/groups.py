@@ -161,8 +161,7 @@ def make_groups(runs: list[RunData], by: str) -> list[Group]:
 
 
 def study_axis(runs: list[RunData]) -> tuple[str, str | None]:
-    """The axis and reference the runs' own `report.by` / `report.ref` name (a study's config
-    sets them) where every run names the same; else precision and its default reference."""
+    """The runs' `report.by` and `report.ref` (a study's config) where all agree, else precision."""
     named = {(run.settings.get("report.by"), run.settings.get("report.ref")) for run in runs}
     if len(named) != 1:
         return DEFAULT_AXIS, None

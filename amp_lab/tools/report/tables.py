@@ -76,8 +76,7 @@ OPTIONAL = ("low-precision FLOPs %", "params MB", "grads MB", "state MB")
 
 
 def _table(data: dict[str, Any], group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """A group's header and rows: the axis value (ref marked), then the columns, an OPTIONAL one
-    only when some run reports it."""
+    """A group's header and rows, an OPTIONAL column only where some cell reports it."""
     cells = [cell for g in data["groups"] for cell in g["cells"]]
     shown = [
         name
