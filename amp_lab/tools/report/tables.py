@@ -151,9 +151,8 @@ NAME_WIDTH = 16  # a column's name up to this stays whole; a longer one (a run's
 
 
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
-    """The terminal's view of a markdown table, turned: one column per row (a cell, a study),
-    its first entry the column's name, so a few of them fit an 80-column terminal where twenty
-    figures side by side do not; a cell in trouble (bold in markdown) in bold red."""
+    """A markdown table turned, one column per row (a cell, a study), so that a few fit an
+    80-column terminal where twenty figures side by side do not; trouble (bold) in bold red."""
     axis = "\n".join(header[0].split(","))  # an axis of several keys: a line each
     table = Table(
         Column(axis, no_wrap=True),
