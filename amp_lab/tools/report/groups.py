@@ -107,9 +107,8 @@ def _short(key: str) -> str:
 
 
 def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> tuple[str, str]:
-    """The cell's label and its first key's value: `fp16` when one key of the axis varies; when
-    more do, each as `key=value` (`precision=fp16 fp32_modules=["head"]`, `kwargs={}
-    weight_decay=0.05`: a bare `{}` or `true` would not say what it is)."""
+    """The cell's label and its first key's value: `fp16`, or where more axis keys vary each as
+    `key=value` (`precision=fp16 fp32_modules=["head"]`: a bare `{}` or `true` says nothing)."""
     candidates = [k for k in keys if k in shown] or keys
     first = next((k for k in candidates if k.endswith(".name")), candidates[0])
     value = _plain(setting.get(first))
