@@ -1,14 +1,9 @@
 """`python -m amp_lab bench`: the runner's overhead, and throughput per model x precision mode.
 
-Every run is built from the real Hydra configs plus the options below; results go to
-OUT/bench.json and OUT/bench.md, rewritten after every measurement so an interrupted benchmark
-keeps what it measured. docs/benchmarks.md describes each part and its figures.
-
-  python -m amp_lab bench                                  # the defaults for this machine
-  python -m amp_lab bench --parts overhead --models test_vit --precisions fp32 bf16
-
-A checkout's `python -m benchmarks.bench` (`make bench`) adds the parts that need the
-repository (compile_cache, feed, peer: benchmarks/bench.py) to the same command.
+Runs are built from the real Hydra configs plus the options below; OUT/bench.json and bench.md
+are rewritten after every measurement, so an interrupted benchmark keeps what it measured. A
+checkout's `python -m benchmarks.bench` adds the parts that need the repository (compile_cache,
+feed, peer). docs/benchmarks.md describes each part and its figures.
 """
 
 from __future__ import annotations

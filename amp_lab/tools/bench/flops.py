@@ -1,9 +1,6 @@
-"""FLOPs of a training step (the audit's GEMM counter, torch.utils.flop_counter's formulas) and the
-device peaks that turn them into MFU.
-
-MFU = FLOPs per step x steps per second / the device's dense peak for the matmul dtype. Matmuls,
-convolutions and attention are counted; element-wise ops and the optimizer are not, as usual.
-"""
+"""FLOPs of a training step (the audit's GEMM counter: matmuls, convolutions and attention, not
+element-wise ops or the optimizer, as usual) and the device peaks that turn them into MFU: FLOPs
+per step x steps per second / the device's dense peak for the matmul dtype."""
 
 from __future__ import annotations
 

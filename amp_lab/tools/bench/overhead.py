@@ -1,11 +1,6 @@
-"""`--parts overhead`: a run's whole loop (`Trainer.fit`) against a bare hand-written loop,
-alternating.
-
-A sink closes each round of amp_lab steps and runs one round of the bare loop (autocast,
-GradScaler, AdamW over the runner's parameter groups, nothing else) on a copy of the same model,
-data, batch and precision, in the same process under the same load. Whatever the runner does per
-step (meters, records, sinks, diagnostics) is inside the amp_lab rounds.
-"""
+"""`--parts overhead`: a run's whole loop (`Trainer.fit`) against a bare hand-written loop
+(autocast, GradScaler, AdamW, nothing else), round for round in one process under the same load:
+whatever the runner does per step (meters, records, sinks, diagnostics) is the difference."""
 
 from __future__ import annotations
 
@@ -53,21 +48,17 @@ class BareLoop:
         self.model = copy.deepcopy(run.model, copies)  # same architecture and initial weights
         # the runner's parameter groups and their weight decay, over the copy's parameters
         groups = [
-            {
-                "params": [copies.get(id(p)) for p in group["params"]],
-                "weight_decay": group["weight_decay"],
-            }
-            for group in run.optimizer.param_groups
+            {"params": [copies.get(id(p)) for p in g["params"]], "weight_decay": g["weight_decay"]}
+            for g in run.optimizer.param_groups
         ]
         if any(p is None for group in groups for p in group["params"]):
             raise ConfigError("the overhead bench needs an optimizer over the model's own weights")
         compiled = t.compile != CompileMode.off  # compiled as the runner's model and step are
         self.forward = compile_model(self.model, t.compile_backend) if compiled else self.model
-        fused = bool(run.optimizer.defaults.get("fused"))  # as fused as the runner's AdamW
         self.optimizer = torch.optim.AdamW(
             groups,
             lr=run.peak_lr,
-            fused=fused or None,
+            fused=run.optimizer.defaults.get("fused") or None,  # as fused as the runner's AdamW
             foreach=False if t.compile == CompileMode.step else None,  # as the runner's is built
         )
         if t.compile == CompileMode.step:
@@ -117,11 +108,8 @@ def _clocks(device: torch.device) -> tuple[float, float]:
 
 class AlternatingSink(Sink):
     """Closes an amp_lab round at every `steps`-th train record, then times one bare round.
-
-    Bare rounds bracket every amp_lab round, which is compared with the mean of the two around it:
-    a load that drifts during the pair cancels out. Each round is timed on the wall clock and in
-    process CPU time, the steadier measure on a shared CPU (on a GPU, the wall clock matters).
-    """
+    Each amp_lab round is compared with the mean of the bare rounds around it, so a drifting load
+    cancels; on the wall clock and in process CPU time (the steadier on a shared CPU)."""
 
     def __init__(self, bare: BareLoop, steps: int, device: torch.device) -> None:
         self.bare, self.steps, self.device = bare, steps, device
@@ -167,8 +155,7 @@ class OverheadResult:
 def measure_overhead(
     settings: AmpLabConfig, run_dirs: list[Path], steps: int, variant: str
 ) -> OverheadResult:
-    """One row: a run freshly built (model and bare copy) in each of `run_dirs`, its trainer
-    with an AlternatingSink of `steps`-step rounds; all runs' timed rounds pooled."""
+    """One row: a run and its bare copy built afresh in each of `run_dirs`, rounds pooled."""
     result = OverheadResult(settings.model.name, variant, str(settings.precision.name), steps)
     for run_dir in run_dirs:
         run = probe.build_run(settings, run_dir)
@@ -223,9 +210,8 @@ def part(args: argparse.Namespace, device: torch.device, report: Report) -> None
         if args.steps % settings.trainer.log_every:
             every = settings.trainer.log_every
             raise ConfigError(
-                f"--steps {args.steps} must be a multiple of "
-                f"trainer.log_every={every}; use --steps {every} (or a "
-                f"multiple), or add --override trainer.log_every={args.steps}"
+                f"--steps {args.steps} must be a multiple of trainer.log_every={every}; use --steps"
+                f" {every} (or a multiple), or add --override trainer.log_every={args.steps}"
             )
         row = args.out / "runs" / f"overhead_{model}_{variant.replace(' ', '_')}_{precision}"
         run_dirs = [row.with_name(f"{row.name}_run{i}") for i in range(2, args.repeats + 1)]

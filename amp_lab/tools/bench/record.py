@@ -62,9 +62,8 @@ def section(
 def write_report(
     out_dir: Path, env: dict[str, Any], results: dict[str, list[Any]], parts: Sequence[Any]
 ) -> None:
-    """Write bench.json and bench.md (atomically, so a reader never sees half a file) from
-    `results`, the lists each part reported so far; `parts`: the parts' modules, in order, each
-    writing its section."""
+    """Write bench.json and bench.md atomically (a reader never sees half a file) from the lists
+    each part reported so far; `parts`: the parts' modules, each writing its section."""
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = "\n".join(
         [

@@ -1,9 +1,6 @@
-"""`--parts throughput`: per configuration, samples/s, the step split into phases, memory, MFU.
-
-Measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
-timing boundaries of real `TrainStep` calls. The forward / backward / optimizer split comes from
-extra steps synchronised as those stages return (`TrainStep.watching_stages`).
-"""
+"""`--parts throughput`: per configuration, samples/s, the step split into phases, memory, MFU,
+measured as timm's benchmark.py does: warm-up left out, the device synchronised only at the
+timing boundaries of real `TrainStep` calls (for the split, of extra steps as stages return)."""
 
 from __future__ import annotations
 
@@ -73,8 +70,7 @@ PHASE_END = {"forward_and_loss": 0, "backward": 1}
 
 
 def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[float]:
-    """Mean seconds of forward, backward and optimizer phases over `steps` real steps, with the
-    device synchronised as the forward and the backward stages of each micro-batch return."""
+    """Mean seconds of the forward, backward and optimizer phases over `steps` real steps."""
     device = run.device
     totals = [0.0, 0.0, 0.0]
     mark = 0.0
@@ -99,8 +95,7 @@ def phase_times(run: Run, stream: Iterator[list[Batch]], steps: int) -> list[flo
 
 
 def timed_steps(run: Run, stream: Iterator[list[Batch]], steps: int) -> float:
-    """Seconds of `steps` real steps, the device synchronised only before and after them, as
-    the loop runs steps between log steps."""
+    """Seconds of `steps` real steps, the device synchronised only before and after them."""
     synchronize(run.device)
     start = time.perf_counter()
     for _ in range(steps):
@@ -134,8 +129,7 @@ def measure_throughput(
         images, labels = next(stream)[0]
         flops = train_step_flops(run.model, images, labels, run.policy.autocast())
         flops *= run.settings.trainer.grad_accum
-    s = run.settings
-    mode = run.policy.mode
+    s, mode = run.settings, run.policy.mode
     # a mode may declare its peak ill-defined (e.g. fp8 matmuls mixed with bf16 ones)
     peak = peak_flops(run.device, mode.matmul_dtype) if mode.reports_mfu else None
     return ThroughputRow(
@@ -212,14 +206,8 @@ def section(results: dict[str, list[Any]]) -> list[str]:
     rows: list[ThroughputRow] = results.get("throughput", [])
     errors: list[dict[str, Any]] = results.get("throughput_errors", [])
     cells = [
-        [
-            r.model,
-            r.precision,
-            record.fmt(r.compile),
-            record.fmt(r.channels_last),
-            str(r.batch_size),
-        ]
-        + [record.fmt(r.first_step_s), f"{r.samples_per_s:.1f}"]
+        [r.model, r.precision, record.fmt(r.compile), record.fmt(r.channels_last)]
+        + [str(r.batch_size), record.fmt(r.first_step_s), f"{r.samples_per_s:.1f}"]
         + [f"{ms:.2f}" for ms in (r.step_ms, r.forward_ms, r.backward_ms, r.optimizer_ms)]
         + [f"{r.peak_memory_mb:.0f}", r.state_dtype, f"{r.state_mb:.2f}"]
         + [record.fmt(r.achieved_tflops), f"{100 * r.mfu:.1f}%" if r.mfu is not None else "—"]

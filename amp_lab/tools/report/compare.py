@@ -1,11 +1,8 @@
 """`python -m amp_lab report PATH... [--by KEY] [--ref RUN|VALUE] [--out DIR] [--wandb]`.
 
-Compares runs along one axis (`--by KEY`, else the runs' `report.by`, else `precision`), group
-by group: runs equal in every other setting, seeds aside, against their own reference (see
-amp_lab.tools.report.groups). A search's sweep folder (`+search=lr`) is read as a search
-instead (amp_lab.tools.report.search). Prints the tables and verdicts (rich), writes report.json,
-report.md and overview.png to DIR (default: `<PATH>/report`), and with --wandb the same
-comparison as a W&B Report.
+Compares runs group by group along one axis (groups.py), or a search's studies (search.py);
+prints the tables and verdicts, writes report.json, report.md and a picture to DIR (default:
+`<PATH>/report`), and with --wandb the same comparison as a W&B Report.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Where and how the compared runs were made: date, devices, versions, load, commands.
-
-Speed and memory figures are findings only from a GPU on a machine that was not overloaded: a
-CPU's fp16/bf16 kernels say nothing about a GPU's, and a load average above the core count means
-other work shared the cores. The load is read when the report is made, so it describes the runs
-when the report follows them on the same machine (as `make studies` does).
-"""
+"""Where and how the compared runs were made: date, devices, versions, load, commands. Speed is a
+finding only from a GPU not overloaded; the load is read as the report is made, so it describes
+the runs where the report follows them on the same machine (as `make studies` does)."""
 
 from __future__ import annotations
 
@@ -51,12 +47,11 @@ def commands(runs: list[RunData]) -> list[str]:
             hydra = yaml.safe_load(hydra_file.read_text())["hydra"]
             # the sweeper's settings too (a search's n_trials, sampler, ...), so that the command
             # sweeps what it swept; hydra.sweep.dir not: a new folder, or it would resume
-            typed = hydra["overrides"]["task"] + [
-                o
-                for o in hydra["overrides"].get("hydra") or []
-                if o.lstrip("+~").startswith(SWEEPER)
+            overrides = hydra["overrides"]
+            sweeper = [
+                o for o in overrides.get("hydra") or [] if o.lstrip("+~").startswith(SWEEPER)
             ]
-            task = " ".join(shlex.quote(str(o)) for o in typed)
+            task = " ".join(shlex.quote(str(o)) for o in overrides["task"] + sweeper)
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             continue
         flag = "-m " if sweep.exists() else ""
@@ -93,8 +88,7 @@ def gather(runs: list[RunData], argv: list[str]) -> dict[str, Any]:
 
 
 def markdown(context: dict[str, Any]) -> str:
-    """The context as report.md and a study's README open with: the commands, then where and
-    when they ran."""
+    """The context report.md and a study's README open with: the commands, where and when."""
     host, load = context["host"], context["host"]["load_avg"]
     lines = [
         "Made with:",

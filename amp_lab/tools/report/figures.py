@@ -1,10 +1,6 @@
-"""The numbers of a comparison: per-cell figures over seeds, and deltas against the reference.
-
-Δacc and Δloss are paired by seed (run minus the reference run with the same seed), so seed-to-
-seed noise common to both cancels; with no common seed they are the difference of the means
-(`paired: false`, and no verdict: the noise is unknown). The reference cell's deltas are its runs
-minus themselves: exactly zero. Whether a Δ is a finding is amp_lab/health/compare.py's call.
-"""
+"""The numbers of a comparison: per-cell figures over seeds, and deltas against the reference,
+paired by seed so that noise common to both cancels (no seed in common: the difference of the
+means, `paired: false`, no verdict). Whether a Δ is a finding is health/compare.py's call."""
 
 from __future__ import annotations
 
@@ -77,8 +73,7 @@ def _mean(runs: list[RunData], key: str) -> float | None:
 
 
 def _pairs(runs: list[RunData], refs: list[RunData], key: str) -> list[float]:
-    """`key` of each run minus the reference run with the same seed (finite pairs only); `refs`:
-    the reference's completed runs."""
+    """`key` of each run minus the reference's completed run of its seed (finite pairs only)."""
     ref_by_seed = {run.seed: run.summary.get(key) for run in refs}
     pairs = [(run.summary.get(key), ref_by_seed.get(run.seed)) for run in runs]
     return [
@@ -132,8 +127,7 @@ class Comparison:
 def compare(cell: Cell, ref: Cell | None, cfg: HealthConfig) -> Comparison:
     """The cell's deltas, ratios and verdicts against `ref`."""
     if ref is None:
-        none = Stat(None, None, 0)
-        return Comparison(none, none, None, None, None)
+        return Comparison(Stat(None, None, 0), Stat(None, None, 0), None, None, None)
     refs = [run for run in ref.runs if run.ok]
     runs = refs if cell is ref else cell.runs  # the reference against its own completed runs
     loss = _delta(runs, refs, "final_val_loss")

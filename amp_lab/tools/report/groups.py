@@ -1,9 +1,5 @@
-"""Comparison groups: runs compared along one axis, each group against its own reference.
-
-Runs equal in every setting but the axis (seeds and IGNORED aside) form a group; its runs at one
-axis value form a cell. A group's reference is its fp32 cell on the precision axis, the schema's
-default on another axis, or what `--ref` names: no run is compared across models or data sets.
-"""
+"""Comparison groups: runs equal in every setting but the axis (seeds and IGNORED aside), each
+against its own reference, so that no run is compared across models or data sets."""
 
 from __future__ import annotations
 
@@ -75,8 +71,7 @@ def axis_keys(runs: list[RunData], by: str) -> list[str]:
 
 
 def _filled(runs: list[RunData]) -> list[dict[str, str]]:
-    """Each run's settings; a key a run lacks (a run refused at start-up) takes the value every
-    other run shares, else stays missing."""
+    """Each run's settings, a key it lacks (refused at start-up) filled where all others agree."""
     values: dict[str, set[str]] = {}
     for run in runs:
         for key, value in run.settings.items():
@@ -96,8 +91,7 @@ def _plain(value: str | None) -> str:
 
 
 def same_value(cell: Cell, wanted: str) -> bool:
-    """Whether `wanted` names the cell: its label, or the value of its first key (numbers
-    compared as numbers)."""
+    """Whether `wanted` is the cell's label or its first key's value (numbers as numbers)."""
     if wanted in (cell.value, cell.first):
         return True
     try:
@@ -107,16 +101,14 @@ def same_value(cell: Cell, wanted: str) -> bool:
 
 
 def _short(key: str) -> str:
-    """A key as a label names it: a group's choice by the group (`precision`), another key
-    without its group (`master_weights`)."""
+    """A key as a label names it: `precision` for precision.name, `master_weights`."""
     group, _, rest = key.partition(".")
     return group if rest == "name" else rest or key
 
 
 def _axis_label(setting: dict[str, str], keys: list[str], shown: list[str]) -> tuple[str, str]:
-    """The cell's label and its first key's value: `fp16` when one key of the axis varies; when
-    more do, each as `key=value` (`precision=fp16 fp32_modules=["head"]`, `kwargs={}
-    weight_decay=0.05`: a bare `{}` or `true` would not say what it is)."""
+    """The cell's label and its first key's value: `fp16`, or where more axis keys vary each as
+    `key=value` (`precision=fp16 fp32_modules=["head"]`: a bare `{}` or `true` says nothing)."""
     candidates = [k for k in keys if k in shown] or keys
     first = next((k for k in candidates if k.endswith(".name")), candidates[0])
     value = _plain(setting.get(first))
@@ -148,8 +140,7 @@ def _naming(others: list[str], group_keys: list[tuple[str | None, ...]]) -> list
 
 
 def make_groups(runs: list[RunData], by: str) -> list[Group]:
-    """The runs in comparison groups (first-seen order), cells in first-seen order; no reference
-    is chosen yet (see set_references)."""
+    """The runs in groups and cells, both in first-seen order, with no reference yet."""
     keys = axis_keys(runs, by)
     settings = _filled(runs)
     shown = [k for k in keys if len({s.get(k) for s in settings}) > 1]  # the axis keys that vary
@@ -169,8 +160,7 @@ def make_groups(runs: list[RunData], by: str) -> list[Group]:
 
 
 def study_axis(runs: list[RunData]) -> tuple[str, str | None]:
-    """The axis and reference the runs' own `report.by` / `report.ref` name (a study's config
-    sets them) where every run names the same; else precision and its default reference."""
+    """The runs' `report.by` and `report.ref` (a study's config) where all agree, else precision."""
     named = {(run.settings.get("report.by"), run.settings.get("report.ref")) for run in runs}
     if len(named) != 1:
         return DEFAULT_AXIS, None
@@ -186,9 +176,8 @@ def _default_value(by: str) -> str:
 
 
 def set_references(groups: list[Group], by: str, ref: str | None) -> None:
-    """Mark each group's reference cell: the one holding run `ref`, else the one whose axis value
-    is `ref`, else the default (fp32, or the axis key's schema default). A reference must have a
-    completed run: figures relative to a crashed run would mislead."""
+    """Mark each group's reference: the cell holding run `ref`, else of axis value `ref`, else the
+    default; it needs a completed run, as figures relative to a crashed run would mislead."""
     cells = [cell for group in groups for cell in group.cells]
     wanted = _default_value(by)
     if ref is not None:
@@ -207,12 +196,10 @@ def set_references(groups: list[Group], by: str, ref: str | None) -> None:
         candidates = [c for c in group.cells if c.value == wanted] or [
             c for c in group.cells if same_value(c, wanted)
         ]
-        done = [c for c in candidates if any(run.ok for run in c.runs)]
-        if done:
-            group.reference = done[0]
-        elif candidates:
+        group.reference = next((c for c in candidates if any(run.ok for run in c.runs)), None)
+        if group.reference is None and candidates:
             group.reference_note = f"no reference: the {candidates[0].value} run did not complete"
-        else:
+        elif group.reference is None:
             group.reference_note = (
                 f"no reference: no {by.split(',')[0]}={wanted} run in this group "
                 "(pass --ref VALUE or a run's label)"

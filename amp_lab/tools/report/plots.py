@@ -1,10 +1,6 @@
-"""The report's pictures, matplotlib (Agg). overview.png: one row of panels per comparison group
-(small multiples); search.png: a search's loss against LR.
-
-Panels: train loss, train loss minus the reference's, val accuracy, and the loss scale when a
-run scales its loss. A cell is one line (mean over its seeds, min-max band); a diverged cell ends
-in an x at its last finite point. Colours mean the same axis value in every row.
-"""
+"""The report's pictures (matplotlib, Agg): overview.png, a row of panels per comparison group,
+a line per cell (mean over its seeds, min-max band), each axis value one colour in every row;
+search.png, a search's loss against LR."""
 
 from __future__ import annotations
 
@@ -74,10 +70,8 @@ def _lines(ax: Axes, cells: Cells, colors: dict[str, str], kind: str, key: str, 
 
 
 def _label(cell: dict[str, Any]) -> str:
-    n = cell["n"]
-    return (
-        cell["value"] + (f" ({n} seeds)" if n > 1 else "") + (" ref" if cell["reference"] else "")
-    )
+    seeds = f" ({cell['n']} seeds)" if cell["n"] > 1 else ""
+    return cell["value"] + seeds + (" ref" if cell["reference"] else "")
 
 
 def _note(ax: Axes, text: str) -> None:
@@ -193,8 +187,7 @@ def plot_overview(runs: list[RunData], data: dict[str, Any], out: Path) -> Path:
 
 
 def _study(ax: Axes, study: dict[str, Any], color: str) -> None:
-    """One study: a line through its completed trials, a star at its best, a ring at each
-    pruned trial's last reported loss, an x at the top edge for each failed trial."""
+    """One study: its completed trials, a star at its best, rings and x's at pruned and failed."""
     rows = sorted(study["rows"], key=lambda r: r["lr"])
     done = [r for r in rows if r["state"] == "COMPLETE"]
     label = f"{study['study']} ({study['trials']} trials)"

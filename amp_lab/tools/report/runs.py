@@ -1,8 +1,5 @@
-"""Finished (or crashed) runs read back from their directories, for reports.
-
-A run killed before its summary loads from its metrics alone, marked incomplete; an unreadable
-file is left out with a warning, so one damaged run does not stop a report over a sweep.
-"""
+"""Runs read back from their directories for reports: a run killed before its summary from its
+metrics alone; an unreadable file left out with a warning, so one damaged run stops no report."""
 
 from __future__ import annotations
 
@@ -132,8 +129,7 @@ def _settings(path: Path, config: dict[str, Any], overrides: dict[str, str]) -> 
 
 
 def load_run(path: Path) -> RunData:
-    """One run from its directory; a truncated last line of metrics.jsonl is ignored. Without
-    a summary, the figures the metrics hold stand in for it (the run stays incomplete)."""
+    """One run from its directory; without a summary, its metrics' figures stand in for it."""
     overrides = _overrides(path)
     config = _read(path / HYDRA_DIR / "config.yaml", yaml.safe_load, dict)
     summary = _read(path / SUMMARY_FILE, json.loads, dict)

@@ -1,10 +1,6 @@
-"""`amp_lab report SWEEP` on a search: per study (one per precision) the best LR and warmup with
-the trial count, each mode's best LR against fp32's, the loss-vs-LR curve and the LR
-sensitivity: the LR range of the trials within 1% of the study's best loss.
-
-The studies' journal (search.journal) says which trials finished and how; each trial's run
-folder says what it ran (its lr.base, warmup, precision), as for any run.
-"""
+"""`amp_lab report SWEEP` on a search: per study the best LR and warmup, each mode's best LR
+against fp32's, the loss-vs-LR curve and the LR range within 1% of the best loss. The journal
+says which trials finished and how; each trial's run folder what it ran."""
 
 from __future__ import annotations
 

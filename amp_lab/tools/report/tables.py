@@ -1,11 +1,5 @@
 """The comparison's tables: one row per cell as markdown (report.md, a study's README), one
-column per cell as rich tables on the terminal, each group under its verdict.
-
-`--readme FILE` writes the findings into a markdown file (a study's README): everything between
-`<!-- amp_lab.report:start -->` and `<!-- amp_lab.report:end -->` is replaced; a file without the
-markers gets them, with the findings, at its end. The text around them (the question, how to read
-the report, what a finding means) stays the author's.
-"""
+column per cell as rich tables on the terminal, each group under its verdict."""
 
 from __future__ import annotations
 
@@ -54,11 +48,6 @@ def _figure(key: str, fmt: str, scale: float = 1.0) -> Callable[[Cell], str]:
     return lambda cell: _num(cell["figures"].get(key, UNKNOWN), fmt, scale)
 
 
-def _ratio(cell: Cell) -> str:
-    value = cell["delta"]["speedup"]
-    return "—" if value is None else f"{value:.2f}×"
-
-
 # each column after the axis value: its header and how a cell (report.json) fills it
 COLUMNS: dict[str, Callable[[Cell], str]] = {
     "n": lambda cell: str(cell["n"]),
@@ -71,7 +60,7 @@ COLUMNS: dict[str, Callable[[Cell], str]] = {
     "steps→target": _figure("steps_to_target", ".0f"),
     "time→target s": _figure("time_to_target_s", ".1f"),
     "samples/s": _figure("mean_samples_per_s", ".1f"),
-    "speed-up": _ratio,
+    "speed-up": lambda cell: "—" if (x := cell["delta"]["speedup"]) is None else f"{x:.2f}×",
     "low-precision FLOPs %": _figure("low_precision_share", ".1f", 100),
     "peak MB": _figure("peak_memory_mb", ".0f"),
     # this rank's bytes of parameters, gradients and optimizer state (FSDP: its shards), in MB
@@ -87,9 +76,7 @@ OPTIONAL = ("low-precision FLOPs %", "params MB", "grads MB", "state MB")
 
 
 def _table(data: dict[str, Any], group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """A group's header and rows: the axis value (ref marked), then the columns to show; a
-    per-rank memory or audit column only when some run reports it (runs written before amp_lab
-    recorded it leave it unknown everywhere)."""
+    """A group's header and rows, an OPTIONAL column only where some cell reports it."""
     cells = [cell for g in data["groups"] for cell in g["cells"]]
     shown = [
         name
@@ -110,8 +97,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _sections(data: dict[str, Any], level: str) -> list[str]:
-    """The context and the rules, then per group a heading, its verdict and its table (markdown
-    lines)."""
+    """The context and the rules, then per group a heading, its verdict and its table."""
     parts = [context_markdown(data["context"]), "", data["rules"], ""]
     for group in data["groups"]:
         parts += [
@@ -150,7 +136,7 @@ def findings(data: dict[str, Any], picture: str) -> str:
 
 def write_block(readme: Path, body: str) -> None:
     """Replace what lies between the markers of `readme` with `body` (appended with markers
-    when it has none)."""
+    when it has none); the author's text around them stays."""
     text = readme.read_text()
     block = f"{START}\n{body}\n{END}"
     if START in text and END in text:
@@ -165,9 +151,8 @@ NAME_WIDTH = 16  # a column's name up to this stays whole; a longer one (a run's
 
 
 def rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
-    """The terminal's view of a markdown table, turned: one column per row (a cell, a study),
-    its first entry the column's name, so a few of them fit an 80-column terminal where twenty
-    figures side by side do not; a cell in trouble (bold in markdown) in bold red."""
+    """A markdown table turned, one column per row (a cell, a study), so that a few fit an
+    80-column terminal where twenty figures side by side do not; trouble (bold) in bold red."""
     axis = "\n".join(header[0].split(","))  # an axis of several keys: a line each
     table = Table(
         Column(axis, no_wrap=True),
@@ -199,8 +184,7 @@ def _parts_that_fit(header: list[str], rows: list[list[str]], width: int) -> lis
 
 
 def print_tables(console: Console, data: dict[str, Any]) -> None:
-    """The groups as rich tables, each with its verdict under it; a group too wide for the
-    terminal in several tables."""
+    """The groups as rich tables (several where one is too wide), each over its verdict."""
     for group in data["groups"]:
         header, rows = _table(data, group)
         title = f"group {group['id']}: {group['name']}"

@@ -1,9 +1,5 @@
-"""The report's sentences: each run's health as the judge wrote it, and one verdict per group.
-
-Nothing here judges: a run's health is its summary.json `health` (health/rules.py), and whether a
-cell matches, beats or trails its reference is health/compare.py's paired interval. This module
-words them ("bf16 matches fp32 (Δacc +0.1 ± 0.4 pp, ...), 1.9× faster").
-"""
+"""The report's sentences: each run's health and one verdict per group, worded here and judged
+by health/rules.py (a run's summary.json `health`) and health/compare.py (the paired interval)."""
 
 from __future__ import annotations
 
@@ -59,9 +55,8 @@ def merged_health(runs: list[RunData]) -> list[str]:
         return health(runs[0])
     found: Counter[str] = Counter()
     for run in runs:
-        names = sorted(rule_names(run.summary))
         found.update(status.split(":")[0] for status in _unfinished(run))
-        found.update(RULES[n].label if n in RULES else n for n in names)
+        found.update(RULES[n].label if n in RULES else n for n in sorted(rule_names(run.summary)))
         found.update(["precision audit broken"] if audit_failures(run) else [])
     return [f"{label} in {k} of {len(runs)} seeds" for label, k in found.items()]
 
@@ -84,8 +79,7 @@ def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
     if loss.mean is not None:
         figures.append(f"Δloss {_interval(loss, 100, '%')}")
     seeds = f"{acc.n} seed{'s' * (acc.n != 1)}"
-    verdict = comp.verdict
-    if verdict is None:
+    if comp.verdict is None:
         noise = (
             "noise unknown" if acc.half_width is None else f"noise ±{acc.half_width * 100:.1f} pp"
         )
@@ -97,18 +91,17 @@ def accuracy_words(value: str, ref: str, comp: Comparison) -> str:
         BETTER: "is better than",
         WORSE: "is worse than",
         "differs": "differs from",
-    }[verdict]
+    }[comp.verdict]
     return f"{value} {verb} {ref} ({', '.join(figures)}, {seeds})"
 
 
-def _speed_words(comp: Comparison, cfg: HealthConfig = THRESHOLDS) -> str:
+def _speed_words(comp: Comparison) -> str:
     words = []
-    if comp.speedup is not None:
-        if abs(comp.speedup - 1) <= cfg.speed_band:
-            words.append("the same speed")
-        else:
-            words.append(f"{comp.speedup:.2g}× " + ("faster" if comp.speedup > 1 else "the speed"))
-    if comp.memory_ratio is not None and abs(comp.memory_ratio - 1) > cfg.memory_band:
+    if comp.speedup is not None and abs(comp.speedup - 1) <= THRESHOLDS.speed_band:
+        words.append("the same speed")
+    elif comp.speedup is not None:
+        words.append(f"{comp.speedup:.2g}× " + ("faster" if comp.speedup > 1 else "the speed"))
+    if comp.memory_ratio is not None and abs(comp.memory_ratio - 1) > THRESHOLDS.memory_band:
         change = 1 - comp.memory_ratio
         words.append(f"{abs(change):.0%} {'less' if change > 0 else 'more'} memory")
     return ", ".join(words)
@@ -129,8 +122,7 @@ def group_verdict(group: Group, comps: dict[str, Comparison], speed_ok: bool) ->
     """The group's sentence: every cell against the reference, or why there is none."""
     ref = group.reference
     if ref is None:
-        problems = {c.value: merged_health(c.runs) for c in group.cells}
-        named = [f"{value}: {', '.join(words)}" for value, words in problems.items() if words]
+        named = [f"{c.value}: {', '.join(w)}" for c in group.cells if (w := merged_health(c.runs))]
         note = group.reference_note
         return "; ".join([note[:1].upper() + note[1:], *named]) + "."
     clauses = [cell_verdict(c, ref, comps[c.value], speed_ok) for c in group.cells if c is not ref]
