@@ -267,7 +267,7 @@ def resume(
         **({"ema": stepping.ema} if stepping.ema else {}),
     }
     checkpointer = Checkpointer(settings, where.out_dir, state, held, where.dist, where.device)
-    finished = checkpointer.finished() if settings.trainer.resume else None
+    finished = checkpointer.records.finished(settings) if settings.trainer.resume else None
     if finished is None:
         checkpointer.restore()
     if settings.trainer.compile == CompileMode.step:  # after the restore: it puts back the LR

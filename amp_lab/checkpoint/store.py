@@ -66,15 +66,8 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(
-        (
-            npy["name"],
-            np.array(npy["keys"], dtype=np.uint32),
-            npy["pos"],
-            npy["has_gauss"],
-            npy["cached"],
-        )
-    )
+    keys = np.array(npy["keys"], dtype=np.uint32)
+    np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
 
 
 class Checkpointer:
@@ -109,10 +102,6 @@ class Checkpointer:
             (int(m.group(1)), p) for p in self.dir.glob("step_*") if (m := _NAME.match(p.name))
         ]
         return [p for _, p in sorted(found, reverse=True)]
-
-    def finished(self) -> dict[str, Any] | None:
-        """The summary of a run that already ended in this run dir (see RunDir.finished)."""
-        return self.records.finished(self.settings)
 
     def record_settings(self) -> None:
         """settings.json: what this run trains with (rank 0)."""
