@@ -1,12 +1,10 @@
 """Checkpoint files: written atomically, loaded with weights_only=True, the newest N kept.
 
-A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`, README "Checkpoints") holds everything
-the next optimizer step depends on, as tensors and plain data: the parts' state dicts, the loop
-state, the RNG states and the W&B run id. A run resumes only with the settings it was written
-with (but for those free on resume, amp_lab/config.py) and on the same world size (the global
-batch, the LR rule and each rank's data slice depend on it); an unreadable newest checkpoint is
-set aside (`.corrupt`) and the previous one used. FSDP2 checkpoints are folders (sharded.py).
-Under DDP the ranks agree on a stop at log steps (one all-reduce there, not every step).
+A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`, README "Checkpoints") holds the parts'
+state dicts, the loop state, the RNG states and the W&B run id. A run resumes only with the
+settings it was written with (but for those free on resume) and on the same world size; an
+unreadable newest checkpoint is set aside (`.corrupt`) and the previous one used. FSDP2
+checkpoints are folders (sharded.py).
 """
 
 from __future__ import annotations
