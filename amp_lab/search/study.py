@@ -1,13 +1,10 @@
 """The studies of a search, kept in one journal file in the sweep folder (or the storage named),
 and each trial's result read from its run directory.
 
-A trial's value is the objective, a figure of its run's summary.json (final_val_loss unless
-hydra.sweeper.objective says another). A run that diverged (the health judge's verdict, or a
-loss that is not finite) or that the pruner stopped is a PRUNED trial: Optuna's samplers rank
-it below every completed one by the losses it reported, where a FAILED trial would teach them
-nothing. A run that crashed or was refused is FAILED, and counts toward max_failure_rate. Trials
-left RUNNING by an interrupted sweep are failed as interrupted (no result attribute) when the
-search resumes, and their settings are tried again first; they do not count toward n_trials.
+A run that diverged or that the pruner stopped is a PRUNED trial (Optuna's samplers rank it below
+every completed one, where a FAILED trial would teach them nothing); one that crashed or was
+refused is FAILED and counts toward max_failure_rate. Trials an interrupted sweep left RUNNING are
+failed when the search resumes and their settings tried again first.
 """
 
 from __future__ import annotations
