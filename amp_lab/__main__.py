@@ -1,10 +1,7 @@
 """`python -m amp_lab [overrides]`: one training run (or a sweep with -m) from the Hydra configs.
 
-The installed `amp_lab` command is the same, and runs the lab's tools by name:
-`amp_lab doctor|report|bench ARGS` is `python -m amp_lab doctor|report|bench ARGS`;
-`amp_lab audit ARGS` audits one training step's precision (amp_lab/tools/audit.py);
-`amp_lab numerics ARGS` finds where a precision parts ways with fp32
-(amp_lab/tools/numerics/cli.py).
+The installed `amp_lab` command is the same, and runs the lab's tools by name (`TOOLS`):
+`amp_lab doctor|report|bench|audit|numerics ARGS`.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def objective(name: str, direction: str | None) -> tuple[str, str]:
 
 
 def used(value: Any) -> Any:
-    """A drawn value as its trial runs it: a float to 4 significant digits (job folder names stay
-    short; no run tells 1e-4 relative LR apart), an int or a choice as it is."""
+    """A drawn value as its trial runs it: a float to 4 significant digits (short job folder
+    names), an int or a choice as it is."""
     return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
@@ -71,9 +71,8 @@ def storage(sweep_dir: Path, url: str | None = None) -> optuna.storages.BaseStor
 
 
 def outcome(job_dir: Path, error: str | None, objective: str) -> tuple[str, float | None, str]:
-    """(optuna TrialState name, value, result) of the run in `job_dir`, from its summary.json:
-    the health judge's verdict read as the run recorded it, never judged again here. `error`:
-    the job's exception, the result of a run that left no summary."""
+    """(optuna TrialState name, value, result) of the run in `job_dir`, from its summary.json;
+    `error`: the job's exception, the result of a run that left no summary."""
     if (job_dir / REFUSED_FILE).exists():
         reason = (job_dir / REFUSED_FILE).read_text(errors="replace").strip()
         return "FAIL", None, f"refused: {reason.partition(': ')[2]}"
