@@ -194,7 +194,6 @@ def step(
     if t.compile != CompileMode.off:
         check_backend(t.compile_backend)
         forward = compile_model(parallel, t.compile_backend)
-    loss = build_loss(settings.data)
     # the step builds its numerics observer from its view
     train_step = make_step(
         forward,
@@ -214,7 +213,7 @@ def step(
             t.log_every,
             where.out_dir if where.dist.is_main else None,
         ),
-        loss=loss,
+        loss=build_loss(settings.data),
     )
     return Stepping(train_step, ema)
 

@@ -246,8 +246,7 @@ class Checkpointer:
         stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
             log_step = step % self.settings.trainer.log_every == 0
-            if self.sharded:  # every rank writes shards: a timed checkpoint is due on all
-                # when it is due on rank 0 (the ranks' clocks differ)
+            if self.sharded:  # every rank writes shards: a timed one is due when on rank 0
                 rank0_due = bool(due) and self.dist.is_main
                 timed = bool(self.cfg.every_minutes and log_step) and self.dist.any(
                     rank0_due, self.device

@@ -197,8 +197,7 @@ class WandbSink(Sink):
         kwargs["config"]["tracking"] = self.describe()
         before = set((self.out_dir / "wandb").glob("run-*"))
         try:
-            # W&B's own analytics (a histogram per log call, posted to the W&B server every 60 s
-            # and at exit) follow the process's setup mode, not the run's: offline sends nothing
+            # W&B's own analytics follow the process's setup mode, not the run's: offline sends none
             wandb.setup(settings=wandb.Settings(mode=self.mode))
             # wandb's own fall-back for silent mode: its messages to a logger, not to stderr
             wandb.termsetup(wandb.Settings(silent=True), log_file_only(f"{__name__}.wandb"))
@@ -244,8 +243,7 @@ class WandbSink(Sink):
 
     def flush(self) -> None:
         """wandb cannot flush a run that goes on: the run is finished here, with W&B's own
-        summary (summary.json is an earlier attempt's, if any); should training go on after
-        all, it goes on in metrics.jsonl only."""
+        summary; should training go on after all, it goes on in metrics.jsonl only."""
         self.close(summary_file=False)
 
     def close(self, summary_file: bool = True) -> None:
