@@ -87,9 +87,8 @@ def job_table(sweep_dir: Path) -> list[str]:
 
 
 class SkippedJobs(Callback):
-    """Markers of this launch only: cleared at its start, read after the launcher has waited
-    for every job (any folder layout under the sweep folder). On SLURM, squeue's reason for a
-    job that pends longer than `pending_warn_s`."""
+    """Markers of this launch only: cleared at its start, read once every job has ended. On
+    SLURM, squeue's reason for a job that pends longer than `pending_warn_s`."""
 
     def __init__(self, pending_warn_s: float = 60.0) -> None:
         self.pending_warn_s = pending_warn_s

@@ -34,8 +34,7 @@ TPE = {"n_startup_trials": 4, "multivariate": True, "constant_liar": True}
 
 @dataclass
 class PrunerConf:
-    """Optuna's MedianPruner: a trial whose evaluation is worse than the median of earlier
-    trials' at the same step stops there."""
+    """Optuna's MedianPruner: a trial worse than the median of earlier ones at a step stops."""
 
     enabled: bool = True
     n_startup_trials: int = 3  # trials of a study that finish before any is pruned
@@ -89,8 +88,7 @@ def _error(ret: JobReturn) -> str | None:
 
 
 class SearchSweeper(BasicSweeper):
-    """Asks the studies for trials, launches them, tells each study its trials' outcomes (its
-    setup and the launcher are BasicSweeper's)."""
+    """Asks the studies for trials, launches them, tells each study its trials' outcomes."""
 
     def __init__(self, sampler: Any, **settings: Any) -> None:
         # `sampler` arrives instantiated; each study instantiates its own, seeded, from the config
