@@ -1,10 +1,7 @@
 """`python -m amp_lab [overrides]`: one training run (or a sweep with -m) from the Hydra configs.
 
-The installed `amp_lab` command is the same, and runs the lab's tools by name:
-`amp_lab doctor|report|bench ARGS` is `python -m amp_lab doctor|report|bench ARGS`;
-`amp_lab audit ARGS` audits one training step's precision (amp_lab/tools/audit.py);
-`amp_lab numerics ARGS` finds where a precision parts ways with fp32
-(amp_lab/tools/numerics/cli.py).
+The installed `amp_lab` command is the same, and runs the lab's tools by name (`TOOLS`):
+`amp_lab doctor|report|bench|audit|numerics ARGS`.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def main(cfg: DictConfig) -> float | None:
 
         return Trainer(build(settings, out_dir)).fit()["best_val_acc"]
     except ConfigError as err:
-        # One line, no traceback. A bad setting stops before anything but Hydra's .hydra/
-        # folder is written; a broken precision promise after the audited first step.
+        # one line, no traceback: a bad setting, or a broken precision promise (the audit's)
         code = error(str(err))
         if hydra_cfg.mode == RunMode.RUN:
             sys.exit(code)
@@ -66,9 +62,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def run_hydra() -> None:
-    """main(), with Hydra's own errors (unknown option, bad value, bad override) and sbatch's
-    refusal of a sweep's jobs as one line and exit 2. HYDRA_FULL_ERROR=1 still shows Hydra's full
-    report and traceback."""
+    """main(), with Hydra's own errors and sbatch's refusal of a sweep's jobs as one line and
+    exit 2. HYDRA_FULL_ERROR=1 still shows Hydra's full report and traceback."""
     if line := null_group(sys.argv[1:]):
         sys.exit(error(line))
     asked = os.environ.get("HYDRA_FULL_ERROR")

@@ -1,17 +1,8 @@
 """`build(settings, out_dir) -> Run`: one run's parts, assembled in named phases.
 
 Each phase is a function of the settings and of what the phases before it made; `build` calls
-them in the one order the code allows:
-
-placement (threads, ranks, seed, device, precision policy, FSDP plan) -> data (the data set, the
-batch order, the run's length) -> model (the timm model, modules kept in fp32, injected faults,
-FSDP shards) -> optimization (optimizer, peak LR, warmup, schedule) -> precision (fp8 layers,
-16-bit weights and fp32 masters, the loss scaler) -> step (the training step, wrapped and
-compiled as asked, and the EMA it feeds) -> monitor (the run's counters and its health judge) ->
-resume (a finished run is left alone, a checkpoint is restored) -> audit (what the first step of
-this start must compute in, checked when it runs) -> sinks (where records go).
-
-Random draws happen in this order too (the seed is set in placement), so a run is reproducible.
+them in the one order the code allows. Random draws happen in this order too (the seed is set in
+placement), so a run is reproducible.
 """
 
 from __future__ import annotations
@@ -203,7 +194,6 @@ def step(
     if t.compile != CompileMode.off:
         check_backend(t.compile_backend)
         forward = compile_model(parallel, t.compile_backend)
-    loss = build_loss(settings.data)
     # the step builds its numerics observer from its view
     train_step = make_step(
         forward,
@@ -223,7 +213,7 @@ def step(
             t.log_every,
             where.out_dir if where.dist.is_main else None,
         ),
-        loss=loss,
+        loss=build_loss(settings.data),
     )
     return Stepping(train_step, ema)
 
@@ -267,7 +257,7 @@ def resume(
         **({"ema": stepping.ema} if stepping.ema else {}),
     }
     checkpointer = Checkpointer(settings, where.out_dir, state, held, where.dist, where.device)
-    finished = checkpointer.finished() if settings.trainer.resume else None
+    finished = checkpointer.records.finished(settings) if settings.trainer.resume else None
     if finished is None:
         checkpointer.restore()
     if settings.trainer.compile == CompileMode.step:  # after the restore: it puts back the LR

@@ -22,9 +22,8 @@ def error(message: str, tool: str = "amp_lab") -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are `tool: error:` lines (argparse's usage block would be a
-    second line) and which, given an `overrides` positional, takes Hydra overrides and options
-    in any order, as `python -m amp_lab` does."""
+    """An ArgumentParser whose errors are `tool: error:` lines and which, given an `overrides`
+    positional, takes Hydra overrides and options in any order, as `python -m amp_lab` does."""
 
     def __init__(self, tool: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -1,9 +1,5 @@
-"""Hydra's and OmegaConf's errors as amp_lab's one line that says what to do.
-
-Hydra prints an unknown group option with its whole option listing and config search path (18
-lines), an unparsable value with OmegaConf's key/type report (7 lines). `one_line()` keeps what a
-user acts on: the override, the options or the expected type, the nearest real key.
-"""
+"""Hydra's and OmegaConf's errors (an option listing and search path, a key/type report) as
+amp_lab's one line that says what to do: the override, the options or type, the nearest key."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ def _likeness(key: str, real: str) -> float:
 
 def did_you_mean(key: str, known: Iterable[str] | None = None) -> str:
     """'; did you mean scaler.init_scale?' for the real key (of `known`, the schema's keys) a typed
-    one meant, or '': the same name in another group first (trainer.max_bad_steps:
-    health.max_bad_steps), else the nearest (trainer.checkpoint_every: checkpoint.every_steps)."""
+    one meant, or '': the same name in another group first, else the nearest."""
     keys = list(known or schema_keys())
     if "." in key:  # a group's setting: the groups themselves are no answer
         groups = {k.partition(".")[0] for k in keys if "." in k}

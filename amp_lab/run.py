@@ -1,8 +1,7 @@
 """A Run: one run's parts as `build()` made them (amp_lab/build.py), and where its loop stands.
 
 The loop (amp_lab/trainer.py) trains a Run; the bench, the doctor and the tests take one too and
-read its parts by name. A Run is built once and never re-assembled: its fields are the phases'
-products, nothing is copied from elsewhere.
+read its parts by name.
 """
 
 from __future__ import annotations

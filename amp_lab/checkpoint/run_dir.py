@@ -1,10 +1,5 @@
-"""A run directory's records: settings.json, finished-run detection, old files set aside.
-
-A finished run (completed or diverged) relaunched with the same settings is not trained again;
-with other settings it is refused before a file is touched. `trainer.resume=false` in a used run
-directory, or a restart with records but no checkpoint, sets the old files aside under a dated
-name instead of deleting them. The caller decides which rank touches the files.
-"""
+"""A run directory's records: settings.json, finished-run detection, old files set aside under a
+dated name instead of deleted. The caller decides which rank touches the files."""
 
 from __future__ import annotations
 
@@ -58,8 +53,8 @@ class RunDir:
         self.path = Path(path)
 
     def finished(self, settings: AmpLabConfig) -> dict[str, Any] | None:
-        """The summary of a run that already ended here (completed or diverged), else None.
-        A finished run with other settings is refused, as a checkpoint with them would be."""
+        """The summary of a run that already ended here (completed or diverged), else None; one
+        with other settings is refused."""
         try:
             summary = json.loads((self.path / SUMMARY_FILE).read_text())
         except (OSError, json.JSONDecodeError):

@@ -60,10 +60,8 @@ def save(
     rank_payload: Mapping[str, Any],
     main_payload: Mapping[str, Any] | None,
 ) -> None:
-    """Every rank: write the sharded checkpoint `path` (a folder), atomically.
-
-    `shards` (sharded_parts()) go to DCP, `rank_payload` (each rank's RNG) to rng_rank<R>.pt,
-    `main_payload` (rank 0's, None on the others) to state.pt."""
+    """Every rank: write the sharded checkpoint `path` (a folder), atomically; `main_payload` is
+    rank 0's (None on the others)."""
     tmp = path.with_name(path.name + ".tmp")
     main = main_payload is not None
     if main:
@@ -101,9 +99,7 @@ def read_rng(path: Path, rank: int) -> dict[str, Any] | None:
 
 
 def load(path: Path, parts: Mapping[str, Any]) -> None:
-    """Every rank: load the sharded parts of `path` into the (sharded) model, optimizer, ...
-
-    DCP reads each rank's slice of every tensor, whichever world size wrote it."""
+    """Every rank: load the sharded parts of `path` into the (sharded) model, optimizer, ..."""
     state = sharded_parts(parts)
     dcp.load(state, storage_reader=dcp.FileSystemReader(path))
     set_state_dict(

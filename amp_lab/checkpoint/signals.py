@@ -1,13 +1,10 @@
 """Stop signals: caught while the loop runs, acted on at a step boundary, then handed on.
 
 A stop signal (SIGUSR2: submitit's pre-timeout/preemption signal; SIGUSR1: an sbatch script's
-`--signal=USR1@90`; SIGTERM; SIGINT, Ctrl-C) only
-sets a flag; the loop saves a checkpoint at the next step boundary and then hands the signal on
-to the handler that was there before (submitit's, which requeues the job), so a requeued job
-resumes where it stopped. Where that handler is the default (or Python's KeyboardInterrupt),
-the run stops with exit code 128 + the signal and one line; a second Ctrl-C stops at once.
-A SIGINT or SIGTERM the loop did not act on (it came at the last step, or as the loop ended)
-stops the process once the run's results are written, so a local sweep stops too.
+`--signal=USR1@90`; SIGTERM; SIGINT, Ctrl-C) only sets a flag; the loop saves a checkpoint at the
+next step boundary and then hands the signal on to the handler that was there before (submitit's
+requeues the job). With the default handler the run stops with exit code 128 + the signal; a
+second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -60,13 +57,9 @@ class StopSignals:
         self.stop_signal = signum  # nothing else here: the loop acts at the next step boundary
 
     def hand_on(self, signum: int, step: int, path: Path) -> None:
-        """Give the signal to the handler that was there before ours (submitit requeues).
-
-        When that handler returns: after SIGTERM the run stops (termination follows: submitit
-        ignores SIGTERM, which SLURM sends before it kills a job it preempts, times out or
-        requeues); after another signal training goes on (submitit's SIGUSR2 handler returns
-        on ranks other than 0 and leaves the requeue to rank 0).
-        """
+        """Give the signal to the handler that was there before ours (submitit requeues). When
+        that handler returns, the run stops after SIGTERM (submitit ignores it; SLURM's kill
+        follows) and goes on after another (submitit's SIGUSR2 handler returns on ranks but 0)."""
         self.stop_signal = None
         name = signal.Signals(signum).name
         message = f"{name} at step {step}: checkpoint {path} saved"

@@ -1,12 +1,10 @@
 """Checkpoint files: written atomically, loaded with weights_only=True, the newest N kept.
 
-A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`, README "Checkpoints") holds everything
-the next optimizer step depends on, as tensors and plain data: the parts' state dicts, the loop
-state, the RNG states and the W&B run id. A run resumes only with the settings it was written
-with (but for those free on resume, amp_lab/config.py) and on the same world size (the global
-batch, the LR rule and each rank's data slice depend on it); an unreadable newest checkpoint is
-set aside (`.corrupt`) and the previous one used. FSDP2 checkpoints are folders (sharded.py).
-Under DDP the ranks agree on a stop at log steps (one all-reduce there, not every step).
+A checkpoint (`<run dir>/checkpoints/step_NNNNNNNNN.pt`, README "Checkpoints") holds the parts'
+state dicts, the loop state, the RNG states and the W&B run id. A run resumes only with the
+settings it was written with (but for those free on resume) and on the same world size; an
+unreadable newest checkpoint is set aside (`.corrupt`) and the previous one used. FSDP2
+checkpoints are folders (sharded.py).
 """
 
 from __future__ import annotations
@@ -66,15 +64,8 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(
-        (
-            npy["name"],
-            np.array(npy["keys"], dtype=np.uint32),
-            npy["pos"],
-            npy["has_gauss"],
-            npy["cached"],
-        )
-    )
+    keys = np.array(npy["keys"], dtype=np.uint32)
+    np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
 
 
 class Checkpointer:
@@ -109,10 +100,6 @@ class Checkpointer:
             (int(m.group(1)), p) for p in self.dir.glob("step_*") if (m := _NAME.match(p.name))
         ]
         return [p for _, p in sorted(found, reverse=True)]
-
-    def finished(self) -> dict[str, Any] | None:
-        """The summary of a run that already ended in this run dir (see RunDir.finished)."""
-        return self.records.finished(self.settings)
 
     def record_settings(self) -> None:
         """settings.json: what this run trains with (rank 0)."""
@@ -259,8 +246,7 @@ class Checkpointer:
         stop = signals.stop_signal is not None
         if self.dist.active:  # the ranks agree at log steps, all stopping at the same step
             log_step = step % self.settings.trainer.log_every == 0
-            if self.sharded:  # every rank writes shards: a timed checkpoint is due on all
-                # when it is due on rank 0 (the ranks' clocks differ)
+            if self.sharded:  # every rank writes shards: a timed one is due when on rank 0
                 rank0_due = bool(due) and self.dist.is_main
                 timed = bool(self.cfg.every_minutes and log_step) and self.dist.any(
                     rank0_due, self.device

@@ -1,13 +1,10 @@
 """The studies of a search, kept in one journal file in the sweep folder (or the storage named),
 and each trial's result read from its run directory.
 
-A trial's value is the objective, a figure of its run's summary.json (final_val_loss unless
-hydra.sweeper.objective says another). A run that diverged (the health judge's verdict, or a
-loss that is not finite) or that the pruner stopped is a PRUNED trial: Optuna's samplers rank
-it below every completed one by the losses it reported, where a FAILED trial would teach them
-nothing. A run that crashed or was refused is FAILED, and counts toward max_failure_rate. Trials
-left RUNNING by an interrupted sweep are failed as interrupted (no result attribute) when the
-search resumes, and their settings are tried again first; they do not count toward n_trials.
+A run that diverged or that the pruner stopped is a PRUNED trial (Optuna's samplers rank it below
+every completed one, where a FAILED trial would teach them nothing); one that crashed or was
+refused is FAILED and counts toward max_failure_rate. Trials an interrupted sweep left RUNNING are
+failed when the search resumes and their settings tried again first.
 """
 
 from __future__ import annotations
@@ -54,8 +51,8 @@ def objective(name: str, direction: str | None) -> tuple[str, str]:
 
 
 def used(value: Any) -> Any:
-    """A drawn value as its trial runs it: a float to 4 significant digits (job folder names stay
-    short; no run tells 1e-4 relative LR apart), an int or a choice as it is."""
+    """A drawn value as its trial runs it: a float to 4 significant digits (short job folder
+    names), an int or a choice as it is."""
     return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
@@ -74,9 +71,8 @@ def storage(sweep_dir: Path, url: str | None = None) -> optuna.storages.BaseStor
 
 
 def outcome(job_dir: Path, error: str | None, objective: str) -> tuple[str, float | None, str]:
-    """(optuna TrialState name, value, result) of the run in `job_dir`, from its summary.json:
-    the health judge's verdict read as the run recorded it, never judged again here. `error`:
-    the job's exception, the result of a run that left no summary."""
+    """(optuna TrialState name, value, result) of the run in `job_dir`, from its summary.json;
+    `error`: the job's exception, the result of a run that left no summary."""
     if (job_dir / REFUSED_FILE).exists():
         reason = (job_dir / REFUSED_FILE).read_text(errors="replace").strip()
         return "FAIL", None, f"refused: {reason.partition(': ')[2]}"

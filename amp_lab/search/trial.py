@@ -1,9 +1,7 @@
 """A run that is a search trial reports each evaluation to its study and stops when pruned.
 
-The sweeper names the trial in the job's environment (`TRIAL_ENV`, set through Hydra's
-`hydra.job.env_set`, so it reaches the job on any launcher); a run without it gets no sink and
-the trainer never hears of Optuna.
-"""
+The sweeper names the trial in the job's environment (`TRIAL_ENV`, through `hydra.job.env_set`,
+so on any launcher); a run without it gets no sink."""
 
 from __future__ import annotations
 

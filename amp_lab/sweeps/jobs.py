@@ -1,10 +1,9 @@
 """The end of a sweep: each job's state, the jobs amp_lab refused, and the next command.
 
-A refused job is skipped so that the others run; under submitit it is refused in its own
-process, so it leaves a marker, `refused.txt` (`job N: reason`). `SkippedJobs` (a Hydra
-callback, conf/config.yaml) clears the markers when a launch starts and gathers them when it
-ends; the `amp_lab` command then exits 2. On SLURM it also watches the queue (slurm_queue.py) and
-has sbatch's refusal and sacct's complaint said in one line each (slurm_submit.py).
+A refused job is skipped so that the others run, leaving a marker, `refused.txt` (`job N:
+reason`), which `SkippedJobs` (a Hydra callback, conf/config.yaml) gathers when the launch ends;
+the `amp_lab` command then exits 2. On SLURM it also watches the queue (slurm_queue.py) and has
+sbatch's refusal and sacct's complaint said in one line each (slurm_submit.py).
 """
 
 from __future__ import annotations
@@ -29,14 +28,11 @@ skipped: list[str] = []  # "job N: reason" of this launch, for the command's exi
 # launcher pickles into each job
 watches: list[PendingWatch | SlurmSubmit] = []
 
-# conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose, so
-# `hydra/launcher=submitit_slurm` brings amp_lab's requeue-safe cluster defaults. Set here, as
-# every process that composes it imports this module: the sweep's and each submitit job's (the
-# job unpickles the task, whose module imports this one).
+# conf/hydra/launcher/submitit_slurm.yaml shadows the plugin's config of that name on purpose; set
+# here, as every process that composes it (the sweep, each submitit job) imports this module
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated")
-# The search's TPE pins multivariate and constant_liar, which optuna 4 calls experimental on
-# stderr (stable in 5): a search prints its own lines, a bad setting one line. Not in the
-# sweeper's module: Hydra imports plugins inside catch_warnings, which drops a filter set there.
+# optuna 4 calls the search's pinned TPE arguments experimental (stable in 5); not in the
+# sweeper's module: Hydra imports plugins inside catch_warnings, which drops a filter set there
 warnings.filterwarnings(
     "ignore", message=r"Argument ``(multivariate|constant_liar)`` is an experimental feature"
 )
@@ -91,9 +87,8 @@ def job_table(sweep_dir: Path) -> list[str]:
 
 
 class SkippedJobs(Callback):
-    """Markers of this launch only: cleared at its start, read after the launcher has waited
-    for every job (any folder layout under the sweep folder). On SLURM, squeue's reason for a
-    job that pends longer than `pending_warn_s`."""
+    """Markers of this launch only: cleared at its start, read once every job has ended. On
+    SLURM, squeue's reason for a job that pends longer than `pending_warn_s`."""
 
     def __init__(self, pending_warn_s: float = 60.0) -> None:
         self.pending_warn_s = pending_warn_s

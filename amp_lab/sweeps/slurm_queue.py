@@ -1,9 +1,6 @@
-"""What squeue and sinfo say about a sweep's SLURM jobs, told while the sweep waits.
-
-hydra-submitit-launcher waits silently while a job pends, and a job no node of its partition can
-start pends forever. `PendingWatch` polls squeue in a thread and, once a job has pended past a
-threshold, prints squeue's reason and, when the job asks more than the partition gives, the
-override to change. sinfo's facts also serve slurm_submit.py's advice.
+"""What squeue and sinfo say about a sweep's SLURM jobs, told while the sweep waits (submitit
+waits silently, and a job no node can start pends forever): once a job has pended past a
+threshold, squeue's reason and, when the job asks more than the partition gives, the override.
 """
 
 from __future__ import annotations

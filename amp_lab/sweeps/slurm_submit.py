@@ -1,12 +1,7 @@
-"""What sbatch and sacct say to a SLURM sweep's own process, as one line each.
-
-- sbatch's refusal (no GPUs, an unknown partition, too much memory or time), which submitit
-  prints and raises with a 50-line traceback, becomes sbatch's reason and the override that
-  fixes it, from what sinfo says of the partition; `amp_lab` exits 2.
-- On a cluster without job accounting sacct can only fail, at every poll: the sweep says so once
-  and submitit asks squeue instead (a job ends with its result file, or by leaving the queue).
-- A job that ended without a result (a signal stopped it, scancel, the OOM killer) is one line
-  with its logs and the command that resumes it, not submitit's traceback.
+"""What sbatch and sacct say to a SLURM sweep's own process, as one line each: sbatch's refusal
+(submitit's 50-line traceback) as its reason and the override that fixes it; on a cluster without
+job accounting, sacct's failure once, and squeue asked instead; a job that ended without a result
+as its logs and the command that resumes it.
 """
 
 from __future__ import annotations

@@ -35,8 +35,7 @@ class Sink:
         """Once, with the final summary."""
 
     def flush(self) -> None:
-        """Before a stop signal is handed on: what was logged goes to disk (submitit's requeue
-        has SLURM end every process of the job, a sink's helper processes too)."""
+        """Before a stop signal is handed on (a requeue ends every process of the job): to disk."""
 
     def close(self) -> None:
         """Always called, also after an error."""

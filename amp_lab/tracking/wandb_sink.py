@@ -1,12 +1,9 @@
 """Weights & Biases tracking: every run is a real W&B run, offline by default, never fatal.
 
-wandb is imported lazily and never prompts: online without credentials is one warning and
-offline at once; a W&B failure is a warning and a fall-back to offline (after at most
-`$WANDB_INIT_TIMEOUT` s), and training goes on. The mode used, and why, is in summary.json
-(`tracking`) and the W&B config. wandb's own `wandb-core` process writes the files under
-`<run dir>/wandb/`; wandb prints nothing on the terminal (its lines go to the run's log file).
-The run id is kept in `<run dir>/wandb_run_id`, so a resumed job continues its W&B run
-(docs/tracking.md).
+wandb is imported lazily and never prompts: online without credentials, or a failing init (after
+at most `$WANDB_INIT_TIMEOUT` s), is one warning and offline instead, and training goes on. The
+mode used, and why, is in summary.json (`tracking`). The run id is kept in
+`<run dir>/wandb_run_id`, so a resumed job continues its W&B run (docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -67,9 +64,7 @@ def redact(text: str) -> str:
 
 def sweep_group(sweep_dir: Path) -> str:
     """The W&B group of a sweep's jobs: its folder's last two names and a random suffix
-    (`2026-11-29/21-30-00-k3x9q2`: two sweeps whose folders end alike stay apart), stored in the
-    folder by the first job, so every job on every node, a requeued job and a resumed sweep
-    read the same one."""
+    (`2026-11-29/21-30-00-k3x9q2`), stored in the folder by the first job for all the others."""
     path = Path(sweep_dir) / WANDB_GROUP_FILE
     if not path.exists():
         mine = path.with_name(f"{path.name}.{_random_id(8)}")  # this job's own, on any node
@@ -202,8 +197,7 @@ class WandbSink(Sink):
         kwargs["config"]["tracking"] = self.describe()
         before = set((self.out_dir / "wandb").glob("run-*"))
         try:
-            # W&B's own analytics (a histogram per log call, posted to the W&B server every 60 s
-            # and at exit) follow the process's setup mode, not the run's: offline sends nothing
+            # W&B's own analytics follow the process's setup mode, not the run's: offline sends none
             wandb.setup(settings=wandb.Settings(mode=self.mode))
             # wandb's own fall-back for silent mode: its messages to a logger, not to stderr
             wandb.termsetup(wandb.Settings(silent=True), log_file_only(f"{__name__}.wandb"))
@@ -249,8 +243,7 @@ class WandbSink(Sink):
 
     def flush(self) -> None:
         """wandb cannot flush a run that goes on: the run is finished here, with W&B's own
-        summary (summary.json is an earlier attempt's, if any); should training go on after
-        all, it goes on in metrics.jsonl only."""
+        summary; should training go on after all, it goes on in metrics.jsonl only."""
         self.close(summary_file=False)
 
     def close(self, summary_file: bool = True) -> None:

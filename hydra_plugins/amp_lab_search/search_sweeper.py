@@ -1,13 +1,10 @@
 """`hydra/sweeper=amp_lab_search`: hydra-optuna-sweeper's interface on today's Optuna, with
 pruning, resume and a study per value of the `study_per` keys; trials run by any launcher.
 
-`amp_lab -m +search=lr 'lr.base=tag(log, interval(1e-4, 1e-1))' optim=choice(adamw,sgd)`
-searches one study over both dimensions (the grammar: amp_lab/search/space.py);
-`precision=fp32,fp16,bf16 hydra.sweeper.study_per=[precision]` opens one study per precision.
 Each round asks every unfinished study for `n_jobs` trials and hands them as one batch to the
-configured launcher (basic, submitit_local, submitit_slurm), which never knows it runs a search.
-The studies live in `search.journal` in the sweep folder (or `storage`): the same command with
-the same `hydra.sweep.dir` resumes.
+configured launcher, which never knows it runs a search. The studies live in `search.journal` in
+the sweep folder (or `storage`): the same command with the same `hydra.sweep.dir` resumes
+(docs/sweeps.md; the grammar of the space: amp_lab/search/space.py).
 """
 
 # no `from __future__ import annotations`: Hydra runs this module outside sys.modules, where
@@ -28,19 +25,16 @@ from omegaconf import MISSING, OmegaConf, open_dict
 log = logging.getLogger(__name__)
 ALL = "all"  # the name of the one study of a search without study_per or study_name
 
-# hydra/sweeper/sampler=tpe|random|cmaes|gp|qmc: that optuna.samplers class (any other through
-# hydra.sweeper.sampler._target_), seeded so that a search repeats. TPE's settings are pinned:
-# optuna 5.0 turned on multivariate TPE and the constant liar by default, and amp_lab relies on
-# both on optuna 4.x as well (warmup and LR are drawn jointly; a round's n_jobs trials are asked
-# before any is told); 4 random trials before its model of the objective takes over.
+# hydra/sweeper/sampler=tpe|random|cmaes|gp|qmc: that optuna.samplers class, seeded so that a
+# search repeats. TPE's multivariate and constant liar (optuna 5's defaults) pinned on 4.x too:
+# warmup and LR are drawn jointly, a round's trials asked before any is told; 4 random trials.
 SAMPLERS = ("TPESampler", "RandomSampler", "CmaEsSampler", "GPSampler", "QMCSampler")
 TPE = {"n_startup_trials": 4, "multivariate": True, "constant_liar": True}
 
 
 @dataclass
 class PrunerConf:
-    """Optuna's MedianPruner: a trial whose evaluation is worse than the median of earlier
-    trials' at the same step stops there."""
+    """Optuna's MedianPruner: a trial worse than the median of earlier ones at a step stops."""
 
     enabled: bool = True
     n_startup_trials: int = 3  # trials of a study that finish before any is pruned
@@ -94,8 +88,7 @@ def _error(ret: JobReturn) -> str | None:
 
 
 class SearchSweeper(BasicSweeper):
-    """Asks the studies for trials, launches them, tells each study its trials' outcomes (its
-    setup and the launcher are BasicSweeper's)."""
+    """Asks the studies for trials, launches them, tells each study its trials' outcomes."""
 
     def __init__(self, sampler: Any, **settings: Any) -> None:
         # `sampler` arrives instantiated; each study instantiates its own, seeded, from the config
