@@ -71,6 +71,13 @@ def test_the_lab_keeps_at_most_twelve_top_level_modules():
     assert len(list(PACKAGE.glob("*.py"))) <= 12
 
 
+def test_the_shipped_package_stays_within_its_line_budget():
+    """amp_lab and hydra_plugins, every .py line counted (`find amp_lab hydra_plugins -name
+    '*.py' | xargs cat | wc -l`): new code is paid for by removing code no user relies on."""
+    files = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "hydra_plugins").rglob("*.py")]
+    assert sum(len(path.read_text().splitlines()) for path in files) <= 14_400
+
+
 @pytest.mark.parametrize(
     "code",
     [
