@@ -47,7 +47,13 @@ class HysteresisGradScaler(GradScaler):
         min_scale: float,
         max_scale: float,
     ) -> None:
-        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval)
+        super().__init__(
+            device,
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+        )
         self.hysteresis, self.min_scale, self.max_scale = hysteresis, min_scale, max_scale
         # device tensors from the first update() on (the scale's device is known only then);
         # ints before it and after load_state_dict
@@ -124,11 +130,24 @@ def build_scaler(cfg: ScalerConfig, policy: PrecisionPolicy) -> GradScaler:
         return StaticGradScaler(device, scale=cfg.init_scale if cfg.enabled is not False else 1.0)
     if not uses_dynamic_scaling(cfg, policy):
         return StaticGradScaler(device, scale=1.0)
-    # GradScaler's own order: init_scale, growth_factor, backoff_factor, growth_interval
-    growth = (cfg.init_scale, cfg.growth_factor, cfg.backoff_factor, cfg.growth_interval)
     if cfg.kind == "hysteresis":
-        return HysteresisGradScaler(device, *growth, cfg.hysteresis, cfg.min_scale, cfg.max_scale)
-    return GradScaler(device, *growth)
+        return HysteresisGradScaler(
+            device,
+            cfg.init_scale,
+            cfg.growth_factor,
+            cfg.backoff_factor,
+            cfg.growth_interval,
+            cfg.hysteresis,
+            cfg.min_scale,
+            cfg.max_scale,
+        )
+    return GradScaler(
+        device,
+        init_scale=cfg.init_scale,
+        growth_factor=cfg.growth_factor,
+        backoff_factor=cfg.backoff_factor,
+        growth_interval=cfg.growth_interval,
+    )
 
 
 def scaler_stop_reason(scaler: GradScaler) -> str | None:
