@@ -5,8 +5,12 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -544,11 +548,6 @@ def test_usr1_from_an_sbatch_signal_option_saves_stops_in_one_line_and_resumes_e
     """`#SBATCH --signal=USR1@90` on a plain sbatch script: USR1 mid-run checkpoints at the next
     step, stops with 128 + USR1 and the one line naming how to resume, and the same command
     resumes there: its curve is the uninterrupted run's, no step lost or repeated."""
-    import os
-    import subprocess
-    import sys
-    import time
-
     fast = [o for o in FAST if not o.startswith(("trainer.max_steps", "trainer.log_every"))]
     args = [*fast, "trainer.max_steps=40", "trainer.log_every=1", "checkpoint.every_steps=10"]
     whole = run_cli(*args, "hydra.run.dir=whole", cwd=tmp_path)
